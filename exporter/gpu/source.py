@@ -1,0 +1,88 @@
+"""The narrow interface every GPU source implements, and the readings it returns.
+
+A source (NVML, DCGM, simulated) lists its devices and takes one sample of all of
+them at a time. A reading holds ``None`` for every metric the device cannot give
+(NotSupported, NoPermission): such a metric is absent from ``/metrics``, never 0.
+Units are base units: hertz, bytes, watts, joules, ratios in 0-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """What identifies a GPU; descriptive fields end up on ``gpuscope_gpu_info`` only."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    numa_node: int | None = None
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One device's readings at one instant. ``up=False``: the GPU is lost."""
+
+    index: int
+    uuid: str
+    up: bool = True
+    sm_clock_hz: float | None = None
+    sm_clock_max_hz: float | None = None
+    memory_clock_hz: float | None = None
+    memory_clock_max_hz: float | None = None
+    # reason (e.g. "sw_power_cap", "hw_thermal_slowdown", "gpu_idle") -> active now
+    clock_event_reasons: Mapping[str, bool] | None = None
+    utilization_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    # monotonic counters since an arbitrary origin (driver load, source start)
+    pcie_transmit_bytes_total: float | None = None
+    pcie_receive_bytes_total: float | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_width: int | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules_total: float | None = None
+    temperature_celsius: float | None = None
+    # xid -> errors seen since the source started; type ("volatile_corrected", ...) -> count
+    xid_errors_total: Mapping[int, int] = field(default_factory=dict)
+    ecc_errors_total: Mapping[str, int] | None = None
+
+
+class GpuSource(Protocol):
+    """A backend that can enumerate GPUs and sample them.
+
+    ``sample()`` is called from one background thread at the poll interval, never
+    from a scrape. It must not raise for a single failing GPU (that GPU's reading
+    gets ``up=False``); an exception from it means the whole source failed this
+    round and is counted as a collector failure.
+    """
+
+    name: str  # "nvml", "dcgm", "simulated": the ``collector`` label
+
+    def devices(self) -> Sequence[GpuDevice]: ...
+
+    def sample(self) -> Sequence[GpuReading]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ComputeActivitySink(Protocol):
+    """Implemented by the simulated source: the exporter reports each batch it sees,
+    so that simulated occupancy follows the real workload (bigger batches, busier GPU).
+    """
+
+    def record_compute(
+        self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
+    ) -> None: ...

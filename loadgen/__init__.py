@@ -1,0 +1,1 @@
+"""Load generation, latency reports and the demo."""

@@ -1,0 +1,280 @@
+"""``GpuscopeMiddleware``: one server span per HTTP request, split into phases.
+
+Pure ASGI: ``lifespan`` and ``websocket`` scopes pass through untouched, bodies are
+never buffered, and the span ends on the last body chunk, so background tasks that
+run after the response are not counted. Per-request state lives in an
+``_Exchange`` object, never on the middleware.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from gpuscope.middleware import attributes as attr
+from gpuscope.middleware import stats
+from gpuscope.middleware.routes import RouteResolver
+from gpuscope.middleware.timeline import FINISHED, RequestTimeline, activate, deactivate
+from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gpuscope import __version__
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
+
+RequestHook = Callable[[trace.Span, Scope], None]
+ResponseHook = Callable[[trace.Span, RequestTimeline], None]
+
+_KNOWN_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY")
+)
+
+
+class _HeaderGetter(Getter[Scope]):
+    """Reads propagation headers straight from the ASGI scope's header list."""
+
+    def get(self, carrier: Scope, key: str) -> list[str] | None:
+        wanted = key.lower().encode("latin-1")
+        found = [v.decode("latin-1") for k, v in carrier.get("headers", ()) if k.lower() == wanted]
+        return found or None
+
+    def keys(self, carrier: Scope) -> list[str]:
+        return [k.decode("latin-1") for k, _ in carrier.get("headers", ())]
+
+
+_GETTER = _HeaderGetter()
+
+
+class GpuscopeMiddleware:
+    """Wrap an ASGI app so that every HTTP request becomes a phase-split span.
+
+    ``tracer_provider`` defaults to the global one (set it with ``setup_tracing()``
+    or your own SDK setup). ``service_name`` labels these spans with a service other
+    than the provider's resource, for several apps in one process. Requests whose
+    path is in ``excluded_paths`` (health checks, say) are passed through untraced.
+    ``request_hook(span, scope)`` and ``response_hook(span, timeline)`` may add
+    attributes; an exception they raise is counted and logged, never propagated.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        service_name: str | None = None,
+        excluded_paths: Iterable[str] = (),
+        request_hook: RequestHook | None = None,
+        response_hook: ResponseHook | None = None,
+    ) -> None:
+        self.app = app
+        self.tracer = trace.get_tracer(
+            attr.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+        )
+        self.service_name = service_name
+        self.excluded_paths = frozenset(excluded_paths)
+        self.request_hook = request_hook
+        self.response_hook = response_hook
+        self.routes = RouteResolver()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in self.excluded_paths:
+            await self.app(scope, receive, send)
+            return
+        exchange = _Exchange.begin(self, scope)
+        if exchange is None:  # telemetry failed to start: serve the request anyway
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, exchange.wrap_receive(receive), exchange.wrap_send(send))
+        except BaseException as exc:
+            exchange.error = exc
+            raise
+        finally:
+            exchange.end()
+
+
+class _Exchange:
+    """Everything about one request in flight: its span, timeline and response state."""
+
+    __slots__ = (
+        "context_token",
+        "disconnected",
+        "error",
+        "middleware",
+        "root_path",
+        "scope",
+        "span",
+        "status",
+        "timeline",
+        "timeline_token",
+    )
+
+    def __init__(self, middleware: GpuscopeMiddleware, scope: Scope, span: trace.Span) -> None:
+        self.middleware = middleware
+        self.scope = scope
+        self.span = span
+        self.root_path: str = scope.get("root_path", "")
+        self.timeline = RequestTimeline()
+        self.timeline.span_context = span.get_span_context()
+        self.status: int | None = None
+        self.disconnected = False
+        self.error: BaseException | None = None
+        self.timeline_token = activate(self.timeline)
+        self.context_token = otel_context.attach(trace.set_span_in_context(span))
+
+    @classmethod
+    def begin(cls, middleware: GpuscopeMiddleware, scope: Scope) -> _Exchange | None:
+        try:
+            method = scope.get("method", "GET")
+            method = method if method in _KNOWN_METHODS else "_OTHER"
+            span = middleware.tracer.start_span(
+                method,
+                context=propagate.extract(scope, getter=_GETTER),
+                kind=SpanKind.SERVER,
+                attributes={
+                    attr.HTTP_REQUEST_METHOD: method,
+                    attr.URL_PATH: scope.get("path", ""),
+                    attr.URL_SCHEME: scope.get("scheme", "http"),
+                },
+            )
+            exchange = cls(middleware, scope, span)
+        except Exception as exc:
+            stats.record_failure("server_span_start", exc)
+            return None
+        if not span.is_recording():
+            stats.count("requests_sampled_out")
+        elif middleware.request_hook is not None:
+            try:
+                middleware.request_hook(span, scope)
+            except Exception as exc:
+                stats.record_failure("request_hook", exc)
+        return exchange
+
+    def wrap_receive(self, receive: Receive) -> Receive:
+        async def receive_and_watch() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect" and self.timeline.mark_ns(FINISHED) is None:
+                self.disconnected = True
+            return message
+
+        return receive_and_watch
+
+    def wrap_send(self, send: Send) -> Send:
+        async def send_and_watch(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                self.status = message["status"]
+            try:
+                await send(message)
+            except OSError:
+                self.disconnected = True
+                raise
+            if (kind == "http.response.body" and not message.get("more_body", False)) or (
+                kind == "http.response.pathsend"
+            ):
+                self.finish_span()
+
+        return send_and_watch
+
+    def end(self) -> None:
+        """After the app returned or raised: end the span if the response did not."""
+        try:
+            self.finish_span()
+        finally:
+            otel_context.detach(self.context_token)
+            deactivate(self.timeline_token)
+
+    def finish_span(self) -> None:
+        """Mark ``finished`` and end the server span with its phase children (once)."""
+        if not self.timeline.finish(time.perf_counter_ns()):
+            return
+        if not self.span.is_recording():
+            self.span.end()
+            return
+        try:
+            self._record()
+        except Exception as exc:
+            stats.record_failure("server_span_end", exc)
+            self.span.end()
+
+    def _record(self) -> None:
+        timeline = self.timeline
+        span = self.span
+        attributes = self._response_attributes()
+        phases = timeline.phases_ns()
+        for phase, (start, end) in phases.items():
+            attributes[attr.PHASE_DURATION[phase]] = (end - start) / 1e9
+        route = timeline.route or self.middleware.routes.resolve(self.scope, self.root_path)
+        if route is not None:
+            attributes[attr.HTTP_ROUTE] = route
+            span.update_name(f"{self._method()} {route}")
+        span.set_attributes(attributes)
+        hook = self.middleware.response_hook
+        if hook is not None:
+            try:
+                hook(span, timeline)
+            except Exception as exc:
+                stats.record_failure("response_hook", exc)
+        parent = trace.set_span_in_context(span)
+        tracer = self.middleware.tracer
+        for phase, name in attr.PHASE_SPANS.items():
+            bounds = phases.get(phase)
+            if bounds is not None:
+                child = tracer.start_span(
+                    name, parent, SpanKind.INTERNAL, start_time=timeline.epoch_ns(bounds[0])
+                )
+                child.end(end_time=timeline.epoch_ns(bounds[1]))
+        finished = timeline.mark_ns(FINISHED)
+        assert finished is not None
+        span.end(end_time=timeline.epoch_ns(finished))
+
+    def _response_attributes(self) -> dict[str, AttributeValue]:
+        timeline = self.timeline
+        attributes: dict[str, AttributeValue] = {
+            attr.HTTP_REQUEST_METHOD: self._method(),
+        }
+        status = self.status
+        error = self.error
+        if self.disconnected:
+            status = attr.CLIENT_CLOSED_REQUEST_STATUS
+            attributes[attr.ERROR_TYPE] = attr.CLIENT_DISCONNECTED
+        elif error is not None:
+            if status is None:
+                status = 500
+            attributes[attr.ERROR_TYPE] = type(error).__qualname__
+            self.span.record_exception(error)
+            self.span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+        elif status is not None and status >= 500:
+            attributes[attr.ERROR_TYPE] = str(status)
+            self.span.set_status(Status(StatusCode.ERROR))
+        if status is not None:
+            attributes[attr.HTTP_RESPONSE_STATUS_CODE] = status
+        optional: tuple[tuple[str, AttributeValue | None], ...] = (
+            (attr.GEN_AI_REQUEST_MODEL, timeline.model),
+            (attr.GEN_AI_OPERATION_NAME, timeline.operation),
+            (attr.GEN_AI_USAGE_INPUT_TOKENS, timeline.input_tokens),
+            (attr.GEN_AI_USAGE_OUTPUT_TOKENS, timeline.output_tokens),
+            (attr.BATCH_ID, timeline.batch_id),
+            (attr.BATCH_SIZE, timeline.batch_size),
+            (attr.GPU_UUID, timeline.gpu_uuid),
+            (attr.SERVICE_NAME, self.middleware.service_name),
+            (attr.MARKS_IGNORED, timeline.ignored_marks or None),
+        )
+        for key, value in optional:
+            if value is not None:
+                attributes[key] = value
+        ttft, tpot = timeline.streaming_seconds()
+        if ttft is not None:
+            attributes[attr.TIME_TO_FIRST_TOKEN] = ttft
+        if tpot is not None:
+            attributes[attr.TIME_PER_OUTPUT_TOKEN] = tpot
+        return attributes
+
+    def _method(self) -> str:
+        method = self.scope.get("method", "GET")
+        return method if method in _KNOWN_METHODS else "_OTHER"

@@ -1,0 +1,54 @@
+"""Span names and attribute keys: the contract between middleware and exporter.
+
+The exporter imports these constants too, so a rename here is a rename everywhere.
+See docs/spans.md for the meaning of each one.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INSTRUMENTATION_NAME: Final = "gpuscope"
+
+# HTTP semantic conventions (stable names).
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_ROUTE: Final = "http.route"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+URL_PATH: Final = "url.path"
+URL_SCHEME: Final = "url.scheme"
+ERROR_TYPE: Final = "error.type"
+
+# GenAI semantic conventions.
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+
+# Phases, in the order they happen. ``gpuscope.<phase>.duration`` is in seconds.
+PHASES: Final = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
+PHASE_DURATION: Final = {phase: f"gpuscope.{phase}.duration" for phase in PHASES}
+# Phases that also become child spans of the server span.
+PHASE_SPANS: Final = {
+    "queue": "gpuscope.queue",
+    "batch_wait": "gpuscope.batch_wait",
+    "compute": "gpuscope.compute",
+}
+
+BATCH_ID: Final = "gpuscope.batch.id"
+BATCH_SIZE: Final = "gpuscope.batch.size"
+BATCH_MAX_SIZE: Final = "gpuscope.batch.max_size"
+BATCH_TRIGGER: Final = "gpuscope.batch.trigger"
+BATCH_SPAN_NAME: Final = "gpuscope.batch"
+BATCH_TRIGGERS: Final = ("full", "timeout", "iteration")
+
+GPU_UUID: Final = "gpuscope.gpu.uuid"
+TIME_TO_FIRST_TOKEN: Final = "gpuscope.time_to_first_token"
+TIME_PER_OUTPUT_TOKEN: Final = "gpuscope.time_per_output_token"
+# Overrides the resource's service.name for this span (several apps in one process).
+SERVICE_NAME: Final = "gpuscope.service.name"
+# Number of marks the application set out of order (ignored); absent when zero.
+MARKS_IGNORED: Final = "gpuscope.marks.ignored"
+
+# error.type when the client went away before the last body chunk was sent.
+CLIENT_DISCONNECTED: Final = "client_disconnected"
+CLIENT_CLOSED_REQUEST_STATUS: Final = 499

@@ -1,0 +1,215 @@
+"""``RequestTimeline``: the marks of one request, and the phases derived from them.
+
+A timeline is created by the middleware when a request arrives and travels with
+the request through the application: the handler reaches it with
+``current_timeline()``, a scheduler receives it with the queued item and marks it
+from its own task or thread. Marks are ``perf_counter_ns()`` readings taken in
+this process; durations are only ever computed between marks of one process.
+
+Marks never raise. A mark that is set twice keeps its first value; a mark set
+after a later one (``admitted`` after ``dispatched``, say) is ignored and counted
+in ``gpuscope.middleware.stats`` as ``marks_out_of_order``, and a mark set after
+the response finished is counted as ``marks_after_finish``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from typing import TYPE_CHECKING
+
+from gpuscope.middleware import stats
+from gpuscope.middleware.attributes import PHASES
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
+# Indices of the ordered marks. ``first_token`` is kept apart: under continuous
+# batching it falls between ``dispatched`` and ``computed``.
+ARRIVED, ENQUEUED, ADMITTED, DISPATCHED, COMPUTED, FINISHED = range(6)
+MARK_NAMES = ("arrived", "enqueued", "admitted", "dispatched", "computed", "finished")
+_UNSET = 0
+
+# phase -> (start mark, end mark)
+PHASE_BOUNDS: dict[str, tuple[int, int]] = dict(
+    zip(PHASES, zip(range(5), range(1, 6), strict=True), strict=True)
+)
+
+_current: contextvars.ContextVar[RequestTimeline | None] = contextvars.ContextVar(
+    "gpuscope_timeline", default=None
+)
+
+
+def current_timeline() -> RequestTimeline | None:
+    """The timeline of the request being handled, or ``None`` outside a request."""
+    return _current.get()
+
+
+class RequestTimeline:
+    """The marks of one request plus what the application knows about it."""
+
+    __slots__ = (
+        "_epoch_offset_ns",
+        "_first_token_ns",
+        "_marks",
+        "batch_id",
+        "batch_size",
+        "gpu_uuid",
+        "ignored_marks",
+        "input_tokens",
+        "model",
+        "operation",
+        "output_tokens",
+        "route",
+        "span_context",
+    )
+
+    def __init__(self) -> None:
+        arrived = time.perf_counter_ns()
+        # Wall clock of this instant; every mark converts to epoch through it.
+        self._epoch_offset_ns = time.time_ns() - arrived
+        self._marks = [arrived, _UNSET, _UNSET, _UNSET, _UNSET, _UNSET]
+        self._first_token_ns = _UNSET
+        self.ignored_marks = 0
+        self.model: str | None = None
+        self.operation: str | None = None
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.batch_id: str | None = None
+        self.batch_size: int | None = None
+        self.gpu_uuid: str | None = None
+        self.route: str | None = None
+        # The server span of this request, for the batch span's links.
+        self.span_context: SpanContext | None = None
+
+    # -- marks -----------------------------------------------------------------
+
+    def enqueued(self) -> None:
+        """The request entered the scheduler's queue (after parsing/tokenizing)."""
+        self.mark_at(ENQUEUED, time.perf_counter_ns())
+
+    def admitted(self) -> None:
+        """Taken from the queue into a forming batch or the running batch."""
+        self.mark_at(ADMITTED, time.perf_counter_ns())
+
+    def dispatched(self) -> None:
+        """The batch holding this request was launched on the device."""
+        self.mark_at(DISPATCHED, time.perf_counter_ns())
+
+    def computed(self) -> None:
+        """This request's result is ready on the host (after a device sync)."""
+        self.mark_at(COMPUTED, time.perf_counter_ns())
+
+    def first_token(self) -> None:
+        """The first streamed chunk was handed to ``send``."""
+        if self._first_token_ns == _UNSET and self._marks[FINISHED] == _UNSET:
+            self._first_token_ns = time.perf_counter_ns()
+
+    def mark_at(self, index: int, now_ns: int) -> None:
+        """Set mark ``index`` to the ``perf_counter_ns()`` reading ``now_ns``.
+
+        Schedulers use this to give every member of a batch the same instant.
+        """
+        marks = self._marks
+        if marks[index] != _UNSET:
+            return
+        if marks[FINISHED] != _UNSET:
+            stats.count("marks_after_finish")
+            return
+        for later in range(index + 1, FINISHED):
+            if marks[later] != _UNSET:
+                self.ignored_marks += 1
+                stats.count("marks_out_of_order")
+                return
+        marks[index] = now_ns
+
+    def finish(self, now_ns: int) -> bool:
+        """Set ``finished``; returns False if the request had already finished."""
+        if self._marks[FINISHED] != _UNSET:
+            return False
+        self._marks[FINISHED] = now_ns
+        return True
+
+    # -- what the application knows ----------------------------------------------
+
+    def set_model(self, model: str) -> None:
+        self.model = model
+
+    def set_operation(self, operation: str) -> None:
+        """``embeddings``, ``text_completion`` or ``chat``."""
+        self.operation = operation
+
+    def set_route(self, route: str) -> None:
+        """The route template, for applications without a router that exposes one."""
+        self.route = route
+
+    def set_tokens(
+        self, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> None:
+        if input_tokens is not None:
+            self.input_tokens = input_tokens
+        if output_tokens is not None:
+            self.output_tokens = output_tokens
+
+    def add_output_tokens(self, count: int = 1) -> None:
+        self.output_tokens = (self.output_tokens or 0) + count
+
+    def set_batch(self, batch_id: str, size: int) -> None:
+        """Record the batch the request was computed in; the first one wins."""
+        if self.batch_id is None:
+            self.batch_id = batch_id
+            self.batch_size = size
+
+    # -- reading ---------------------------------------------------------------
+
+    def mark_ns(self, index: int) -> int | None:
+        """The ``perf_counter_ns()`` reading of a mark, or None if it was never set."""
+        value = self._marks[index]
+        return None if value == _UNSET else value
+
+    @property
+    def first_token_ns(self) -> int | None:
+        return None if self._first_token_ns == _UNSET else self._first_token_ns
+
+    def epoch_ns(self, perf_ns: int) -> int:
+        """Wall-clock epoch nanoseconds of a ``perf_counter_ns()`` reading."""
+        return perf_ns + self._epoch_offset_ns
+
+    def phases_ns(self) -> dict[str, tuple[int, int]]:
+        """``phase -> (start, end)`` in perf-counter ns, for phases whose marks are both set."""
+        marks = self._marks
+        result: dict[str, tuple[int, int]] = {}
+        for phase, (start, end) in PHASE_BOUNDS.items():
+            if marks[start] != _UNSET and marks[end] != _UNSET:
+                result[phase] = (marks[start], marks[end])
+        return result
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Duration in seconds of every phase that happened."""
+        return {phase: (end - start) / 1e9 for phase, (start, end) in self.phases_ns().items()}
+
+    def duration_seconds(self) -> float | None:
+        """``finished − arrived``, once finished."""
+        finished = self._marks[FINISHED]
+        return None if finished == _UNSET else (finished - self._marks[ARRIVED]) / 1e9
+
+    def streaming_seconds(self) -> tuple[float | None, float | None]:
+        """``(time_to_first_token, time_per_output_token)``; None where unknown."""
+        first = self._first_token_ns
+        if first == _UNSET:
+            return None, None
+        ttft = (first - self._marks[ARRIVED]) / 1e9
+        finished = self._marks[FINISHED]
+        tokens = self.output_tokens
+        if finished == _UNSET or tokens is None or tokens < 2:
+            return ttft, None
+        return ttft, (finished - first) / 1e9 / (tokens - 1)
+
+
+def activate(timeline: RequestTimeline) -> contextvars.Token[RequestTimeline | None]:
+    """Make ``timeline`` the current one (the middleware's job)."""
+    return _current.set(timeline)
+
+
+def deactivate(token: contextvars.Token[RequestTimeline | None]) -> None:
+    _current.reset(token)

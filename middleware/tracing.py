@@ -1,0 +1,90 @@
+"""``setup_tracing()``: the one opt-in place that wires the OpenTelemetry SDK.
+
+The rest of ``gpuscope.middleware`` needs only the OpenTelemetry API; this module
+imports the SDK and the OTLP/HTTP exporter inside the function, so importing the
+middleware never pulls them in.
+
+Every span is sampled: gpuscope's exporter turns spans into latency histograms, and
+a sampled-out request would be missing from them. Export is asynchronous through a
+bounded ``BatchSpanProcessor``; a failing or unreachable endpoint costs dropped
+spans (counted in ``gpuscope.middleware.stats``), never a failed request.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:9420/v1/traces"
+
+
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """The traces URL: the argument, else the standard OTEL_* variables, else the exporter."""
+    if endpoint:
+        return endpoint
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if base:
+        return base.rstrip("/") + "/v1/traces"
+    return DEFAULT_ENDPOINT
+
+
+def setup_tracing(
+    endpoint: str | None = None,
+    service_name: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 10.0,
+    max_queue_size: int = 8192,
+    max_export_batch_size: int = 512,
+    schedule_delay_ms: int = 500,
+    set_global: bool = True,
+) -> TracerProvider:
+    """Create an SDK ``TracerProvider`` that sends every span over OTLP/HTTP.
+
+    ``endpoint`` defaults to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, then
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, then the local exporter at
+    ``http://127.0.0.1:9420/v1/traces``. ``service_name`` defaults to
+    ``OTEL_SERVICE_NAME``. With ``set_global`` the provider becomes the global one
+    (which OpenTelemetry allows once per process). Call ``provider.shutdown()`` at
+    exit to flush what is queued.
+    """
+    from gpuscope.middleware.export import CountingExporter
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    attributes: dict[str, str | int] = {
+        "service.instance.id": str(uuid.uuid4()),
+        "host.name": socket.gethostname(),
+        "process.pid": os.getpid(),
+    }
+    name = service_name or os.environ.get("OTEL_SERVICE_NAME")
+    if name:
+        attributes["service.name"] = name
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=ALWAYS_ON)
+    otlp = OTLPSpanExporter(
+        endpoint=resolve_endpoint(endpoint), headers=dict(headers or {}), timeout=timeout_s
+    )
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            CountingExporter(otlp),
+            max_queue_size=max_queue_size,
+            max_export_batch_size=max_export_batch_size,
+            schedule_delay_millis=schedule_delay_ms,
+        )
+    )
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider

@@ -1,0 +1,1 @@
+"""The reference inference worker: OpenAI-compatible endpoints over batching schedulers."""
