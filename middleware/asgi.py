@@ -12,17 +12,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from gpuscope.middleware import attributes as attr
-from gpuscope.middleware import stats
-from gpuscope.middleware.routes import RouteResolver
-from gpuscope.middleware.timeline import FINISHED, RequestTimeline, activate, deactivate
-from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gpuscope import __version__
+from gpuscope.middleware import attributes as attr
+from gpuscope.middleware import stats
+from gpuscope.middleware.routes import RouteResolver
+from gpuscope.middleware.timeline import ARRIVED, FINISHED, RequestTimeline, activate, deactivate
+from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
@@ -86,9 +86,6 @@ class GpuscopeMiddleware:
             await self.app(scope, receive, send)
             return
         exchange = _Exchange.begin(self, scope)
-        if exchange is None:  # telemetry failed to start: serve the request anyway
-            await self.app(scope, receive, send)
-            return
         try:
             await self.app(scope, exchange.wrap_receive(receive), exchange.wrap_send(send))
         except BaseException as exc:
@@ -114,38 +111,35 @@ class _Exchange:
         "timeline_token",
     )
 
-    def __init__(self, middleware: GpuscopeMiddleware, scope: Scope, span: trace.Span) -> None:
+    def __init__(
+        self,
+        middleware: GpuscopeMiddleware,
+        scope: Scope,
+        timeline: RequestTimeline,
+        span: trace.Span,
+    ) -> None:
         self.middleware = middleware
         self.scope = scope
         self.span = span
         self.root_path: str = scope.get("root_path", "")
-        self.timeline = RequestTimeline()
-        self.timeline.span_context = span.get_span_context()
+        self.timeline = timeline
+        timeline.span_context = span.get_span_context()
         self.status: int | None = None
         self.disconnected = False
         self.error: BaseException | None = None
-        self.timeline_token = activate(self.timeline)
+        self.timeline_token = activate(timeline)
         self.context_token = otel_context.attach(trace.set_span_in_context(span))
 
     @classmethod
-    def begin(cls, middleware: GpuscopeMiddleware, scope: Scope) -> _Exchange | None:
+    def begin(cls, middleware: GpuscopeMiddleware, scope: Scope) -> _Exchange:
+        timeline = RequestTimeline()
         try:
-            method = scope.get("method", "GET")
-            method = method if method in _KNOWN_METHODS else "_OTHER"
-            span = middleware.tracer.start_span(
-                method,
-                context=propagate.extract(scope, getter=_GETTER),
-                kind=SpanKind.SERVER,
-                attributes={
-                    attr.HTTP_REQUEST_METHOD: method,
-                    attr.URL_PATH: scope.get("path", ""),
-                    attr.URL_SCHEME: scope.get("scheme", "http"),
-                },
-            )
-            exchange = cls(middleware, scope, span)
+            span = cls._start_span(middleware, scope, timeline)
         except Exception as exc:
+            # Without a span the request is still served, and its marks still work.
             stats.record_failure("server_span_start", exc)
-            return None
+            span = trace.INVALID_SPAN
+        exchange = cls(middleware, scope, timeline, span)
         if not span.is_recording():
             stats.count("requests_sampled_out")
         elif middleware.request_hook is not None:
@@ -154,6 +148,26 @@ class _Exchange:
             except Exception as exc:
                 stats.record_failure("request_hook", exc)
         return exchange
+
+    @staticmethod
+    def _start_span(
+        middleware: GpuscopeMiddleware, scope: Scope, timeline: RequestTimeline
+    ) -> trace.Span:
+        method = scope.get("method", "GET")
+        method = method if method in _KNOWN_METHODS else "_OTHER"
+        arrived = timeline.mark_ns(ARRIVED)
+        assert arrived is not None
+        return middleware.tracer.start_span(
+            method,
+            context=propagate.extract(scope, getter=_GETTER),
+            kind=SpanKind.SERVER,
+            attributes={
+                attr.HTTP_REQUEST_METHOD: method,
+                attr.URL_PATH: scope.get("path", ""),
+                attr.URL_SCHEME: scope.get("scheme", "http"),
+            },
+            start_time=timeline.epoch_ns(arrived),
+        )
 
     def wrap_receive(self, receive: Receive) -> Receive:
         async def receive_and_watch() -> Message:

@@ -29,14 +29,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from gpuscope.middleware import attributes as attr
-from gpuscope.middleware import stats
-from gpuscope.middleware.timeline import ADMITTED, COMPUTED, DISPATCHED, RequestTimeline
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from gpuscope import __version__
+from gpuscope.middleware import attributes as attr
+from gpuscope.middleware import stats
+from gpuscope.middleware.timeline import (
+    ADMITTED,
+    COMPUTED,
+    DISPATCHED,
+    RequestTimeline,
+    epoch_offset_ns,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
@@ -105,7 +111,7 @@ class Batch:
         recorder = self._recorder
         size = len(self.members)
         dispatched_ns = time.perf_counter_ns()
-        dispatched_epoch_ns = time.time_ns()
+        dispatched_epoch_ns = dispatched_ns + epoch_offset_ns(dispatched_ns)
         for timeline in self.members:
             timeline.mark_at(DISPATCHED, dispatched_ns)
             timeline.set_batch(self.id, size)

@@ -35,6 +35,21 @@ PHASE_BOUNDS: dict[str, tuple[int, int]] = dict(
     zip(PHASES, zip(range(5), range(1, 6), strict=True), strict=True)
 )
 
+# perf_counter_ns() -> wall-clock epoch ns. One process-wide offset keeps the spans of
+# a batch and of its members on exactly the same instants; it is re-read every few
+# seconds so that a wall-clock step (NTP) is followed.
+_RECALIBRATE_NS = 5_000_000_000
+_calibration = [time.perf_counter_ns(), time.time_ns() - time.perf_counter_ns()]
+
+
+def epoch_offset_ns(perf_ns: int) -> int:
+    """The offset to add to a ``perf_counter_ns()`` reading taken now to get epoch ns."""
+    if perf_ns - _calibration[0] > _RECALIBRATE_NS:
+        _calibration[1] = time.time_ns() - time.perf_counter_ns()
+        _calibration[0] = perf_ns
+    return _calibration[1]
+
+
 _current: contextvars.ContextVar[RequestTimeline | None] = contextvars.ContextVar(
     "gpuscope_timeline", default=None
 )
@@ -66,8 +81,8 @@ class RequestTimeline:
 
     def __init__(self) -> None:
         arrived = time.perf_counter_ns()
-        # Wall clock of this instant; every mark converts to epoch through it.
-        self._epoch_offset_ns = time.time_ns() - arrived
+        # Fixed for the request, so its spans start and end exactly at its marks.
+        self._epoch_offset_ns = epoch_offset_ns(arrived)
         self._marks = [arrived, _UNSET, _UNSET, _UNSET, _UNSET, _UNSET]
         self._first_token_ns = _UNSET
         self.ignored_marks = 0

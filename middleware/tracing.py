@@ -57,13 +57,14 @@ def setup_tracing(
     (which OpenTelemetry allows once per process). Call ``provider.shutdown()`` at
     exit to flush what is queued.
     """
-    from gpuscope.middleware.export import CountingExporter
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from gpuscope.middleware.export import CountingExporter
 
     attributes: dict[str, str | int] = {
         "service.instance.id": str(uuid.uuid4()),
