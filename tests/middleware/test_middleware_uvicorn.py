@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -49,7 +50,7 @@ def test_a_streamed_response_is_one_span_never_one_per_chunk(
         spans = span_recorder.wait_for(lambda spans: len(spans) >= 1)
     assert body == b"".join(f"data: token-{i}\n\n".encode() for i in range(CHUNKS))
     assert [span.name for span in spans] == ["GET /v1/stream"]
-    attrs = dict(spans[0].attributes or {})
+    attrs: dict[str, Any] = dict(spans[0].attributes or {})
     assert attrs["http.response.status_code"] == 200
     assert attrs["gen_ai.usage.output_tokens"] == CHUNKS
     assert 0 < attrs["gpuscope.time_to_first_token"] < 10
@@ -63,7 +64,7 @@ def test_a_client_that_disconnects_mid_stream_is_recorded(span_recorder: SpanRec
                 if received == 3:
                     break  # leaving the block closes the connection mid-stream
         spans = span_recorder.wait_for(lambda spans: len(spans) >= 1)
-    attrs = dict(spans[0].attributes or {})
+    attrs: dict[str, Any] = dict(spans[0].attributes or {})
     assert attrs["http.response.status_code"] == 499
     assert attrs["error.type"] == "client_disconnected"
     assert attrs["gen_ai.usage.output_tokens"] < 2000
@@ -80,5 +81,5 @@ async def test_concurrent_requests_through_uvicorn_each_get_their_own_span(
             )
         assert all(r.status_code == 200 for r in responses)
         spans = span_recorder.wait_for(lambda spans: len(spans) >= len(sizes))
-    tokens = sorted(dict(s.attributes or {})["gen_ai.usage.output_tokens"] for s in spans)
+    tokens = sorted((s.attributes or {})["gen_ai.usage.output_tokens"] for s in spans)  # type: ignore[type-var]
     assert tokens == sizes
