@@ -30,7 +30,7 @@ lint: install
 # mypy runs from build/ so that the repository's own gpuscope/ folder does not
 # shadow the installed package (whose subpackages are mapped from other folders).
 typecheck: install
-	cd build && ../$(BIN)/mypy --config-file ../pyproject.toml __editable__.gpuscope-*/gpuscope $(addprefix ../,$(wildcard tests/*.py tests/*/ benchmarks))
+	cd build && ../$(BIN)/mypy --config-file ../pyproject.toml __editable__.gpuscope-*/gpuscope $(addprefix ../,$(wildcard tests/*.py tests/*/*.py benchmarks/*.py))
 
 unit: install system-deps
 	$(BIN)/pytest -q

@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from gpuscope import __version__
 from gpuscope.middleware import attributes as attr
 from gpuscope.middleware import stats
+from gpuscope.middleware.phase_spans import PhaseSpanEmitter
 from gpuscope.middleware.routes import RouteResolver
 from gpuscope.middleware.timeline import ARRIVED, FINISHED, RequestTimeline, activate, deactivate
 from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,6 +81,7 @@ class GpuscopeMiddleware:
         self.request_hook = request_hook
         self.response_hook = response_hook
         self.routes = RouteResolver()
+        self.phase_spans = PhaseSpanEmitter(self.tracer, tracer_provider)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.excluded_paths:
@@ -234,15 +236,14 @@ class _Exchange:
                 hook(span, timeline)
             except Exception as exc:
                 stats.record_failure("response_hook", exc)
-        parent = trace.set_span_in_context(span)
-        tracer = self.middleware.tracer
-        for phase, name in attr.PHASE_SPANS.items():
-            bounds = phases.get(phase)
-            if bounds is not None:
-                child = tracer.start_span(
-                    name, parent, SpanKind.INTERNAL, start_time=timeline.epoch_ns(bounds[0])
-                )
-                child.end(end_time=timeline.epoch_ns(bounds[1]))
+        self.middleware.phase_spans.emit(
+            span,
+            [
+                (name, timeline.epoch_ns(phases[phase][0]), timeline.epoch_ns(phases[phase][1]))
+                for phase, name in attr.PHASE_SPANS.items()
+                if phase in phases
+            ],
+        )
         finished = timeline.mark_ns(FINISHED)
         assert finished is not None
         span.end(end_time=timeline.epoch_ns(finished))
