@@ -2,8 +2,10 @@
 ASGI middleware, measured in one run, in-process (no sockets).
 
 Every configuration uses the same SDK ``TracerProvider`` set-up: a ``BatchSpanProcessor``
-feeding either a discarding exporter or one that encodes spans to OTLP protobuf
-(what the OTLP/HTTP exporter does before it sends). CPU time is ``process_time``, so
+feeding either a discarding exporter or one that encodes spans to OTLP protobuf and
+drops the bytes, with the encoder each side ships: the SDK's ``encode_spans`` (used by
+``OTLPSpanExporter``) for OpenTelemetry's middleware, gpuscope's ``otlp_encoding``
+(used by ``setup_tracing()``) for gpuscope. CPU time is ``process_time``, so
 the processor's export thread is included. Requests arrive in groups of
 ``BATCH_SIZE``; under gpuscope the app marks every phase and the group runs as one
 batch through ``BatchRecorder``, so each request carries its share of a batch span.
@@ -31,6 +33,7 @@ from gpuscope.middleware import (
     RequestTimeline,
     current_timeline,
 )
+from gpuscope.middleware.otlp_encoding import encode_export_request
 from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -39,11 +42,19 @@ class DiscardExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-class EncodeExporter(SpanExporter):
-    """Encodes to OTLP protobuf bytes like the OTLP/HTTP exporter, then drops them."""
+class SdkEncodeExporter(SpanExporter):
+    """Encodes like the SDK's OTLP/HTTP exporter, then drops the bytes."""
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        encode_spans(spans).SerializeToString()
+        encode_spans(spans).SerializePartialToString()
+        return SpanExportResult.SUCCESS
+
+
+class GpuscopeEncodeExporter(SpanExporter):
+    """Encodes like gpuscope's ``OtlpHttpExporter``, then drops the bytes."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        encode_export_request(spans)
         return SpanExportResult.SUCCESS
 
 
@@ -138,7 +149,9 @@ def measure(name: str, chunks: int, encode: bool, requests: int) -> float:
     processor: BatchSpanProcessor | None = None
     if traced:
         provider = TracerProvider()
-        exporter = EncodeExporter() if encode else DiscardExporter()
+        exporter: SpanExporter = DiscardExporter()
+        if encode:
+            exporter = GpuscopeEncodeExporter() if name == "gpuscope" else SdkEncodeExporter()
         processor = BatchSpanProcessor(exporter, max_queue_size=65536)
         provider.add_span_processor(processor)
     app = build(provider)

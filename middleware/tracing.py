@@ -17,6 +17,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -37,11 +38,27 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
     return DEFAULT_ENDPOINT
 
 
+def _env_headers() -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``: ``key=value`` pairs, comma-separated."""
+    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_HEADERS", ""
+    )
+    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    return {unquote(k).strip(): unquote(v).strip() for k, v in pairs}
+
+
+def _env_compression() -> str | None:
+    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_COMPRESSION"
+    )
+
+
 def setup_tracing(
     endpoint: str | None = None,
     service_name: str | None = None,
     *,
     headers: Mapping[str, str] | None = None,
+    compression: str | None = None,
     timeout_s: float = 10.0,
     max_queue_size: int = 8192,
     max_export_batch_size: int = 512,
@@ -53,18 +70,18 @@ def setup_tracing(
     ``endpoint`` defaults to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, then
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, then the local exporter at
     ``http://127.0.0.1:9420/v1/traces``. ``service_name`` defaults to
-    ``OTEL_SERVICE_NAME``. With ``set_global`` the provider becomes the global one
-    (which OpenTelemetry allows once per process). Call ``provider.shutdown()`` at
-    exit to flush what is queued.
+    ``OTEL_SERVICE_NAME``; ``headers`` and ``compression`` (``gzip``) default to the
+    standard ``OTEL_EXPORTER_OTLP_*`` variables. With ``set_global`` the provider
+    becomes the global one (which OpenTelemetry allows once per process). Call
+    ``provider.shutdown()`` at exit to flush what is queued.
     """
     from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-    from gpuscope.middleware.export import CountingExporter
+    from gpuscope.middleware.export import CountingExporter, OtlpHttpExporter
 
     attributes: dict[str, str | int] = {
         "service.instance.id": str(uuid.uuid4()),
@@ -75,8 +92,11 @@ def setup_tracing(
     if name:
         attributes["service.name"] = name
     provider = TracerProvider(resource=Resource.create(attributes), sampler=ALWAYS_ON)
-    otlp = OTLPSpanExporter(
-        endpoint=resolve_endpoint(endpoint), headers=dict(headers or {}), timeout=timeout_s
+    otlp = OtlpHttpExporter(
+        resolve_endpoint(endpoint),
+        headers={**_env_headers(), **(headers or {})},
+        timeout_s=timeout_s,
+        compression=compression or _env_compression(),
     )
     provider.add_span_processor(
         BatchSpanProcessor(

@@ -14,8 +14,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gpuscope.middleware import GpuscopeMiddleware, current_timeline, setup_tracing, stats
+from gpuscope.middleware.export import OtlpHttpExporter
 from gpuscope.middleware.tracing import DEFAULT_ENDPOINT, resolve_endpoint
 from gpuscope.middleware.types import Receive, Scope, Send
 from support.middleware_asgi import call, http_scope
@@ -28,6 +32,9 @@ class OtlpSink(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _OtlpHandler)
         self.requests: list[tuple[str, ExportTraceServiceRequest]] = []
         self.received = threading.Event()
+        # statuses to answer with, in order, before answering 200 (with Retry-After: 0)
+        self.failures: list[int] = []
+        self.attempts = 0
 
     @property
     def url(self) -> str:
@@ -39,6 +46,14 @@ class _OtlpHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.attempts += 1
+        if self.server.failures:
+            self.send_response(self.server.failures.pop(0))
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"busy")
+            return
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         request = ExportTraceServiceRequest.FromString(body)
@@ -111,6 +126,38 @@ async def test_an_unreachable_endpoint_costs_spans_never_requests(otlp_sink: Otl
     provider.force_flush(5_000)
     provider.shutdown()
     assert stats.snapshot().get("spans_export_failed", 0) == 4
+
+
+def finished_spans(count: int) -> list[ReadableSpan]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for i in range(count):
+        provider.get_tracer("t").start_span(f"span-{i}").end()
+    return list(exporter.get_finished_spans())
+
+
+def test_retryable_answers_are_retried_until_accepted(otlp_sink: OtlpSink) -> None:
+    otlp_sink.failures = [503, 429]
+    exporter = OtlpHttpExporter(otlp_sink.url, timeout_s=5, compression="gzip")
+    assert exporter.export(finished_spans(3)) is SpanExportResult.SUCCESS
+    assert otlp_sink.attempts == 3
+    _, request = otlp_sink.requests[0]
+    assert [s.name for s in request.resource_spans[0].scope_spans[0].spans] == [
+        "span-0",
+        "span-1",
+        "span-2",
+    ]
+    exporter.shutdown()
+
+
+def test_a_rejected_batch_is_not_retried(otlp_sink: OtlpSink) -> None:
+    otlp_sink.failures = [400]
+    exporter = OtlpHttpExporter(otlp_sink.url, timeout_s=5)
+    assert exporter.export(finished_spans(1)) is SpanExportResult.FAILURE
+    assert otlp_sink.attempts == 1
+    with pytest.raises(ValueError, match="compression"):
+        OtlpHttpExporter(otlp_sink.url, compression="zstd")
 
 
 def test_endpoint_resolution_follows_the_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
