@@ -1,0 +1,156 @@
+"""The worker's parts without HTTP: configuration, models, schedulers, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuscope.middleware import BatchRecorder, RequestTimeline
+from gpuscope.worker import protocol
+from gpuscope.worker.backends import load_backend, numpy_models
+from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.models import EmbeddingModel, Generator
+from gpuscope.worker.scheduler import (
+    BatchPolicy,
+    DeviceThread,
+    EmbeddingScheduler,
+    QueueFull,
+    ShuttingDown,
+)
+from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, WorkerSpans, attrs
+
+
+def test_worker_config_flags_env_twins_and_errors_that_name_the_flag() -> None:
+    env = {"GPUSCOPE_MAX_BATCH_SIZE": "32", "GPUSCOPE_BATCHING": "continuous"}
+    config = parse_config(["--batching", "static", "--serve", "embeddings"], env)
+    assert config.batching == "static"  # the flag wins over its twin
+    assert config.max_batch_size == 32
+    assert config.serve == ("embeddings",)
+    assert parse_config([], {"GPUSCOPE_NO_TRACING": "true"}).no_tracing
+    assert parse_config(["--no-tracing"], {}).no_tracing
+    with pytest.raises(ConfigError, match="--max-queue-delay-ms"):
+        parse_config([], {"GPUSCOPE_MAX_QUEUE_DELAY_MS": "soon"})
+    with pytest.raises(ConfigError, match="--batching"):
+        parse_config(["--batching", "greedy"], {})
+    with pytest.raises(ConfigError, match="--gpu-uuid"):
+        parse_config(["--gpu-uuid", "1234"], {})
+    with pytest.raises(ConfigError, match="--max-batch-size"):
+        WorkerConfig(max_batch_size=0)
+
+
+def test_worker_cpu_backend_is_numpy_and_reports_the_simulated_uuid() -> None:
+    backend = load_backend(replace(SMALL, device="cpu", gpu_uuid="GPU-sim-0"))
+    assert backend.name == "numpy"
+    assert backend.gpu_uuid == "GPU-sim-0"
+    assert isinstance(backend.embedding, EmbeddingModel)
+    assert isinstance(backend.generator, Generator)
+
+
+def test_worker_models_are_seeded_and_batch_invariant() -> None:
+    embedding, generator = numpy_models(SMALL)
+    again, _ = numpy_models(SMALL)
+    other, _ = numpy_models(replace(SMALL, seed=1))
+    texts = [[1, 2, 3], [40, 50], [7]]
+    batched = embedding.embed(texts)
+    assert batched.shape == (3, SMALL.hidden_size)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, rtol=1e-5)
+    for row, text in zip(batched, texts, strict=True):  # a row does not depend on its batch
+        np.testing.assert_allclose(row, embedding.embed([text])[0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(batched, again.embed(texts))
+    assert not np.allclose(batched, other.embed(texts))
+    alone = generator.start([5, 6, 7])
+    together = [generator.start([5, 6, 7]), generator.start([9])]
+    solo_tokens = [generator.step([alone])[0] for _ in range(6)]
+    joint_tokens = [generator.step(together)[0] for _ in range(6)]
+    assert solo_tokens == joint_tokens  # greedy decoding, unaffected by batch mates
+
+
+def test_worker_embeddings_base64_matches_float() -> None:
+    request = protocol.EmbeddingsRequest(((1, 2),), base64=True, dimensions=None)
+    vectors = np.asarray([[0.5, -0.25]], dtype=np.float32)
+    body = protocol.embeddings_body(request, vectors, "m")
+    decoded = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_array_equal(decoded, vectors[0])
+
+
+def _scheduler(
+    model: EmbeddingModel, worker_spans: WorkerSpans, **policy: float | int | str
+) -> EmbeddingScheduler:
+    settings: dict[str, Any] = {
+        "mode": "dynamic",
+        "max_batch_size": 4,
+        "max_queue_delay_s": 0.005,
+        "max_queue": 8,
+    } | policy
+    recorder = BatchRecorder(max_size=4, model="m", tracer_provider=worker_spans.provider)
+    return EmbeddingScheduler(model, BatchPolicy(**settings), recorder, DeviceThread())
+
+
+async def test_worker_scheduler_marks_every_phase_and_fills_batches(
+    worker_spans: WorkerSpans,
+) -> None:
+    embedding, _ = numpy_models(SMALL)
+    scheduler = _scheduler(embedding, worker_spans)
+    scheduler.start()
+    timelines = [RequestTimeline() for _ in range(8)]
+    results = await asyncio.gather(
+        *(scheduler.embed([[i + 1]], tl, timeout_s=10) for i, tl in enumerate(timelines))
+    )
+    await scheduler.close(1.0)
+    assert [r.shape for r in results] == [(1, SMALL.hidden_size)] * 8
+    for timeline in timelines:
+        phases = timeline.phase_seconds()
+        assert {"preprocess", "queue", "batch_wait", "compute"} <= set(phases)
+        assert all(seconds >= 0 for seconds in phases.values())
+    sizes = sorted(attrs(s)["gpuscope.batch.size"] for s in worker_spans.batches())
+    assert sum(sizes) == 8
+    assert max(sizes) == 4  # submitted together: full batches
+    assert {timeline.batch_size for timeline in timelines} == {4}
+
+
+@pytest.mark.parametrize("device_frees_in_time", [True, False])
+async def test_worker_scheduler_shutdown_finishes_or_cancels(
+    device_frees_in_time: bool, worker_spans: WorkerSpans
+) -> None:
+    gate = Gate()
+    embedding, _ = numpy_models(SMALL)
+    scheduler = _scheduler(
+        GatedEmbeddingModel(embedding, gate), worker_spans, mode="none", max_queue=2
+    )
+    scheduler.start()
+    gate.close()
+    running = asyncio.create_task(scheduler.embed([[1]], RequestTimeline(), timeout_s=30))
+    await asyncio.to_thread(gate.entered.wait, 10)  # the first request holds the device
+    queued = [scheduler.submit([[value]], RequestTimeline()) for value in (2, 3)]
+    with pytest.raises(QueueFull):
+        scheduler.submit([[4]], RequestTimeline())
+    closing = asyncio.create_task(scheduler.close(5.0 if device_frees_in_time else 0.05))
+    await asyncio.to_thread(lambda: None)  # one round trip: close() has begun
+    with pytest.raises(ShuttingDown):  # no longer accepting
+        scheduler.submit([[9]], RequestTimeline())
+    if device_frees_in_time:
+        gate.open()
+    await closing
+    gate.open()
+    outcomes = await asyncio.gather(running, *(i.future for i in queued), return_exceptions=True)
+    if device_frees_in_time:  # everything accepted was finished
+        assert all(isinstance(o, np.ndarray) for o in outcomes)
+    else:  # the deadline passed: what was left got 503
+        assert all(isinstance(o, ShuttingDown) for o in outcomes)
+    assert scheduler.counters.rejected_queue_full == 1
+
+
+def test_worker_cli_rejects_bad_flags_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuscope.worker.cli import main
+
+    assert main(["--max-queue", "-1"]) == 2
+    assert "--max-queue" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as shown:
+        main(["--help"])
+    assert shown.value.code == 0
+    assert "GPUSCOPE_MAX_QUEUE_DELAY_MS" in capsys.readouterr().out

@@ -1,0 +1,315 @@
+"""The OpenAI wire format: request validation and response bodies, free of I/O.
+
+Validation turns a decoded JSON body into a frozen request object or raises
+``InvalidRequest`` naming the offending parameter; the app answers it with an
+OpenAI-style error body (``{"error": {"message", "type", "param", "code"}}``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from gpuscope.worker.models import FloatArray
+
+MAX_EMBEDDING_INPUTS: Final = 64
+DEFAULT_MAX_TOKENS: Final = 16
+
+
+class InvalidRequest(Exception):
+    """A request the worker refuses as sent (4xx)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+        self.kind = kind
+
+
+def error_body(
+    message: str, *, kind: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the served models accept."""
+
+    model_name: str
+    vocab_size: int
+    max_context: int
+    max_new_tokens: int
+    dimensions: int
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    inputs: tuple[tuple[int, ...], ...]
+    base64: bool
+    dimensions: int | None
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(tokens) for tokens in self.inputs)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+Encoder = Callable[[str], list[int]]
+
+
+def _require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def _check_model(body: dict[str, Any], limits: Limits) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string", param="model")
+    if model != limits.model_name:
+        raise InvalidRequest(
+            f"the model '{model}' does not exist; this worker serves '{limits.model_name}'",
+            param="model",
+            status=404,
+            code="model_not_found",
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:
+    """Accept an optional number within [low, high]; the synthetic models ignore it."""
+    value = body.get(name)
+    if value is None:
+        return
+    if not _is_int(value) and not isinstance(value, float):
+        raise InvalidRequest(f"'{name}' must be a number", param=name)
+    if not (low <= value <= high) or math.isnan(value):
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+
+
+def _token_list(value: list[Any], param: str, limits: Limits) -> tuple[int, ...]:
+    for token in value:
+        if not _is_int(token) or not 0 <= token < limits.vocab_size:
+            raise InvalidRequest(
+                f"'{param}' holds token {token!r}; token ids must be integers in "
+                f"0..{limits.vocab_size - 1}",
+                param=param,
+            )
+    return tuple(value)
+
+
+def _tokens(value: Any, param: str, limits: Limits, encode: Encoder) -> tuple[int, ...]:
+    """One text (string or token ids) as token ids, non-empty and within the context."""
+    if isinstance(value, str):
+        tokens = tuple(encode(value))
+    elif isinstance(value, list):
+        tokens = _token_list(value, param, limits)
+    else:
+        raise InvalidRequest(f"'{param}' must be a string or a list of token ids", param=param)
+    if not tokens:
+        raise InvalidRequest(f"'{param}' must not be empty", param=param)
+    if len(tokens) >= limits.max_context:
+        raise InvalidRequest(
+            f"'{param}' has {len(tokens)} tokens; this model's context is {limits.max_context}",
+            param=param,
+        )
+    return tokens
+
+
+def _texts(value: Any, param: str) -> list[Any]:
+    """The texts of an input that may hold one or several (strings or token lists)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        return [value]  # one text given as token ids
+    if isinstance(value, list) and value:
+        return value
+    raise InvalidRequest(
+        f"'{param}' must be a non-empty string, list of strings or list of token ids",
+        param=param,
+    )
+
+
+def parse_embeddings(body: Any, limits: Limits, encode: Encoder) -> EmbeddingsRequest:
+    body = _require_object(body)
+    _check_model(body, limits)
+    texts = _texts(body.get("input"), "input")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(
+            f"'input' holds {len(texts)} texts; at most {MAX_EMBEDDING_INPUTS} per request",
+            param="input",
+        )
+    inputs = tuple(_tokens(text, "input", limits, encode) for text in texts)
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise InvalidRequest(
+            "'encoding_format' must be 'float' or 'base64'", param="encoding_format"
+        )
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (
+        not _is_int(dimensions) or not 1 <= dimensions <= limits.dimensions
+    ):
+        raise InvalidRequest(
+            f"'dimensions' must be an integer in 1..{limits.dimensions}", param="dimensions"
+        )
+    return EmbeddingsRequest(inputs, encoding == "base64", dimensions)
+
+
+def parse_completion(body: Any, limits: Limits, encode: Encoder) -> CompletionRequest:
+    body = _require_object(body)
+    _check_model(body, limits)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt
+    elif isinstance(prompt, list) and prompt and not all(_is_int(v) for v in prompt):
+        raise InvalidRequest("only one prompt per request is supported", param="prompt")
+    tokens = _tokens(prompt, "prompt", limits, encode)
+    max_tokens = body.get("max_tokens")
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= limits.max_new_tokens:
+        raise InvalidRequest(
+            f"'max_tokens' must be an integer in 1..{limits.max_new_tokens}", param="max_tokens"
+        )
+    if len(tokens) + 1 + max_tokens > limits.max_context:
+        raise InvalidRequest(
+            f"prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceed this "
+            f"model's context of {limits.max_context} tokens",
+            param="max_tokens",
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be true or false", param="stream")
+    _check_unsupported(body)
+    _number(body, "temperature", 0, 2)
+    _number(body, "top_p", 0, 1)
+    _number(body, "presence_penalty", -2, 2)
+    _number(body, "frequency_penalty", -2, 2)
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict) or not isinstance(
+            options.get("include_usage", False), bool
+        ):
+            raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    return CompletionRequest(tokens, max_tokens, stream, include_usage)
+
+
+def _check_unsupported(body: dict[str, Any]) -> None:
+    n = body.get("n", 1)
+    if n != 1 or not _is_int(n):
+        raise InvalidRequest("only n=1 is supported", param="n")
+    best_of = body.get("best_of")
+    if best_of not in (None, 1):
+        raise InvalidRequest("only best_of=1 is supported", param="best_of")
+    for name in ("logprobs", "suffix"):
+        if body.get(name) is not None:
+            raise InvalidRequest(f"'{name}' is not supported by this worker", param=name)
+    if body.get("echo", False) is not False:
+        raise InvalidRequest("'echo' is not supported by this worker", param="echo")
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+def _encode_vector(vector: FloatArray, as_base64: bool) -> list[float] | str:
+    if as_base64:
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(v) for v in vector]
+
+
+def embeddings_body(
+    request: EmbeddingsRequest, vectors: FloatArray, model_name: str
+) -> dict[str, Any]:
+    if request.dimensions is not None:
+        vectors = vectors[:, : request.dimensions]
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode_vector(row, request.base64)}
+        for i, row in enumerate(vectors)
+    ]
+    tokens = request.input_tokens
+    return {
+        "object": "list",
+        "data": data,
+        "model": model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+class CompletionIds:
+    """The id and creation time every chunk of one completion shares."""
+
+    def __init__(self, model_name: str) -> None:
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model_name = model_name
+
+    def body(
+        self,
+        text: str | None,
+        *,
+        finish_reason: str | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
+        choices = (
+            []
+            if text is None
+            else [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]
+        )
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model_name,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def models_body(model_names: Sequence[str], created: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "gpuscope"}
+            for name in model_names
+        ],
+    }
