@@ -1,0 +1,363 @@
+"""Spans -> request-side histograms: the span contract of DESIGN.md, read on the hot path.
+
+Only SERVER spans and ``gpuscope.batch`` spans are aggregated; the phase child spans
+(``gpuscope.queue`` …) repeat what the server span's ``gpuscope.<phase>.duration``
+attributes already say, so they are received (and forwarded) but never counted twice.
+
+Each span's attribute list is walked once and only the keys in ``_SERVER_SLOTS`` /
+``_BATCH_SLOTS`` have their values read: with the upb protobuf backend, touching a
+value costs far more than skipping it. A span that breaks the contract (wrong type,
+NaN or negative duration, over-long label, bad ids) is rejected as a whole with a
+reason; the other spans of the same request still count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuDevice
+from gpuscope.exporter.series import (
+    BATCH_SIZE_BUCKETS,
+    LATENCY_BUCKETS,
+    CounterFamily,
+    HistogramFamily,
+)
+from gpuscope.middleware import attributes as attr
+
+SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
+SERVICE_NAME_RESOURCE = "service.name"
+
+# Reasons for ``gpuscope_spans_rejected_total{reason}``.
+INVALID_ID = "invalid_id"
+INVALID_DURATION = "invalid_duration"
+WRONG_ATTRIBUTE_TYPE = "wrong_attribute_type"
+INVALID_ATTRIBUTE_VALUE = "invalid_attribute_value"
+INVALID_LABEL = "invalid_label"
+MISSING_ATTRIBUTE = "missing_attribute"
+SPAN_REJECT_REASONS = (
+    INVALID_ID,
+    INVALID_DURATION,
+    WRONG_ATTRIBUTE_TYPE,
+    INVALID_ATTRIBUTE_VALUE,
+    INVALID_LABEL,
+    MISSING_ATTRIBUTE,
+)
+
+_STRING, _INT, _DOUBLE = "string_value", "int_value", "double_value"
+
+# Server span: attribute key -> (slot, expected AnyValue field).
+_ROUTE, _CODE, _MODEL, _UUID, _SERVICE, _IN, _OUT, _TTFT, _TPOT = range(9)
+_PHASE0 = 9
+_SERVER_SLOTS: dict[str, tuple[int, str]] = {
+    attr.HTTP_ROUTE: (_ROUTE, _STRING),
+    attr.HTTP_RESPONSE_STATUS_CODE: (_CODE, _INT),
+    attr.GEN_AI_REQUEST_MODEL: (_MODEL, _STRING),
+    attr.GPU_UUID: (_UUID, _STRING),
+    attr.SERVICE_NAME: (_SERVICE, _STRING),
+    attr.GEN_AI_USAGE_INPUT_TOKENS: (_IN, _INT),
+    attr.GEN_AI_USAGE_OUTPUT_TOKENS: (_OUT, _INT),
+    attr.TIME_TO_FIRST_TOKEN: (_TTFT, _DOUBLE),
+    attr.TIME_PER_OUTPUT_TOKEN: (_TPOT, _DOUBLE),
+} | {attr.PHASE_DURATION[phase]: (_PHASE0 + i, _DOUBLE) for i, phase in enumerate(attr.PHASES)}
+_SERVER_SLOT_COUNT = _PHASE0 + len(attr.PHASES)
+_SLOT_KEYS = {slot: key for key, (slot, _) in _SERVER_SLOTS.items()}
+_SECONDS_SLOTS = (_TTFT, _TPOT, *range(_PHASE0, _SERVER_SLOT_COUNT))
+
+_B_SIZE, _B_MAX, _B_MODEL, _B_UUID, _B_SERVICE = range(5)
+_BATCH_SLOTS: dict[str, tuple[int, str]] = {
+    attr.BATCH_SIZE: (_B_SIZE, _INT),
+    attr.BATCH_MAX_SIZE: (_B_MAX, _INT),
+    attr.GEN_AI_REQUEST_MODEL: (_B_MODEL, _STRING),
+    attr.GPU_UUID: (_B_UUID, _STRING),
+    attr.SERVICE_NAME: (_B_SERVICE, _STRING),
+}
+
+
+class SpanRejected(Exception):
+    """A span that breaks the contract; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class IngestResult:
+    """What one export request did: spans seen, aggregated, rejected by reason."""
+
+    received: int = 0
+    aggregated: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    first_error: str | None = None
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    def error_message(self) -> str:
+        """The text for ``partial_success.error_message``: counts and one example."""
+        if not self.rejected:
+            return ""
+        counts = ", ".join(f"{reason}={n}" for reason, n in sorted(self.rejected.items()))
+        return f"rejected {self.rejected_total} span(s) ({counts}); first: {self.first_error}"
+
+
+class SpanAggregator:
+    """Owns the request-side metric families and feeds them from decoded requests."""
+
+    def __init__(
+        self,
+        *,
+        max_series: int = 2000,
+        max_label_length: int = 128,
+        compute_sink: ComputeActivitySink | None = None,
+    ) -> None:
+        gpu_labels = ("service", "model", "uuid", "gpu")
+        self.duration = HistogramFamily(
+            "gpuscope_request_duration_seconds",
+            "Request duration from arrival to the last body chunk, from server spans.",
+            ("service", "model", "route", "code", "uuid", "gpu"),
+            LATENCY_BUCKETS,
+            max_series,
+        )
+        self.phase = HistogramFamily(
+            "gpuscope_request_phase_seconds",
+            "Time each request spent in each phase (preprocess, queue, batch_wait, ...).",
+            ("phase", *gpu_labels),
+            LATENCY_BUCKETS,
+            max_series,
+        )
+        self.ttft = HistogramFamily(
+            "gpuscope_time_to_first_token_seconds",
+            "Time from arrival to the first streamed chunk.",
+            gpu_labels,
+            LATENCY_BUCKETS,
+            max_series,
+        )
+        self.tpot = HistogramFamily(
+            "gpuscope_time_per_output_token_seconds",
+            "Time per output token after the first one.",
+            gpu_labels,
+            LATENCY_BUCKETS,
+            max_series,
+        )
+        self.batch_size = HistogramFamily(
+            "gpuscope_batch_size",
+            "Requests per batch execution, from gpuscope.batch spans.",
+            gpu_labels,
+            BATCH_SIZE_BUCKETS,
+            max_series,
+        )
+        self.tokens = CounterFamily(
+            "gpuscope_tokens",
+            "Tokens processed, by direction (input, output).",
+            ("direction", "service", "model"),
+            max_series,
+        )
+        self.max_label_length = max_label_length
+        self.compute_sink = compute_sink
+        self._gpu_index: dict[str, str] = {}
+        # Caches of validated label values and phase label tuples; cleared when full.
+        self._cache_limit = 4 * max_series + 64
+        self._known_labels: set[str] = set()
+        self._phase_keys: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
+
+    @property
+    def histograms(self) -> tuple[HistogramFamily, ...]:
+        return (self.duration, self.phase, self.ttft, self.tpot, self.batch_size)
+
+    def set_gpu_devices(self, devices: Sequence[GpuDevice]) -> None:
+        """Learn ``uuid -> NVML index`` for the ``gpu`` label of new observations."""
+        self._gpu_index = {device.uuid: str(device.index) for device in devices}
+
+    def ingest(self, request: Any) -> IngestResult:
+        """Aggregate every span of a decoded ``ExportTraceServiceRequest``."""
+        result = IngestResult()
+        rejected = result.rejected
+        for resource_spans in request.resource_spans:
+            resource_error: SpanRejected | None = None
+            try:
+                service = self._label(
+                    _resource_service(resource_spans.resource.attributes), SERVICE_NAME_RESOURCE
+                )
+            except SpanRejected as exc:  # every span of this resource would carry it
+                service, resource_error = "", exc
+            for scope_spans in resource_spans.scope_spans:
+                spans = scope_spans.spans
+                result.received += len(spans)
+                if resource_error is not None:
+                    rejected[resource_error.reason] += len(spans)
+                    result.first_error = result.first_error or f"resource: {resource_error}"
+                    continue
+                for span in spans:
+                    try:
+                        if span.kind == SPAN_KIND_SERVER:
+                            self._server_span(span, service)
+                        elif span.name == attr.BATCH_SPAN_NAME:
+                            self._batch_span(span, service)
+                        else:
+                            continue
+                    except SpanRejected as exc:
+                        rejected[exc.reason] += 1
+                        if result.first_error is None:
+                            result.first_error = f"span {span.span_id.hex() or '?'}: {exc}"
+                        continue
+                    result.aggregated += 1
+        return result
+
+    def _server_span(self, span: Any, resource_service: str) -> None:
+        ref = _span_ref(span)
+        start, end = span.start_time_unix_nano, span.end_time_unix_nano
+        if start == 0 or end < start:
+            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        values = _read_attributes(span.attributes, _SERVER_SLOTS, _SERVER_SLOT_COUNT)
+        label = self._label
+        service = label(values[_SERVICE], attr.SERVICE_NAME) or resource_service
+        model = label(values[_MODEL], attr.GEN_AI_REQUEST_MODEL)
+        uuid = label(values[_UUID], attr.GPU_UUID)
+        route = label(values[_ROUTE], attr.HTTP_ROUTE)
+        code = values[_CODE]
+        if code is None:
+            code_label = ""
+        elif 100 <= code <= 599:
+            code_label = str(code)
+        else:
+            raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"status code {code} is not 100-599")
+        for slot in _SECONDS_SLOTS:
+            seconds = values[slot]
+            # One chained comparison rejects NaN, negatives and infinity alike.
+            if seconds is not None and not 0.0 <= seconds < math.inf:
+                key = _SLOT_KEYS[slot]
+                raise SpanRejected(
+                    INVALID_DURATION, f"{key} is {seconds}, not a finite duration >= 0"
+                )
+        phases = values[_PHASE0:]
+        ttft, tpot = values[_TTFT], values[_TPOT]
+        tokens_in = _count(values[_IN], attr.GEN_AI_USAGE_INPUT_TOKENS)
+        tokens_out = _count(values[_OUT], attr.GEN_AI_USAGE_OUTPUT_TOKENS)
+        # Validated in full: from here on nothing can reject the span half-counted.
+        gpu = self._gpu_index.get(uuid, "") if uuid else ""
+        self.duration.observe(
+            (service, model, route, code_label, uuid, gpu), (end - start) / 1e9, ref
+        )
+        base = (service, model, uuid, gpu)
+        phase_keys = self._phase_keys.get(base)
+        if phase_keys is None:
+            phase_keys = self._new_phase_keys(base)
+        observe_phase = self.phase.observe
+        for labels, seconds in zip(phase_keys, phases, strict=True):
+            if seconds is not None:
+                observe_phase(labels, seconds, ref)
+        if ttft is not None:
+            self.ttft.observe(base, ttft, ref)
+        if tpot is not None:
+            self.tpot.observe(base, tpot, ref)
+        if tokens_in is not None:
+            self.tokens.inc(("input", service, model), tokens_in)
+        if tokens_out is not None:
+            self.tokens.inc(("output", service, model), tokens_out)
+
+    def _new_phase_keys(self, base: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+        if len(self._phase_keys) >= self._cache_limit:  # bounded, whatever senders do
+            self._phase_keys.clear()
+        keys = tuple((phase, *base) for phase in attr.PHASES)
+        self._phase_keys[base] = keys
+        return keys
+
+    def _batch_span(self, span: Any, resource_service: str) -> None:
+        ref = _span_ref(span)
+        start, end = span.start_time_unix_nano, span.end_time_unix_nano
+        if start == 0 or end < start:
+            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        values = _read_attributes(span.attributes, _BATCH_SLOTS, len(_BATCH_SLOTS))
+        size = _count(values[_B_SIZE], attr.BATCH_SIZE)
+        if size is None:
+            raise SpanRejected(MISSING_ATTRIBUTE, f"batch span without {attr.BATCH_SIZE}")
+        if size < 1:
+            raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"{attr.BATCH_SIZE} {size} is below 1")
+        max_size = _count(values[_B_MAX], attr.BATCH_MAX_SIZE)
+        label = self._label
+        service = label(values[_B_SERVICE], attr.SERVICE_NAME) or resource_service
+        model = label(values[_B_MODEL], attr.GEN_AI_REQUEST_MODEL)
+        uuid = label(values[_B_UUID], attr.GPU_UUID)
+        gpu = self._gpu_index.get(uuid, "") if uuid else ""
+        self.batch_size.observe((service, model, uuid, gpu), size, ref)
+        if self.compute_sink is not None and uuid:
+            self.compute_sink.record_compute(
+                uuid, end, (end - start) / 1e9, size, max(size, max_size or size)
+            )
+
+    def _label(self, value: str | None, key: str) -> str:
+        if value is None:
+            return ""
+        known = self._known_labels
+        if value in known:
+            return value
+        if len(value) > self.max_label_length:
+            raise SpanRejected(
+                INVALID_LABEL, f"{key} is {len(value)} characters (max {self.max_label_length})"
+            )
+        if not value.isprintable():
+            raise SpanRejected(INVALID_LABEL, f"{key} holds control characters")
+        if len(known) >= self._cache_limit:
+            known.clear()
+        known.add(value)
+        return value
+
+
+def _read_attributes(attributes: Any, slots: dict[str, tuple[int, str]], count: int) -> list[Any]:
+    """One pass over the key-value list; values are read for wanted keys only.
+
+    The typed field is read first; only a default (0, 0.0, "") needs ``WhichOneof``
+    to tell a real zero from a value of another type.
+    """
+    values: list[Any] = [None] * count
+    for kv in attributes:
+        wanted = slots.get(kv.key)
+        if wanted is None:
+            continue
+        slot, kind = wanted
+        value = kv.value
+        if kind is _DOUBLE:
+            found: Any = value.double_value
+        elif kind is _STRING:
+            found = value.string_value
+        else:
+            found = value.int_value
+        if not found:
+            which = value.WhichOneof("value")
+            if which == _INT and kind is _DOUBLE:  # some SDKs send whole seconds as ints
+                found = float(value.int_value)
+            elif which != kind:
+                raise SpanRejected(
+                    WRONG_ATTRIBUTE_TYPE, f"{kv.key} must be {kind}, got {which or 'no value'}"
+                )
+        values[slot] = found
+    return values
+
+
+def _resource_service(attributes: Any) -> str | None:
+    for kv in attributes:
+        if kv.key == SERVICE_NAME_RESOURCE:
+            value = kv.value
+            if value.WhichOneof("value") == _STRING:
+                name: str = value.string_value
+                return name
+    return None
+
+
+def _span_ref(span: Any) -> tuple[bytes, bytes, int]:
+    trace_id, span_id = span.trace_id, span.span_id
+    if len(trace_id) != 16 or len(span_id) != 8 or not any(trace_id) or not any(span_id):
+        raise SpanRejected(INVALID_ID, "trace_id must be 16 bytes and span_id 8, not all zero")
+    return trace_id, span_id, span.end_time_unix_nano
+
+
+def _count(value: int | None, key: str) -> int | None:
+    if value is not None and value < 0:
+        raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"{key} is {value}, below 0")
+    return value

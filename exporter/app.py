@@ -1,0 +1,272 @@
+"""``create_app``: the exporter's aiohttp application (routes, auth, background parts).
+
+Endpoints: ``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzipped),
+``GET /metrics`` (text, or OpenMetrics with exemplars when asked; gzip when
+accepted), ``GET /healthz`` (serving), ``GET /readyz`` (started, first GPU poll
+done, not shutting down).
+
+Everything that touches the metric state runs on the event loop's thread, so ingest
+and scrape never interleave mid-update. The GPU source is polled by its own thread
+(``GpuPoller``); a scrape only reads the poller's last snapshot.
+
+Serve the app with ``auto_decompress=False`` on the runner (``start_exporter`` does):
+the handler inflates gzip bodies itself, with a size limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import hdrs, web
+from prometheus_client.exposition import gzip_accepted
+from prometheus_client.registry import CollectorRegistry
+
+from gpuscope.exporter import otlp
+from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.forward import OtlpForwarder
+from gpuscope.exporter.gpu.collector import GpuCollector
+from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuSource
+from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
+from gpuscope.exporter.render import render_exposition
+from gpuscope.exporter.security import Authenticator, WebConfig
+
+log = logging.getLogger(__name__)
+
+TRACES_PATH = "/v1/traces"
+
+
+@dataclass
+class ExporterState:
+    """What the handlers share; one per app."""
+
+    config: ExporterConfig
+    aggregator: SpanAggregator
+    metrics: SelfMetrics
+    registry: CollectorRegistry
+    authenticator: Authenticator
+    gpu_source: GpuSource | None
+    limits: otlp.Limits
+    forwarder: OtlpForwarder | None = None
+    poller: GpuPoller | None = None
+    started: bool = False
+    stopping: bool = False
+    _devices: object = field(default=None, repr=False)
+
+    def refresh_gpu_devices(self) -> None:
+        """Keep the aggregator's uuid -> index map in step with the poller's device list."""
+        if self.poller is None:
+            return
+        devices = self.poller.devices()
+        if devices is not self._devices:
+            self._devices = devices
+            self.aggregator.set_gpu_devices(devices)
+
+
+STATE = web.AppKey("gpuscope_exporter_state", ExporterState)
+
+
+def create_app(
+    config: ExporterConfig,
+    *,
+    gpu_source: GpuSource | None = None,
+    web_config: WebConfig | None = None,
+    bearer_token: str | None = None,
+) -> web.Application:
+    """Build the app; the GPU poller and forwarder start with it and stop on cleanup.
+
+    ``gpu_source`` is owned by the app from here on (the poller closes it). TLS in
+    ``web_config`` is applied by the runner's site, not here.
+    """
+    web_config = web_config or WebConfig()
+    sink = gpu_source if isinstance(gpu_source, ComputeActivitySink) else None
+    metrics = SelfMetrics()
+    aggregator = SpanAggregator(
+        max_series=config.max_series,
+        max_label_length=config.max_label_length,
+        compute_sink=sink,
+    )
+    registry = CollectorRegistry()
+    forwarding = config.forward_otlp is not None
+    registry.register(
+        ExporterCollector(aggregator, metrics, forwarding=forwarding, histograms=False)
+    )
+    state = ExporterState(
+        config=config,
+        aggregator=aggregator,
+        metrics=metrics,
+        registry=registry,
+        authenticator=Authenticator(web_config.basic_auth_users, bearer_token),
+        gpu_source=gpu_source,
+        limits=otlp.Limits(config.max_body_bytes, config.max_decompressed_bytes),
+    )
+    middlewares = [_auth_middleware(state)] if _needs_auth(state.authenticator) else []
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
+    app[STATE] = state
+    app.router.add_post(TRACES_PATH, receive_traces)
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.cleanup_ctx.append(_gpu_poller)
+    app.cleanup_ctx.append(_forwarder)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _gpu_poller(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    if state.gpu_source is None:
+        yield
+        return
+    poller = GpuPoller(state.gpu_source, state.config.gpu_interval)
+    collector = GpuCollector(poller)
+    poller.start()
+    state.registry.register(collector)
+    state.poller = poller
+    state.refresh_gpu_devices()
+    try:
+        yield
+    finally:
+        state.registry.unregister(collector)
+        await asyncio.to_thread(poller.stop)  # joins the thread, closes the source
+
+
+async def _forwarder(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    url = state.config.forward_otlp
+    if url is None:
+        yield
+        return
+    forwarder = OtlpForwarder(
+        url,
+        queue_size=state.config.forward_queue,
+        timeout_s=state.config.forward_timeout,
+        metrics=state.metrics,
+    )
+    await forwarder.start()
+    state.forwarder = forwarder
+    try:
+        yield
+    finally:
+        await forwarder.stop(state.config.shutdown_timeout)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    state.started = True
+    yield
+    state.stopping = True
+
+
+async def receive_traces(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    # Error bodies follow the request's format when it is one of ours, else protobuf.
+    reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
+    try:
+        media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
+        body = await _read_body(request, state.limits.max_body_bytes)
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+        decoded = otlp.decode_request(otlp.decompress(body, encoding, state.limits), media)
+    except otlp.OtlpError as exc:
+        state.metrics.requests_rejected[exc.reason] += 1
+        log.debug("rejected export request: %s", exc)
+        return otlp_error(reply_media, exc.status, str(exc))
+    state.refresh_gpu_devices()
+    result = state.aggregator.ingest(decoded)
+    state.metrics.spans_received += result.received
+    state.metrics.spans_rejected.update(result.rejected)
+    if state.forwarder is not None and result.received:
+        state.forwarder.submit(body, media, encoding, result.received)
+    answer = otlp.encode_response(media, result.rejected_total, result.error_message())
+    return web.Response(body=answer, content_type=media)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise otlp.OtlpError(
+            413, otlp.BODY_TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}"
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
+
+
+def otlp_error(media: str, status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status, body=otlp.encode_status(media, status, message), content_type=media
+    )
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    output, content_type = render_exposition(
+        state.registry, state.aggregator.histograms, request.headers.get(hdrs.ACCEPT, "")
+    )
+    headers = {hdrs.CONTENT_TYPE: content_type}
+    if gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, "")):
+        output = gzip.compress(output, compresslevel=6)
+        headers[hdrs.CONTENT_ENCODING] = "gzip"
+    return web.Response(body=output, headers=headers)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.started or state.stopping:
+        return web.Response(status=503, text="not ready: starting or stopping\n")
+    if state.poller is not None and state.poller.snapshot().round < 1:
+        return web.Response(status=503, text="not ready: first GPU poll pending\n")
+    return web.Response(text="ready\n")
+
+
+def _needs_auth(authenticator: Authenticator) -> bool:
+    return bool(authenticator.users) or authenticator.bearer_token is not None
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _auth_middleware(state: ExporterState) -> web.middleware:  # type: ignore[valid-type]
+    auth = state.authenticator
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get(hdrs.AUTHORIZATION)
+        is_traces = request.path == TRACES_PATH
+        if is_traces and auth.bearer_token is not None:
+            if auth.bearer_ok(header):
+                return await handler(request)
+            return _unauthorized(state, request, "a valid bearer token is required")
+        if auth.users:
+            credentials = auth.basic_credentials(header)
+            if credentials is None or not (
+                auth.cached(*credentials) or await asyncio.to_thread(auth.verify, *credentials)
+            ):
+                return _unauthorized(state, request, "valid basic auth credentials are required")
+        return await handler(request)
+
+    return authenticate
+
+
+def _unauthorized(state: ExporterState, request: web.Request, message: str) -> web.Response:
+    if request.path != TRACES_PATH:
+        return web.Response(
+            status=401,
+            text=message + "\n",
+            headers={hdrs.WWW_AUTHENTICATE: 'Basic realm="gpuscope"'},
+        )
+    state.metrics.requests_rejected[otlp.UNAUTHORIZED] += 1
+    media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
+    response = otlp_error(media, 401, message)
+    scheme = "Bearer" if state.authenticator.bearer_token is not None else 'Basic realm="gpuscope"'
+    response.headers[hdrs.WWW_AUTHENTICATE] = scheme
+    return response

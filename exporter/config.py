@@ -1,0 +1,178 @@
+"""``ExporterConfig``: every flag of ``gpuscope exporter``, parsed once from argv and environment.
+
+Each flag ``--some-flag`` has the environment twin ``GPUSCOPE_SOME_FLAG``; a flag on
+the command line wins over its twin. Validation errors name the flag.
+
+``--listen :9420`` (the default) binds every interface, as Prometheus exporters do,
+so that a scraper in another container or host can reach it; ``127.0.0.1:9420``
+keeps it on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+GPU_SOURCES: Final = ("auto", "nvml", "dcgm", "simulated", "none")
+LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug")
+MIB: Final = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A flag (or its environment twin) has a value the exporter cannot use."""
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    listen: str = ":9420"
+    max_series: int = 2000
+    max_label_length: int = 128
+    max_body_bytes: int = 8 * MIB
+    max_decompressed_bytes: int = 64 * MIB
+    forward_otlp: str | None = None
+    forward_queue: int = 256
+    forward_timeout: float = 10.0
+    web_config_file: Path | None = None
+    bearer_token_file: Path | None = None
+    gpu_source: str = "auto"
+    gpu_interval: float = 1.0
+    gpu_scenario: Path | None = None
+    simulated_gpus: int = 1
+    shutdown_timeout: float = 10.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self.listen_address()  # raises with the flag's name
+        _check_choice("--gpu-source", self.gpu_source, GPU_SOURCES)
+        _check_choice("--log-level", self.log_level, LOG_LEVELS)
+        for flag, value, low in (
+            ("--max-series", self.max_series, 1),
+            ("--max-label-length", self.max_label_length, 1),
+            ("--max-body-bytes", self.max_body_bytes, 1),
+            ("--max-decompressed-bytes", self.max_decompressed_bytes, 1),
+            ("--forward-queue", self.forward_queue, 1),
+            ("--simulated-gpus", self.simulated_gpus, 1),
+        ):
+            if value < low:
+                raise ConfigError(f"{flag}: must be at least {low}, got {value}")
+        for flag, seconds in (
+            ("--gpu-interval", self.gpu_interval),
+            ("--forward-timeout", self.forward_timeout),
+            ("--shutdown-timeout", self.shutdown_timeout),
+        ):
+            if not seconds > 0:
+                raise ConfigError(f"{flag}: must be greater than 0, got {seconds}")
+        if self.forward_otlp is not None:
+            url = urlsplit(self.forward_otlp)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise ConfigError(
+                    f"--forward-otlp: expected an http(s) URL such as "
+                    f"http://tempo:4318/v1/traces, got {self.forward_otlp!r}"
+                )
+        for flag, path in (
+            ("--web-config-file", self.web_config_file),
+            ("--bearer-token-file", self.bearer_token_file),
+            ("--gpu-scenario", self.gpu_scenario),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag}: {str(path)!r} is not a readable file")
+
+    def listen_address(self) -> tuple[str | None, int]:
+        """``(host, port)``; host None means every interface."""
+        host, sep, port_text = self.listen.rpartition(":")
+        if not sep:
+            raise ConfigError(f"--listen: expected HOST:PORT or :PORT, got {self.listen!r}")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ConfigError(f"--listen: port {port_text!r} is not a number") from None
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--listen: port must be between 0 and 65535, got {port}")
+        host = host.removeprefix("[").removesuffix("]")  # [::1]:9420
+        return (host or None), port
+
+
+def _check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+def env_name(field_name: str) -> str:
+    """The environment twin of a config field: ``max_series`` -> GPUSCOPE_MAX_SERIES."""
+    return "GPUSCOPE_" + field_name.upper()
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+_HELP: Final = {
+    "listen": "HOST:PORT to serve on; ':9420' is every interface, '127.0.0.1:9420' loopback",
+    "max_series": "label sets per request metric; new ones past it go to one overflow series",
+    "max_label_length": "longest label value accepted from a span (characters)",
+    "max_body_bytes": "largest /v1/traces body accepted, as sent (bytes)",
+    "max_decompressed_bytes": "largest /v1/traces body accepted after gunzip (bytes)",
+    "forward_otlp": "also send every received export request, unchanged, to this OTLP/HTTP URL",
+    "forward_queue": "export requests waiting to be forwarded before new ones are dropped",
+    "forward_timeout": "seconds one forwarded request may take",
+    "web_config_file": "Prometheus exporter-toolkit web config (TLS, basic auth)",
+    "bearer_token_file": "file holding the token that /v1/traces requests must bear",
+    "gpu_source": "GPU backend: auto, nvml, dcgm, simulated or none",
+    "gpu_interval": "seconds between GPU polls (in the background, never during a scrape)",
+    "gpu_scenario": "scenario file for the simulated GPU source",
+    "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
+    "shutdown_timeout": "on SIGTERM, seconds in-flight requests and forwarding may take",
+    "log_level": "log level",
+}
+
+_KINDS: Final = {"int": int, "float": float}
+
+
+def _convert(field_name: str, kind: Any, raw: str) -> Any:
+    """Turn a flag's text into its field's type; errors name the flag."""
+    if kind in _KINDS:
+        try:
+            return _KINDS[kind](raw)
+        except ValueError:
+            raise ConfigError(f"{flag_name(field_name)}: cannot read {raw!r} as {kind}") from None
+    if kind == "Path | None":
+        return Path(raw) if raw else None
+    if kind == "str | None":
+        return raw or None
+    return raw
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuscope exporter",
+        description="Prometheus scrape target: OTLP/HTTP spans in on /v1/traces, per-phase "
+        "histograms and GPU counters out on /metrics. Every flag has a GPUSCOPE_* "
+        "environment twin.",
+    )
+    for field in fields(ExporterConfig):
+        default = field.default
+        parser.add_argument(
+            flag_name(field.name),
+            metavar="VALUE",
+            help=f"{_HELP[field.name]} [{env_name(field.name)}] (default {default})",
+        )
+    return parser
+
+
+def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ExporterConfig:
+    """Flags from ``argv``, else their ``GPUSCOPE_*`` twins in ``environ``, else defaults."""
+    environ = os.environ if environ is None else environ
+    namespace = build_parser().parse_args(list(argv))
+    values: dict[str, Any] = {}
+    for field in fields(ExporterConfig):
+        raw = getattr(namespace, field.name)
+        if raw is None:
+            raw = environ.get(env_name(field.name))
+        if raw is not None:
+            values[field.name] = _convert(field.name, field.type, raw)
+    return ExporterConfig(**values)

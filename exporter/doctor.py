@@ -1,0 +1,164 @@
+"""``gpuscope doctor``: which GPU metrics this machine gives, and why the others are absent.
+
+It opens the GPU source the exporter would open, takes two samples 150 ms apart
+(GPM rates need two) and reports, per GPU and metric group, supported or not and
+why (driver, architecture, permission), from the very readings the exporter
+would serve. ``--json`` prints the same as JSON (``scripts/gpu-check`` reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpuscope.exporter.gpu.capabilities import ExplainsSupport
+from gpuscope.exporter.gpu.factory import KINDS, GpuSourceUnavailable, open_gpu_source
+from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
+from gpuscope.exporter.gpu.scenario import ScenarioError
+from gpuscope.exporter.gpu.source import GpuReading, GpuSource
+
+SAMPLE_GAP_S = 0.15  # GPM needs two samples at least 100 ms apart
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    gpu_source: str = "auto"
+    gpu_scenario: Path | None = None
+    simulated_gpus: int = 1
+    json: bool = False
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> DoctorConfig:
+    parser = argparse.ArgumentParser(
+        prog="gpuscope doctor",
+        description="Show which GPU metrics this machine supports, and why the others are absent. "
+        "Every flag has a GPUSCOPE_* environment twin (--gpu-source: GPUSCOPE_GPU_SOURCE).",
+    )
+    parser.add_argument(
+        "--gpu-source", choices=KINDS, default=environ.get("GPUSCOPE_GPU_SOURCE", "auto")
+    )
+    parser.add_argument("--gpu-scenario", type=Path, default=environ.get("GPUSCOPE_GPU_SCENARIO"))
+    parser.add_argument("--simulated-gpus", default=environ.get("GPUSCOPE_SIMULATED_GPUS", "1"))
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=environ.get("GPUSCOPE_JSON", "").lower() in ("1", "true", "yes"),
+        help="print JSON instead of a table",
+    )
+    args = parser.parse_args(list(argv))
+    if args.gpu_source not in KINDS:  # an environment value bypasses argparse's choices
+        parser.error(f"--gpu-source must be one of {', '.join(KINDS)}; got {args.gpu_source!r}")
+    try:
+        count = int(args.simulated_gpus)
+    except ValueError:
+        parser.error(f"--simulated-gpus must be an integer; got {args.simulated_gpus!r}")
+    scenario = Path(args.gpu_scenario) if args.gpu_scenario else None
+    return DoctorConfig(args.gpu_source, scenario, count, args.json)
+
+
+def diagnose(source: GpuSource) -> dict[str, Any]:
+    """Two samples, then per GPU and metric group: supported, or why not."""
+    source.sample()
+    time.sleep(SAMPLE_GAP_S)  # hardware time must pass between the samples
+    readings = {r.index: r for r in source.sample()}
+    reasons: Mapping[int, Mapping[str, str]] = (
+        source.unsupported_metrics() if isinstance(source, ExplainsSupport) else {}
+    )
+    gpus = []
+    for device in source.devices():
+        reading = readings.get(device.index)
+        gpus.append(
+            {
+                "index": device.index,
+                "uuid": device.uuid,
+                "name": device.name,
+                "driver_version": device.driver_version,
+                "up": bool(reading and reading.up),
+                "metrics": _groups(reading, reasons.get(device.index, {})),
+            }
+        )
+    return {"source": source.name, "gpus": gpus}
+
+
+def _groups(reading: GpuReading | None, reasons: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    result: dict[str, dict[str, Any]] = {}
+    for group, fields in METRIC_GROUPS.items():
+        if group in reasons:
+            result[group] = {"supported": False, "why": reasons[group]}
+        elif reading is None or not reading.up:
+            result[group] = {"supported": False, "why": "the GPU is not answering (lost)"}
+        elif group == "xid_errors":
+            result[group] = {"supported": True, "why": None}  # present once an XID occurs
+        elif any(getattr(reading, f) is not None for f in fields):
+            result[group] = {"supported": True, "why": None}
+        else:
+            result[group] = {"supported": False, "why": "no value from this source"}
+    return result
+
+
+def render(report: Mapping[str, Any], out: TextIO) -> None:
+    print(f"GPU source: {report['source']}", file=out)
+    for gpu in report["gpus"]:
+        state = "" if gpu["up"] else "  [NOT ANSWERING]"
+        driver = gpu["driver_version"]
+        print(
+            f"\nGPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}  driver {driver}{state}", file=out
+        )
+        for group, entry in gpu["metrics"].items():
+            mark = "yes" if entry["supported"] else "no "
+            why = f"  - {entry['why']}" if entry["why"] else ""
+            print(f"  {mark}  {group}{why}", file=out)
+
+
+def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
+    try:
+        report = diagnose(source)
+    finally:
+        source.close()
+    if config.json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    else:
+        render(report, out)
+    return 0
+
+
+def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
+    kinds = ["dcgm", "nvml"] if config.gpu_source == "auto" else [config.gpu_source]
+    errors = []
+    for kind in kinds:
+        try:
+            source = open_gpu_source(
+                kind, scenario=config.gpu_scenario, simulated_count=config.simulated_gpus
+            )
+        except GpuSourceUnavailable as exc:
+            errors.append(str(exc))
+            continue
+        if source is not None:
+            return source, errors
+    return None, errors
+
+
+def main(argv: list[str]) -> int:
+    config = parse_args(argv)
+    try:
+        source, errors = _open(config)
+    except (ValueError, ScenarioError) as exc:
+        print(f"gpuscope doctor: {exc}", file=sys.stderr)
+        return 2
+    if source is None:
+        print(
+            "gpuscope doctor: no GPU source; the exporter would serve request metrics only.",
+            file=sys.stderr,
+        )
+        for error in errors or ["--gpu-source none"]:
+            print(f"  {error}", file=sys.stderr)
+        return 1
+    return run(source, config, sys.stdout)

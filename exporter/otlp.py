@@ -1,0 +1,188 @@
+"""OTLP/HTTP wire format: request bodies in, ``ExportTraceServiceResponse`` out.
+
+Pure functions, no I/O: the aiohttp handler passes bytes and headers in and gets a
+decoded request or an ``OtlpError`` naming the HTTP status and the reason label of
+``gpuscope_otlp_requests_rejected_total``. Decompression is bounded: a gzip bomb
+stops at ``max_decompressed_bytes + 1`` bytes of output, never at memory's end.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any, Final
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from google.rpc import code_pb2  # type: ignore[import-untyped]
+from google.rpc.status_pb2 import Status  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+PROTOBUF: Final = "application/x-protobuf"
+JSON: Final = "application/json"
+
+# Reasons for ``gpuscope_otlp_requests_rejected_total{reason}`` (whole requests).
+UNAUTHORIZED = "unauthorized"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+UNSUPPORTED_ENCODING = "unsupported_encoding"
+BODY_TOO_LARGE = "body_too_large"
+DECOMPRESSED_TOO_LARGE = "decompressed_too_large"
+INVALID_GZIP = "invalid_gzip"
+INVALID_PROTOBUF = "invalid_protobuf"
+INVALID_JSON = "invalid_json"
+REQUEST_REJECT_REASONS = (
+    UNAUTHORIZED,
+    UNSUPPORTED_MEDIA_TYPE,
+    UNSUPPORTED_ENCODING,
+    BODY_TOO_LARGE,
+    DECOMPRESSED_TOO_LARGE,
+    INVALID_GZIP,
+    INVALID_PROTOBUF,
+    INVALID_JSON,
+)
+
+# google.rpc.Code of the Status body of error responses, by HTTP status.
+_RPC_CODE_FOR_HTTP = {401: code_pb2.UNAUTHENTICATED, 413: code_pb2.RESOURCE_EXHAUSTED}
+
+
+class OtlpError(Exception):
+    """A request that cannot be decoded: HTTP ``status``, metric ``reason``, message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int
+    max_decompressed_bytes: int
+
+
+def media_type(content_type: str | None) -> str:
+    """``application/x-protobuf`` or ``application/json``; anything else is a 415."""
+    base = (content_type or "").split(";", 1)[0].strip().lower()
+    if base in (PROTOBUF, JSON):
+        return base
+    raise OtlpError(
+        415,
+        UNSUPPORTED_MEDIA_TYPE,
+        f"Content-Type {content_type!r} is not supported; send {PROTOBUF} or {JSON}",
+    )
+
+
+def decompress(body: bytes, content_encoding: str | None, limits: Limits) -> bytes:
+    """Undo ``Content-Encoding: gzip`` (or pass identity through), bounded by the limits."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding != "gzip":
+        raise OtlpError(
+            415, UNSUPPORTED_ENCODING, f"Content-Encoding {content_encoding!r}: only gzip"
+        )
+    limit = limits.max_decompressed_bytes
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise OtlpError(400, INVALID_GZIP, f"gzip body does not decompress: {exc}") from exc
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise OtlpError(
+            413, DECOMPRESSED_TOO_LARGE, f"gzip body inflates past the limit of {limit} bytes"
+        )
+    if not inflater.eof:
+        raise OtlpError(400, INVALID_GZIP, "gzip body is truncated")
+    return data
+
+
+def decode_request(data: bytes, media: str) -> Any:
+    """An ``ExportTraceServiceRequest`` from protobuf or OTLP/JSON bytes."""
+    if media == PROTOBUF:
+        try:
+            return ExportTraceServiceRequest.FromString(data)
+        except DecodeError as exc:
+            raise OtlpError(400, INVALID_PROTOBUF, f"body is not an OTLP protobuf: {exc}") from exc
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise OtlpError(400, INVALID_JSON, f"body is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise OtlpError(400, INVALID_JSON, "OTLP/JSON body must be an object")
+    try:
+        _hex_ids_to_base64(document)
+        request = ExportTraceServiceRequest()
+        json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, AttributeError, RecursionError) as exc:
+        raise OtlpError(400, INVALID_JSON, f"body is not OTLP/JSON: {exc}") from exc
+    return request
+
+
+def _hex_ids_to_base64(document: dict[str, Any]) -> None:
+    """OTLP/JSON writes ids as hex; protobuf's JSON mapping expects base64 bytes.
+
+    An id that is not hex becomes empty, so that span is rejected alone (``invalid_id``)
+    while the rest of the request still counts.
+    """
+    for resource_spans in _items(document, "resourceSpans", "resource_spans"):
+        for scope_spans in _items(resource_spans, "scopeSpans", "scope_spans"):
+            for span in _items(scope_spans, "spans"):
+                _convert_ids(span, ("traceId", "trace_id", "spanId", "span_id"))
+                _convert_ids(span, ("parentSpanId", "parent_span_id"))
+                for link in _items(span, "links"):
+                    _convert_ids(link, ("traceId", "trace_id", "spanId", "span_id"))
+
+
+def _items(container: Any, *keys: str) -> list[Any]:
+    if not isinstance(container, dict):
+        raise TypeError(f"expected an object, got {type(container).__name__}")
+    for key in keys:
+        value = container.get(key)
+        if value is not None:
+            if not isinstance(value, list):
+                raise TypeError(f"{key} must be an array")
+            return value
+    return []
+
+
+def _convert_ids(message: Any, keys: tuple[str, ...]) -> None:
+    if not isinstance(message, dict):
+        raise TypeError(f"expected an object, got {type(message).__name__}")
+    for key in keys:
+        value = message.get(key)
+        if isinstance(value, str):
+            try:
+                raw = bytes.fromhex(value)
+            except ValueError:
+                raw = b""
+            message[key] = base64.b64encode(raw).decode("ascii")
+
+
+def encode_response(media: str, rejected_spans: int, error_message: str) -> bytes:
+    """The success body; ``partial_success`` only when something was rejected."""
+    response = ExportTraceServiceResponse()
+    if rejected_spans or error_message:
+        response.partial_success.CopyFrom(
+            ExportTracePartialSuccess(rejected_spans=rejected_spans, error_message=error_message)
+        )
+    if media == JSON:
+        return json_format.MessageToJson(response, indent=None).encode()
+    data: bytes = response.SerializeToString()
+    return data
+
+
+def encode_status(media: str, http_status: int, message: str) -> bytes:
+    """A ``google.rpc.Status`` body for a 4xx, as the OTLP/HTTP spec asks."""
+    status = Status(code=_RPC_CODE_FOR_HTTP.get(http_status, code_pb2.INVALID_ARGUMENT))
+    status.message = message
+    if media == JSON:
+        text: str = json_format.MessageToJson(status, indent=None)
+        return text.encode()
+    data: bytes = status.SerializeToString()
+    return data

@@ -1,0 +1,168 @@
+"""TLS and authentication: Prometheus exporter-toolkit ``web-config.yml`` and a bearer token.
+
+The web config file has the exporter-toolkit shape, so the file users already have
+for node_exporter works here::
+
+    tls_server_config:
+      cert_file: server.crt
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file
+      client_ca_file: ca.crt
+      min_version: TLS12
+    basic_auth_users:
+      prometheus: $2y$10$...                          # bcrypt hash
+
+Keys this exporter does not implement are refused by name rather than ignored, so a
+config that asks for more protection than it gets fails at start.
+
+Basic auth, when configured, guards every endpoint. ``/v1/traces`` takes the bearer
+token instead when one is configured (OTLP SDKs send headers, not passwords).
+bcrypt is slow on purpose (tens of ms); a verified ``(user, password digest)`` pair is
+cached so a scrape every few seconds does not pay it again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+from gpuscope.exporter.config import ConfigError
+
+_FLAG = "--web-config-file"
+_TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_ca_file",
+    "client_auth_type",
+    "min_version",
+    "max_version",
+}
+_TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_VERIFIED_CACHE_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: ssl.SSLContext | None = None
+    basic_auth_users: Mapping[str, bytes] = field(default_factory=dict)
+
+
+def load_web_config(path: Path) -> WebConfig:
+    """Parse an exporter-toolkit web config; errors name the flag and the key."""
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{_FLAG}: cannot read {str(path)!r}: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigError(f"{_FLAG}: {str(path)!r} must hold a mapping")
+    unknown = set(document) - {"tls_server_config", "basic_auth_users"}
+    if unknown:
+        raise ConfigError(f"{_FLAG}: unsupported keys {sorted(unknown)}")
+    tls_section = document.get("tls_server_config")
+    tls = _tls_context(tls_section, path.parent) if tls_section else None
+    users = document.get("basic_auth_users") or {}
+    if not isinstance(users, dict) or not all(
+        isinstance(u, str) and isinstance(h, str) for u, h in users.items()
+    ):
+        raise ConfigError(f"{_FLAG}: basic_auth_users must map user names to bcrypt hashes")
+    for user, hashed in users.items():
+        if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise ConfigError(f"{_FLAG}: basic_auth_users.{user} is not a bcrypt hash")
+    return WebConfig(tls, {user: hashed.encode() for user, hashed in users.items()})
+
+
+def _tls_context(section: Any, base: Path) -> ssl.SSLContext:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{_FLAG}: tls_server_config must be a mapping")
+    unknown = set(section) - _TLS_KEYS
+    if unknown:
+        raise ConfigError(f"{_FLAG}: unsupported tls_server_config keys {sorted(unknown)}")
+    if not section.get("cert_file") or not section.get("key_file"):
+        raise ConfigError(f"{_FLAG}: tls_server_config needs both cert_file and key_file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(base / section["cert_file"], base / section["key_file"])
+        if section.get("client_ca_file"):
+            context.load_verify_locations(base / section["client_ca_file"])
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{_FLAG}: tls_server_config: {exc}") from exc
+    auth_type = section.get("client_auth_type", "NoClientCert")
+    if auth_type not in _CLIENT_AUTH:
+        raise ConfigError(f"{_FLAG}: client_auth_type {auth_type!r} is not supported")
+    if auth_type != "NoClientCert" and not section.get("client_ca_file"):
+        raise ConfigError(f"{_FLAG}: client_auth_type {auth_type} needs client_ca_file")
+    context.verify_mode = _CLIENT_AUTH[auth_type]
+    for key, attribute in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
+        if key in section:
+            version = _TLS_VERSIONS.get(section[key])
+            if version is None:
+                raise ConfigError(f"{_FLAG}: {key} must be TLS12 or TLS13, got {section[key]!r}")
+            setattr(context, attribute, version)
+    return context
+
+
+def read_bearer_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"--bearer-token-file: cannot read {str(path)!r}: {exc}") from exc
+    if not token:
+        raise ConfigError(f"--bearer-token-file: {str(path)!r} is empty")
+    return token
+
+
+class Authenticator:
+    """Checks ``Authorization`` headers against the configured users and token."""
+
+    def __init__(self, users: Mapping[str, bytes], bearer_token: str | None) -> None:
+        self.users = dict(users)
+        self.bearer_token = bearer_token
+        self._verified: set[tuple[str, bytes]] = set()
+
+    def bearer_ok(self, header: str | None) -> bool:
+        if self.bearer_token is None:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self.bearer_token.encode()
+        )
+
+    def basic_credentials(self, header: str | None) -> tuple[str, bytes] | None:
+        """``(user, password)`` from a Basic header, or None if it is not one."""
+        scheme, _, encoded = (header or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, sep, password = base64.b64decode(encoded, validate=True).partition(b":")
+            return (user.decode(), password) if sep else None
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+
+    def cached(self, user: str, password: bytes) -> bool:
+        return (user, hashlib.sha256(password).digest()) in self._verified
+
+    def verify(self, user: str, password: bytes) -> bool:
+        """bcrypt check (slow: run it off the event loop); remembers successes."""
+        hashed = self.users.get(user)
+        if hashed is None or not bcrypt.checkpw(password, hashed):
+            return False
+        if len(self._verified) >= _VERIFIED_CACHE_LIMIT:
+            self._verified.clear()
+        self._verified.add((user, hashlib.sha256(password).digest()))
+        return True

@@ -1,0 +1,131 @@
+"""Histograms and counters with a hard cap on label sets, built for the span hot path.
+
+prometheus_client takes a lock and walks its buckets on every observation; here an
+observation is a ``bisect`` into a list of per-bucket counts, plus two list stores
+for the bucket's latest exemplar. All updates happen on the event loop's thread, so
+no lock is needed, and a scrape (also on that thread) sees a consistent state.
+
+Past ``max_series`` label sets, a new label set goes to one overflow series whose
+every label value is ``OVERFLOW`` and the diverted observation is counted, so a
+sender with unbounded label values costs bounded memory and is visible.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+
+OVERFLOW = "__overflow__"
+
+# Batch waits live in the 100 µs range; model calls can take tens of seconds.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+# (trace_id, span_id, end time in epoch ns) of the span an exemplar points to.
+SpanRef = tuple[bytes, bytes, int]
+
+
+class HistogramSeries:
+    """One label set: per-bucket (not cumulative) counts; the last slot is ``+Inf``."""
+
+    __slots__ = ("counts", "exemplar_spans", "exemplar_values", "sum")
+
+    def __init__(self, size: int) -> None:
+        self.counts = [0] * size
+        self.sum = 0.0
+        self.exemplar_spans: list[SpanRef | None] = [None] * size
+        self.exemplar_values = [0.0] * size
+
+
+class HistogramFamily:
+    """A histogram metric: label values -> series, at most ``max_series`` of them."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        label_names: Sequence[str],
+        buckets: Sequence[float],
+        max_series: int,
+    ) -> None:
+        if list(buckets) != sorted(set(buckets)) or not buckets:
+            raise ValueError(f"{name}: buckets must be distinct and in increasing order")
+        if not all(math.isfinite(b) for b in buckets):
+            raise ValueError(f"{name}: buckets must be finite (+Inf is implicit)")
+        if max_series < 1:
+            raise ValueError(f"{name}: max_series must be at least 1, got {max_series}")
+        self.name = name
+        self.documentation = documentation
+        self.label_names = tuple(label_names)
+        self.bounds = tuple(float(b) for b in buckets)
+        self.max_series = max_series
+        self.overflowed = 0
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+        self._overflow_key = (OVERFLOW,) * len(self.label_names)
+
+    def observe(self, labels: tuple[str, ...], value: float, span: SpanRef) -> None:
+        series = self._series.get(labels)
+        if series is None:
+            series = self._new_series(labels)
+        index = bisect_left(self.bounds, value)
+        series.counts[index] += 1
+        series.sum += value
+        series.exemplar_spans[index] = span
+        series.exemplar_values[index] = value
+
+    def _new_series(self, labels: tuple[str, ...]) -> HistogramSeries:
+        if len(labels) != len(self.label_names):
+            raise ValueError(f"{self.name}: expected labels {self.label_names}, got {labels}")
+        if len(self._series) >= self.max_series:
+            self.overflowed += 1
+            labels = self._overflow_key
+            series = self._series.get(labels)
+            if series is not None:
+                return series
+        series = HistogramSeries(len(self.bounds) + 1)
+        self._series[labels] = series
+        return series
+
+    def items(self) -> Iterator[tuple[tuple[str, ...], HistogramSeries]]:
+        return iter(self._series.items())
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+
+class CounterFamily:
+    """A counter metric with capped label sets; values are floats (token counts)."""
+
+    def __init__(
+        self, name: str, documentation: str, label_names: Sequence[str], max_series: int
+    ) -> None:
+        if max_series < 1:
+            raise ValueError(f"{name}: max_series must be at least 1, got {max_series}")
+        self.name = name
+        self.documentation = documentation
+        self.label_names = tuple(label_names)
+        self.max_series = max_series
+        self.overflowed = 0
+        self._values: dict[tuple[str, ...], float] = {}
+        self._overflow_key = (OVERFLOW,) * len(self.label_names)
+
+    def inc(self, labels: tuple[str, ...], amount: float) -> None:
+        values = self._values
+        if labels not in values:
+            if len(labels) != len(self.label_names):
+                raise ValueError(f"{self.name}: expected labels {self.label_names}, got {labels}")
+            if len(values) >= self.max_series:
+                self.overflowed += 1
+                labels = self._overflow_key
+            values.setdefault(labels, 0.0)
+        values[labels] += amount
+
+    def items(self) -> Iterator[tuple[tuple[str, ...], float]]:
+        return iter(self._values.items())
+
+    def __len__(self) -> int:
+        return len(self._values)

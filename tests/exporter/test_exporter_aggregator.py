@@ -1,0 +1,215 @@
+"""Span -> histogram aggregation, tested directly on decoded requests (no I/O)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from opentelemetry.util.types import AttributeValue
+from prometheus_client import CollectorRegistry
+
+from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
+from gpuscope.exporter.series import OVERFLOW
+from gpuscope.middleware import attributes as attr
+from support.exporter_fixtures import FakeGpuSource, SpanFactory, encode, value
+
+
+class Scraped:
+    """The samples the aggregator's collector yields; lookups match a subset of labels."""
+
+    def __init__(self, aggregator: SpanAggregator) -> None:
+        registry = CollectorRegistry()
+        registry.register(ExporterCollector(aggregator, SelfMetrics()))
+        self.samples = [s for metric in registry.collect() for s in metric.samples]
+
+    def get_sample_value(self, name: str, labels: dict[str, str]) -> float | None:
+        return value(self.samples, name, labels)
+
+
+def registry_of(aggregator: SpanAggregator) -> Scraped:
+    return Scraped(aggregator)
+
+
+def test_server_span_feeds_duration_phases_streaming_and_tokens() -> None:
+    spans = SpanFactory(service="svc")
+    phases = {"preprocess": 0.001, "queue": 0.0004, "batch_wait": 0.002, "compute": 0.03}
+    span = spans.server(
+        0.05,
+        phases=phases,
+        attrs={
+            attr.TIME_TO_FIRST_TOKEN: 0.02,
+            attr.TIME_PER_OUTPUT_TOKEN: 0.004,
+            attr.GEN_AI_USAGE_INPUT_TOKENS: 12,
+            attr.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
+        },
+    )
+    aggregator = SpanAggregator()
+    result = aggregator.ingest(encode([span]))
+    assert (result.received, result.aggregated, result.rejected_total) == (1, 1, 0)
+    reg = registry_of(aggregator)
+    base = {"service": "svc", "model": "m1", "uuid": "GPU-aaaa", "gpu": ""}
+    duration = {**base, "route": "/v1/completions", "code": "200"}
+    assert reg.get_sample_value("gpuscope_request_duration_seconds_count", duration) == 1
+    assert reg.get_sample_value("gpuscope_request_duration_seconds_sum", duration) == pytest.approx(
+        0.05
+    )
+    assert (
+        reg.get_sample_value("gpuscope_request_duration_seconds_bucket", {**duration, "le": "0.05"})
+        == 1
+    )
+    assert (
+        reg.get_sample_value(
+            "gpuscope_request_duration_seconds_bucket", {**duration, "le": "0.025"}
+        )
+        == 0
+    )
+    for phase, seconds in phases.items():
+        labels = {**base, "phase": phase}
+        assert reg.get_sample_value("gpuscope_request_phase_seconds_sum", labels) == pytest.approx(
+            seconds
+        )
+    # A phase that never happened is absent, not zero.
+    absent = {**base, "phase": "postprocess"}
+    assert reg.get_sample_value("gpuscope_request_phase_seconds_count", absent) is None
+    # 400 µs lands in the 500 µs bucket, not in the 250 µs one: buckets reach down there.
+    queue = {**base, "phase": "queue"}
+    assert reg.get_sample_value("gpuscope_request_phase_seconds_bucket", {**queue, "le": "0.0005"})
+    assert (
+        reg.get_sample_value("gpuscope_request_phase_seconds_bucket", {**queue, "le": "0.00025"})
+        == 0
+    )
+    assert reg.get_sample_value("gpuscope_time_to_first_token_seconds_sum", base) == 0.02
+    assert reg.get_sample_value("gpuscope_time_per_output_token_seconds_sum", base) == 0.004
+    tokens = {"service": "svc", "model": "m1"}
+    assert reg.get_sample_value("gpuscope_tokens_total", {**tokens, "direction": "input"}) == 12
+    assert reg.get_sample_value("gpuscope_tokens_total", {**tokens, "direction": "output"}) == 7
+
+
+def test_child_spans_are_received_but_not_counted_twice() -> None:
+    spans = SpanFactory()
+    batch = [spans.server(0.01, phases={"queue": 0.002})]
+    batch += [spans.internal(name) for name in attr.PHASE_SPANS.values()]
+    aggregator = SpanAggregator()
+    result = aggregator.ingest(encode(batch))
+    assert (result.received, result.aggregated, result.rejected_total) == (4, 1, 0)
+    reg = registry_of(aggregator)
+    assert reg.get_sample_value("gpuscope_request_phase_seconds_count", {"phase": "queue"}) == 1
+
+
+def test_batch_span_feeds_batch_size_and_the_compute_sink() -> None:
+    spans = SpanFactory(service="svc")
+    source = FakeGpuSource()
+    aggregator = SpanAggregator(compute_sink=source)
+    aggregator.set_gpu_devices(source.devices())
+    members = [spans.server(0.01) for _ in range(3)]
+    batch = spans.batch(3, duration_s=0.02, links=members)
+    aggregator.ingest(encode([*members, batch]))
+    reg = registry_of(aggregator)
+    labels = {"service": "svc", "model": "m1", "uuid": "GPU-aaaa", "gpu": "0"}
+    assert reg.get_sample_value("gpuscope_batch_size_sum", labels) == 3
+    assert reg.get_sample_value("gpuscope_batch_size_bucket", {**labels, "le": "4.0"}) == 1
+    # The gpu label comes from the source's device list, joined on the UUID.
+    assert reg.get_sample_value("gpuscope_request_duration_seconds_count", labels) == 3
+    assert batch.end_time is not None
+    assert [(u, end, size, most) for u, end, _, size, most in source.compute] == [
+        ("GPU-aaaa", batch.end_time, 3, 32)
+    ]
+    assert source.compute[0][2] == pytest.approx(0.02)
+
+
+def test_span_service_attribute_overrides_the_resource() -> None:
+    spans = SpanFactory(service="from-resource")
+    span = spans.server(0.01, attrs={attr.SERVICE_NAME: "from-span"})
+    aggregator = SpanAggregator()
+    aggregator.ingest(encode([span]))
+    reg = registry_of(aggregator)
+    count = "gpuscope_request_duration_seconds_count"
+    assert reg.get_sample_value(count, {"service": "from-span", "route": "/v1/completions"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        ({attr.PHASE_DURATION["queue"]: "fast"}, "wrong_attribute_type"),
+        ({attr.PHASE_DURATION["queue"]: math.nan}, "invalid_duration"),
+        ({attr.PHASE_DURATION["compute"]: -0.5}, "invalid_duration"),
+        ({attr.TIME_TO_FIRST_TOKEN: math.inf}, "invalid_duration"),
+        ({attr.HTTP_RESPONSE_STATUS_CODE: "200"}, "wrong_attribute_type"),
+        ({attr.HTTP_RESPONSE_STATUS_CODE: 1200}, "invalid_attribute_value"),
+        ({attr.GEN_AI_USAGE_OUTPUT_TOKENS: -3}, "invalid_attribute_value"),
+        ({attr.GEN_AI_REQUEST_MODEL: "m" * 500}, "invalid_label"),
+        ({attr.GEN_AI_REQUEST_MODEL: "bad\nmodel"}, "invalid_label"),
+        ({attr.GPU_UUID: 7}, "wrong_attribute_type"),
+    ],
+)
+def test_bad_span_is_rejected_alone_with_its_reason(
+    attributes: dict[str, AttributeValue], reason: str
+) -> None:
+    spans = SpanFactory()
+    good = spans.server(0.01, phases={"queue": 0.001})
+    bad = spans.server(0.01, phases={"queue": 0.001}, attrs=attributes)
+    aggregator = SpanAggregator()
+    result = aggregator.ingest(encode([good, bad, good]))
+    assert result.rejected == {reason: 1}
+    assert result.aggregated == 2
+    assert result.first_error is not None
+    assert reason in result.error_message()
+    reg = registry_of(aggregator)
+    # Nothing of the bad span was counted, not even the parts before the bad attribute.
+    assert reg.get_sample_value("gpuscope_request_duration_seconds_count", {"code": "200"}) == 2
+    assert reg.get_sample_value("gpuscope_request_phase_seconds_count", {"phase": "queue"}) == 2
+
+
+def test_negative_span_duration_and_bad_ids_are_rejected() -> None:
+    spans = SpanFactory()
+    request = encode([spans.server(0.01), spans.server(0.01), spans.server(0.01)])
+    first, second, _ = request.resource_spans[0].scope_spans[0].spans
+    first.end_time_unix_nano = first.start_time_unix_nano - 1
+    second.trace_id = b"\x00" * 16
+    result = SpanAggregator().ingest(request)
+    assert result.rejected == {"invalid_duration": 1, "invalid_id": 1}
+    assert result.aggregated == 1
+
+
+def test_batch_span_without_size_is_rejected() -> None:
+    spans = SpanFactory()
+    request = encode([spans.batch(4)])
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    keep = [kv for kv in span.attributes if kv.key != attr.BATCH_SIZE]
+    del span.attributes[:]
+    span.attributes.extend(keep)
+    result = SpanAggregator().ingest(request)
+    assert result.rejected == {"missing_attribute": 1}
+
+
+def test_label_sets_past_the_cap_go_to_one_overflow_series() -> None:
+    spans = SpanFactory(service="svc")
+    batch = [spans.server(0.01, route=f"/r{i}") for i in range(10)]
+    aggregator = SpanAggregator(max_series=4)
+    aggregator.ingest(encode(batch))
+    assert len(aggregator.duration) == 5  # 4 real + the overflow series
+    assert aggregator.duration.overflowed == 6
+    reg = registry_of(aggregator)
+    overflow = dict.fromkeys(aggregator.duration.label_names, OVERFLOW)
+    assert reg.get_sample_value("gpuscope_request_duration_seconds_count", overflow) == 6
+    assert (
+        reg.get_sample_value(
+            "gpuscope_series_overflow_total", {"metric": "gpuscope_request_duration_seconds"}
+        )
+        == 6
+    )
+    total = sum(s.value for s in reg.samples if s.name == "gpuscope_request_duration_seconds_count")
+    assert total == 10  # nothing lost, only folded
+
+
+def test_missing_optional_attributes_leave_labels_empty() -> None:
+    spans = SpanFactory(service="svc")
+    request = encode([spans.server(0.01)])
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    del span.attributes[:]
+    aggregator = SpanAggregator()
+    assert aggregator.ingest(request).aggregated == 1
+    reg = registry_of(aggregator)
+    labels = {"service": "svc", "model": "", "route": "", "code": "", "uuid": "", "gpu": ""}
+    assert reg.get_sample_value("gpuscope_request_duration_seconds_count", labels) == 1

@@ -1,0 +1,96 @@
+"""--forward-otlp: export requests reach a real backend byte for byte; drops are counted."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpuscope.exporter.app import STATE
+from gpuscope.exporter.server import start_exporter
+from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans
+
+
+@dataclass
+class Backend:
+    """A trace backend stand-in: a real aiohttp server that keeps what it receives."""
+
+    url: str = ""
+    received: list[tuple[bytes, str, str | None]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.received.append(
+            (await request.read(), request.content_type, request.headers.get("Content-Encoding"))
+        )
+        self.arrived.set()
+        await self.release.wait()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[Backend]:
+    state = Backend()
+    app = web.Application()
+    app.router.add_post("/v1/traces", state.handle)
+    runner = web.AppRunner(app, auto_decompress=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    state.url = f"http://127.0.0.1:{port}/v1/traces"
+    try:
+        yield state
+    finally:
+        state.release.set()
+        await runner.cleanup()
+
+
+async def test_forwarded_unchanged_and_counted(backend: Backend) -> None:
+    backend.release.set()
+    exporter = await start_exporter(loopback_config(forward_otlp=backend.url))
+    body = gzip.compress(encode([SpanFactory().server(0.01) for _ in range(3)]).SerializeToString())
+    async with aiohttp.ClientSession() as session:
+        status, _ = await post_spans(session, exporter, body, headers={"Content-Encoding": "gzip"})
+    assert status == 200
+    await exporter.stop()  # drains the forward queue
+    assert backend.received == [(body, "application/x-protobuf", "gzip")]
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_sent == 3
+    assert sum(metrics.forward_spans_dropped.values()) == 0
+
+
+async def test_full_queue_drops_and_counts_without_slowing_ingest(backend: Backend) -> None:
+    exporter = await start_exporter(loopback_config(forward_otlp=backend.url, forward_queue=1))
+    body = encode([SpanFactory().server(0.01) for _ in range(2)]).SerializeToString()
+    async with aiohttp.ClientSession() as session:
+        assert (await post_spans(session, exporter, body))[0] == 200
+        await backend.arrived.wait()  # the sender is now stuck on the slow backend
+        for _ in range(3):  # one fits the queue, two are dropped; all answer at once
+            assert (await post_spans(session, exporter, body))[0] == 200
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_dropped["queue_full"] == 4
+    backend.release.set()
+    await exporter.stop()
+    assert metrics.forward_spans_sent == 4
+    assert len(backend.received) == 2
+
+
+async def test_unreachable_backend_counts_failed_sends() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{closed_port}/v1/traces"
+    exporter = await start_exporter(loopback_config(forward_otlp=url))
+    body = encode([SpanFactory().server(0.01)]).SerializeToString()
+    async with aiohttp.ClientSession() as session:
+        assert (await post_spans(session, exporter, body))[0] == 200
+    await exporter.stop()
+    assert exporter.app[STATE].metrics.forward_spans_dropped["send_failed"] == 1

@@ -1,0 +1,125 @@
+"""OTLP/HTTP wire format: content types, bounded gzip, protobuf and OTLP/JSON decoding."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import pytest
+from google.protobuf import json_format
+from google.rpc.status_pb2 import Status  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from gpuscope.exporter import otlp
+from gpuscope.exporter.aggregator import SpanAggregator
+from support.exporter_fixtures import SpanFactory, encode
+
+LIMITS = otlp.Limits(max_body_bytes=1 << 20, max_decompressed_bytes=1 << 16)
+
+
+def otlp_json(request: object) -> bytes:
+    """OTLP/JSON as the spec writes it: protobuf JSON mapping, ids as hex not base64."""
+    document = json_format.MessageToDict(request)  # type: ignore[arg-type]
+    for resource in document["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = __import__("base64").b64decode(span[key]).hex()
+    return json.dumps(document).encode()
+
+
+def test_media_type_accepts_both_otlp_encodings_and_refuses_others() -> None:
+    assert otlp.media_type("application/x-protobuf") == otlp.PROTOBUF
+    assert otlp.media_type("application/json; charset=utf-8") == otlp.JSON
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.media_type("text/plain")
+    assert (caught.value.status, caught.value.reason) == (415, "unsupported_media_type")
+
+
+def test_gzip_round_trip_and_limits() -> None:
+    data = os.urandom(1000)
+    assert otlp.decompress(gzip.compress(data), "gzip", LIMITS) == data
+    assert otlp.decompress(data, None, LIMITS) == data
+    bomb = gzip.compress(b"\0" * (LIMITS.max_decompressed_bytes * 64))
+    assert len(bomb) < 10_000
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decompress(bomb, "gzip", LIMITS)
+    assert (caught.value.status, caught.value.reason) == (413, "decompressed_too_large")
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decompress(gzip.compress(data)[:-20], "gzip", LIMITS)
+    assert caught.value.reason == "invalid_gzip"
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decompress(b"not gzip at all", "gzip", LIMITS)
+    assert caught.value.reason == "invalid_gzip"
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decompress(data, "br", LIMITS)
+    assert (caught.value.status, caught.value.reason) == (415, "unsupported_encoding")
+
+
+def test_protobuf_and_json_decode_to_the_same_request() -> None:
+    spans = SpanFactory()
+    request = encode([spans.server(0.01, phases={"queue": 0.001}), spans.batch(2)])
+    from_protobuf = otlp.decode_request(request.SerializeToString(), otlp.PROTOBUF)
+    from_json = otlp.decode_request(otlp_json(request), otlp.JSON)
+    assert from_protobuf == request
+    assert from_json == request
+
+
+def test_json_span_with_a_non_hex_id_is_rejected_alone() -> None:
+    spans = SpanFactory()
+    document = json.loads(otlp_json(encode([spans.server(0.01), spans.server(0.02)])))
+    document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "zz-not-hex"
+    request = otlp.decode_request(json.dumps(document).encode(), otlp.JSON)
+    result = SpanAggregator().ingest(request)
+    assert (result.aggregated, result.rejected) == (1, {"invalid_id": 1})
+
+
+@pytest.mark.parametrize(
+    ("body", "media", "reason"),
+    [
+        (b"\xff\xff\xff\xff garbage", otlp.PROTOBUF, "invalid_protobuf"),
+        (b"{not json", otlp.JSON, "invalid_json"),
+        (b"[1, 2]", otlp.JSON, "invalid_json"),
+        (b'{"resourceSpans": 5}', otlp.JSON, "invalid_json"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "x"}]}]}]}',
+         otlp.JSON, "invalid_json"),
+        (b"\xc3\x28", otlp.JSON, "invalid_json"),
+    ],
+)  # fmt: skip
+def test_undecodable_bodies_name_their_reason(body: bytes, media: str, reason: str) -> None:
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decode_request(body, media)
+    assert (caught.value.status, caught.value.reason) == (400, reason)
+
+
+def test_truncated_protobuf_is_refused() -> None:
+    spans = SpanFactory()
+    data = encode([spans.server(0.01) for _ in range(5)]).SerializeToString()
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decode_request(data[: len(data) // 2 + 3], otlp.PROTOBUF)
+    assert caught.value.reason == "invalid_protobuf"
+
+
+def test_response_carries_partial_success_only_when_spans_were_rejected() -> None:
+    full = ExportTraceServiceResponse.FromString(otlp.encode_response(otlp.PROTOBUF, 0, ""))
+    assert not full.HasField("partial_success")
+    partial = ExportTraceServiceResponse.FromString(
+        otlp.encode_response(otlp.PROTOBUF, 3, "rejected 3")
+    )
+    assert (partial.partial_success.rejected_spans, partial.partial_success.error_message) == (
+        3,
+        "rejected 3",
+    )
+    as_json = json.loads(otlp.encode_response(otlp.JSON, 2, "why"))
+    assert as_json == {"partialSuccess": {"rejectedSpans": "2", "errorMessage": "why"}}
+
+
+def test_error_body_is_a_google_rpc_status() -> None:
+    status = Status.FromString(otlp.encode_status(otlp.PROTOBUF, 400, "bad body"))
+    assert (status.code, status.message) == (3, "bad body")
+    assert json.loads(otlp.encode_status(otlp.JSON, 413, "too big")) == {
+        "code": 8,
+        "message": "too big",
+    }
