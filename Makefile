@@ -40,8 +40,11 @@ test: lint typecheck unit
 demo: install
 	$(BIN)/gpuscope demo
 
+# Every benchmark with its defaults (several minutes); see docs/benchmarks.md.
 bench: install
-	$(BIN)/python -m benchmarks
+	@for script in benchmarks/*.py; do \
+		echo "== $$script"; nice $(BIN)/python $$script || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
