@@ -1,0 +1,107 @@
+"""Samples a GPU source in one background thread and keeps the latest snapshot.
+
+A scrape reads ``snapshot()``: one attribute load of an immutable object, so it
+never waits on NVML, however slow a sample is. When the whole source fails a
+round, its known GPUs are reported down (``up=False``) rather than served stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuscope.exporter.gpu.capabilities import CollectorRun, ReportsCollectorHealth
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """What the last poll round saw; ``round`` counts completed rounds (0: none yet)."""
+
+    round: int
+    devices: tuple[GpuDevice, ...]
+    readings: tuple[GpuReading, ...]
+    runs: tuple[CollectorRun, ...]
+
+
+class GpuPoller:
+    """Owns ``source`` once started: ``stop()`` joins the thread and closes the source."""
+
+    def __init__(
+        self,
+        source: GpuSource,
+        interval_s: float,
+        *,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"GPU poll interval must be positive, got {interval_s}")
+        self.source = source
+        self.interval_s = interval_s
+        self._timer = timer
+        self._stop = threading.Event()
+        self._round_done = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._snapshot = GpuSnapshot(0, tuple(source.devices()), (), ())
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("GpuPoller already started")
+        self._thread = threading.Thread(target=self._run, name="gpuscope-gpu-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.source.close()
+
+    def devices(self) -> Sequence[GpuDevice]:
+        return self._snapshot.devices
+
+    def snapshot(self) -> GpuSnapshot:
+        return self._snapshot
+
+    def wait_for_round(self, round_number: int, timeout_s: float) -> bool:
+        """Block until at least ``round_number`` rounds completed (for tests and the doctor)."""
+        with self._round_done:
+            return self._round_done.wait_for(
+                lambda: self._snapshot.round >= round_number, timeout=timeout_s
+            )
+
+    def poll_once(self) -> GpuSnapshot:
+        """One round: sample, time it, publish the new snapshot."""
+        started = self._timer()
+        previous = self._snapshot
+        try:
+            readings = tuple(self.source.sample())
+            success = True
+        except Exception as exc:  # a failing source is a metric, never a crash
+            log.warning("GPU source %s failed: %s", self.source.name, exc)
+            readings = tuple(
+                GpuReading(index=d.index, uuid=d.uuid, up=False) for d in previous.devices
+            )
+            success = False
+        runs = [CollectorRun(self.source.name, success, self._timer() - started)]
+        if isinstance(self.source, ReportsCollectorHealth):
+            runs += self.source.collector_health()
+        snapshot = GpuSnapshot(
+            previous.round + 1, tuple(self.source.devices()), readings, tuple(runs)
+        )
+        with self._round_done:
+            self._snapshot = snapshot
+            self._round_done.notify_all()
+        return snapshot
+
+    def _run(self) -> None:
+        next_due = self._timer()
+        while not self._stop.is_set():
+            self.poll_once()
+            # fixed-rate schedule; a round that overran starts the next one at once
+            next_due = max(next_due + self.interval_s, self._timer())
+            self._stop.wait(max(0.0, next_due - self._timer()))

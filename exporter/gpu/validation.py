@@ -1,0 +1,197 @@
+"""The checks of ``scripts/gpu-check``, as pure functions over scraped ``/metrics`` text.
+
+The script drives a real GPU (matmuls, host<->device copies of known size) and
+scrapes the exporter between phases; everything it decides is decided here, so
+it is tested on canned scrapes where no GPU exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuscope.exporter.gpu.collector import COUNTERS, GAUGES
+from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
+
+# GpuReading field -> the metric name it is served under
+FIELD_METRICS: dict[str, str] = {attr: name for name, attr, _ in GAUGES} | {
+    attr: f"{name}_total" for name, attr, _ in COUNTERS
+}
+FIELD_METRICS |= {
+    "clock_event_reasons": "gpuscope_gpu_clock_event_active",
+    "ecc_errors_total": "gpuscope_gpu_ecc_errors_total",
+}
+
+
+@dataclass(frozen=True)
+class GpuCheckConfig:
+    output: Path
+    gpu: int = 0
+    copy_bytes: int = 2 * 2**30
+    load_seconds: float = 15.0
+    pcie_tolerance: float = 0.05
+    gpu_interval: float = 0.5
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> GpuCheckConfig:
+    """Flags, else their GPUSCOPE_GPU_CHECK_* twins; errors name the flag."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/gpu-check",
+        description="Check gpuscope's NVML metrics against a real GPU under known load. "
+        "Every flag has a GPUSCOPE_GPU_CHECK_* twin (--copy-bytes: GPUSCOPE_GPU_CHECK_COPY_BYTES).",
+    )
+    env = {
+        k.removeprefix("GPUSCOPE_GPU_CHECK_").lower(): v
+        for k, v in environ.items()
+        if k.startswith("GPUSCOPE_GPU_CHECK_")
+    }
+    parser.add_argument(
+        "--output", default=env.get("output"), help="where to write the observations (JSON)"
+    )
+    parser.add_argument("--gpu", default=env.get("gpu", "0"), help="NVML index of the GPU to load")
+    parser.add_argument("--copy-bytes", default=env.get("copy_bytes", str(2 * 2**30)))
+    parser.add_argument("--load-seconds", default=env.get("load_seconds", "15"))
+    parser.add_argument("--pcie-tolerance", default=env.get("pcie_tolerance", "0.05"))
+    parser.add_argument("--gpu-interval", default=env.get("gpu_interval", "0.5"))
+    args = parser.parse_args(list(argv))
+    if not args.output:
+        parser.error("--output is required (or GPUSCOPE_GPU_CHECK_OUTPUT)")
+    return GpuCheckConfig(
+        output=Path(args.output),
+        gpu=_number(parser, "--gpu", args.gpu, int, 0),
+        copy_bytes=_number(parser, "--copy-bytes", args.copy_bytes, int, 2**20),
+        load_seconds=_number(parser, "--load-seconds", args.load_seconds, float, 2.0),
+        pcie_tolerance=_number(parser, "--pcie-tolerance", args.pcie_tolerance, float, 0.0),
+        gpu_interval=_number(parser, "--gpu-interval", args.gpu_interval, float, 0.1),
+    )
+
+
+def _number(
+    parser: argparse.ArgumentParser, flag: str, text: str, kind: type[Any], low: float
+) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        parser.error(f"{flag} must be a {kind.__name__}; got {text!r}")
+    if value < low:
+        parser.error(f"{flag} must be at least {low}; got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+
+
+Samples = dict[str, float]  # metric name -> value, for one GPU (first series of each name)
+
+
+def gpu_samples(text: str, gpu: int) -> Samples:
+    """The values of one GPU's series in a scrape (labelled variants: first one wins)."""
+    values: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("gpu") == str(gpu):
+                values.setdefault(sample.name, sample.value)
+    return values
+
+
+def check_clock_power_memory(
+    idle: Samples, loaded: Samples, allocated_bytes: int
+) -> list[CheckResult]:
+    results = []
+    sm_max = loaded.get("gpuscope_gpu_sm_clock_max_hertz", 0.0)
+    sm = loaded.get("gpuscope_gpu_sm_clock_hertz", 0.0)
+    sm_idle = idle.get("gpuscope_gpu_sm_clock_hertz", 0.0)
+    results.append(
+        CheckResult(
+            "sm_clock_under_load",
+            sm_max > 0 and sm >= 0.5 * sm_max,
+            f"{sm / 1e6:.0f} MHz loaded, {sm_idle / 1e6:.0f} MHz idle, max {sm_max / 1e6:.0f} MHz",
+        )
+    )
+    idle_w, load_w = (
+        idle.get("gpuscope_gpu_power_watts", 0.0),
+        loaded.get("gpuscope_gpu_power_watts", 0.0),
+    )
+    results.append(
+        CheckResult(
+            "power_rises_under_load",
+            load_w > 1.2 * idle_w > 0,
+            f"{idle_w:.0f} W idle -> {load_w:.0f} W loaded",
+        )
+    )
+    grown = loaded.get("gpuscope_gpu_memory_used_bytes", 0.0) - idle.get(
+        "gpuscope_gpu_memory_used_bytes", 0.0
+    )
+    results.append(
+        CheckResult(
+            "memory_used_grows",
+            grown >= 0.9 * allocated_bytes,
+            f"+{grown / 2**30:.2f} GiB for {allocated_bytes / 2**30:.2f} GiB allocated",
+        )
+    )
+    idle_occ = idle.get("gpuscope_gpu_sm_occupancy_ratio")
+    load_occ = loaded.get("gpuscope_gpu_sm_occupancy_ratio")
+    occupancy_ok = load_occ is not None and load_occ > 0.05 and load_occ > (idle_occ or 0.0)
+    results.append(
+        CheckResult(
+            "gpm_occupancy_rises",
+            occupancy_ok,
+            f"SM occupancy {idle_occ} idle -> {load_occ} loaded",
+        )
+    )
+    return results
+
+
+PCIE_METRICS = {
+    "receive": "gpuscope_gpu_pcie_receive_bytes_total",  # host -> device copies
+    "transmit": "gpuscope_gpu_pcie_transmit_bytes_total",  # device -> host copies
+}
+
+
+def check_pcie(
+    direction: str, before: Samples, after: Samples, copied_bytes: int, tolerance: float
+) -> CheckResult:
+    """The bytes counted in ``direction`` across one copy window match the copy's size."""
+    metric = PCIE_METRICS[direction]
+    name = f"pcie_{direction}_bytes"
+    if metric not in before or metric not in after:
+        return CheckResult(name, False, f"{metric} is absent")
+    moved = after[metric] - before[metric]
+    error = moved / copied_bytes - 1.0
+    return CheckResult(
+        name,
+        abs(error) <= tolerance,
+        f"{moved:.0f} bytes counted for {copied_bytes} copied "
+        f"({error:+.1%}, tolerance {tolerance:.0%})",
+    )
+
+
+def check_doctor(doctor: Mapping[str, Any], scrape: Samples, gpu: int) -> CheckResult:
+    """The doctor says supported exactly for the metric groups the exporter serves."""
+    entry = next((g for g in doctor.get("gpus", []) if g.get("index") == gpu), None)
+    if entry is None:
+        return CheckResult("doctor_truthful", False, f"doctor lists no GPU {gpu}")
+    wrong = []
+    for group, fields in METRIC_GROUPS.items():
+        if group == "xid_errors":
+            continue  # its series appears only once an XID happened
+        served = any(FIELD_METRICS[f] in scrape for f in fields)
+        claimed = bool(entry["metrics"].get(group, {}).get("supported"))
+        if served != claimed:
+            wrong.append(
+                f"{group}: doctor says {'yes' if claimed else 'no'}, "
+                f"/metrics {'has' if served else 'lacks'} it"
+            )
+    return CheckResult(
+        "doctor_truthful", not wrong, "; ".join(wrong) or "every metric group agrees"
+    )

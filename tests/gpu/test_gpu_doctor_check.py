@@ -1,0 +1,153 @@
+"""``gpuscope doctor`` and the logic of ``scripts/gpu-check`` on canned readings."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuscope.exporter.doctor import DoctorConfig, diagnose, parse_args, run
+from gpuscope.exporter.gpu.collector import GpuCollector
+from gpuscope.exporter.gpu.nvml import NvmlSource
+from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.validation import (
+    check_clock_power_memory,
+    check_doctor,
+    check_pcie,
+    gpu_samples,
+)
+from gpuscope.exporter.gpu.validation import parse_args as parse_check_args
+from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
+
+SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu-check"
+
+
+def test_doctor_explains_what_an_ampere_gpu_lacks() -> None:
+    fake = FakeNvml([fake_gpu(0), fake_gpu(1, architecture=AMPERE, name="NVIDIA A100-SXM4-80GB")])
+    fake.gpus[1].errors["nvmlDeviceGetTotalEnergyConsumption"] = pynvml.NVML_ERROR_NO_PERMISSION
+    out = io.StringIO()
+    assert run(NvmlSource(fake, xid_wait_ms=50), DoctorConfig(), out) == 0
+    text = out.getvalue()
+    hopper, ampere = text.split("\nGPU 1")
+    assert "yes  gpm" in hopper and "no   gpm" not in hopper
+    assert "no   gpm  - GPM (SM occupancy, SM/tensor/DRAM activity) needs Hopper" in ampere
+    assert "Ampere" in ampere and "no   energy  - no permission" in ampere
+    assert fake.refcount == 0  # the doctor closes what it opened
+
+
+def test_doctor_json_matches_what_the_exporter_serves() -> None:
+    fake = FakeNvml([fake_gpu(0, pcie_fields_supported=True)])
+    fake.gpus[0].errors["nvmlDeviceGetCurrPcieLinkWidth"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    report = diagnose(NvmlSource(fake, xid_wait_ms=50))
+    assert report["gpus"][0]["metrics"]["pcie_link_width"]["supported"] is False
+    assert report["gpus"][0]["metrics"]["gpm"]["supported"] is True
+
+    now = [100.0]
+    poller = GpuPoller(NvmlSource(fake, clock=lambda: now[0], xid_wait_ms=50), 1.0)
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(poller))
+    poller.poll_once()
+    now[0] += 1.0  # GPM rates need a second sample 100 ms or more later
+    poller.poll_once()
+    scrape = gpu_samples(generate_latest(registry).decode(), 0)
+    assert check_doctor(report, scrape, 0).passed
+    poller.stop()
+    lying = json.loads(json.dumps(report))
+    lying["gpus"][0]["metrics"]["pcie_link_width"]["supported"] = True
+    result = check_doctor(lying, scrape, 0)
+    assert not result.passed and "pcie_link_width: doctor says yes" in result.detail
+
+
+def test_doctor_flags_and_environment_twins() -> None:
+    assert parse_args(["--gpu-source", "simulated", "--json"], {}) == DoctorConfig(
+        "simulated", None, 1, True
+    )
+    assert (
+        parse_args(
+            [], {"GPUSCOPE_GPU_SOURCE": "none", "GPUSCOPE_SIMULATED_GPUS": "4"}
+        ).simulated_gpus
+        == 4
+    )
+    with pytest.raises(SystemExit):
+        parse_args([], {"GPUSCOPE_GPU_SOURCE": "cuda"})
+
+
+def canned(
+    sm_mhz: float, watts: float, used_gib: float, occupancy: float | None
+) -> dict[str, float]:
+    samples = {
+        "gpuscope_gpu_sm_clock_hertz": sm_mhz * 1e6,
+        "gpuscope_gpu_sm_clock_max_hertz": 1980e6,
+        "gpuscope_gpu_power_watts": watts,
+        "gpuscope_gpu_memory_used_bytes": used_gib * 2**30,
+    }
+    if occupancy is not None:
+        samples["gpuscope_gpu_sm_occupancy_ratio"] = occupancy
+    return samples
+
+
+def test_load_checks_pass_on_a_healthy_gpu_and_fail_on_a_stuck_one() -> None:
+    idle = canned(345, 70, 0.5, 0.0)
+    healthy = check_clock_power_memory(idle, canned(1980, 650, 5.2, 0.45), 4 * 2**30)
+    assert [r.passed for r in healthy] == [True, True, True, True]
+    stuck = check_clock_power_memory(idle, canned(345, 72, 0.6, None), 4 * 2**30)
+    assert [r.name for r in stuck if not r.passed] == [
+        "sm_clock_under_load",
+        "power_rises_under_load",
+        "memory_used_grows",
+        "gpm_occupancy_rises",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("counted", "passed"), [(2**31 * 1.03, True), (2**31 * 1.07, False), (0, False)]
+)
+def test_pcie_check_allows_a_few_percent(counted: float, passed: bool) -> None:
+    before = {"gpuscope_gpu_pcie_receive_bytes_total": 1e6}
+    after = {"gpuscope_gpu_pcie_receive_bytes_total": 1e6 + counted}
+    assert check_pcie("receive", before, after, 2**31, 0.05).passed is passed
+    assert not check_pcie("transmit", before, after, 2**31, 0.05).passed  # absent metric
+
+
+def test_gpu_check_flags_environment_and_errors() -> None:
+    config = parse_check_args(["--output", "o.json", "--copy-bytes", "1048576"], {})
+    assert (config.output, config.copy_bytes, config.gpu) == (Path("o.json"), 2**20, 0)
+    env = parse_check_args(
+        [], {"GPUSCOPE_GPU_CHECK_OUTPUT": "e.json", "GPUSCOPE_GPU_CHECK_GPU": "1"}
+    )
+    assert (env.output, env.gpu) == (Path("e.json"), 1)
+    for argv in (
+        ["--copy-bytes", "lots", "--output", "x"],
+        ["--load-seconds", "0", "--output", "x"],
+        [],
+    ):
+        with pytest.raises(SystemExit):
+            parse_check_args(argv, {})
+
+
+def test_gpu_check_fails_fast_without_a_gpu(tmp_path: Path) -> None:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present: run scripts/gpu-check itself")
+    output = tmp_path / "out.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "gpu-check: FAIL (cannot run): no NVIDIA GPU or driver" in result.stderr
+    assert not output.exists()
