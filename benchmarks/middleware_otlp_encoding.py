@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind
+from opentelemetry.util.types import AttributeValue
 
 from gpuscope.middleware.otlp_encoding import encode_export_request
 
@@ -30,7 +31,7 @@ def request_spans() -> list[ReadableSpan]:
     provider = TracerProvider(resource=Resource.create({"service.name": "embedder"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("gpuscope", "0.1.0")
-    attributes = {
+    attributes: dict[str, AttributeValue] = {
         "http.request.method": "POST",
         "url.path": "/v1/embeddings",
         "url.scheme": "http",
@@ -42,7 +43,9 @@ def request_spans() -> list[ReadableSpan]:
         "gpuscope.batch.id": "1f2e-a1b2c3-42",
         "gpuscope.batch.size": 8,
         "gpuscope.gpu.uuid": "GPU-5f1c7a8e-0000-4000-8000-000000000000",
-    } | {f"gpuscope.{p}.duration": 0.001 for p in ("preprocess", "queue", "compute")}
+    }
+    for phase in ("preprocess", "queue", "compute"):
+        attributes[f"gpuscope.{phase}.duration"] = 0.001
     server = tracer.start_span("POST /v1/embeddings", kind=SpanKind.SERVER, attributes=attributes)
     parent = trace.set_span_in_context(server)
     for name in ("gpuscope.queue", "gpuscope.batch_wait", "gpuscope.compute"):
