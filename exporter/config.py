@@ -11,20 +11,20 @@ keeps it on loopback.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
+
+from gpuscope import flags
+from gpuscope.flags import ConfigError, check_choice, check_positive, check_range
+
+__all__ = ["ConfigError", "ExporterConfig", "build_parser", "parse_config"]
 
 GPU_SOURCES: Final = ("auto", "nvml", "dcgm", "simulated", "none")
 LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug")
 MIB: Final = 1024 * 1024
-
-
-class ConfigError(ValueError):
-    """A flag (or its environment twin) has a value the exporter cannot use."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class ExporterConfig:
 
     def __post_init__(self) -> None:
         self.listen_address()  # raises with the flag's name
-        _check_choice("--gpu-source", self.gpu_source, GPU_SOURCES)
-        _check_choice("--log-level", self.log_level, LOG_LEVELS)
+        check_choice("--gpu-source", self.gpu_source, GPU_SOURCES)
+        check_choice("--log-level", self.log_level, LOG_LEVELS)
         for flag, value, low in (
             ("--max-series", self.max_series, 1),
             ("--max-label-length", self.max_label_length, 1),
@@ -58,15 +58,13 @@ class ExporterConfig:
             ("--forward-queue", self.forward_queue, 1),
             ("--simulated-gpus", self.simulated_gpus, 1),
         ):
-            if value < low:
-                raise ConfigError(f"{flag}: must be at least {low}, got {value}")
+            check_range(flag, value, low)
         for flag, seconds in (
             ("--gpu-interval", self.gpu_interval),
             ("--forward-timeout", self.forward_timeout),
             ("--shutdown-timeout", self.shutdown_timeout),
         ):
-            if not seconds > 0:
-                raise ConfigError(f"{flag}: must be greater than 0, got {seconds}")
+            check_positive(flag, seconds)
         if self.forward_otlp is not None:
             url = urlsplit(self.forward_otlp)
             if url.scheme not in ("http", "https") or not url.netloc:
@@ -97,20 +95,6 @@ class ExporterConfig:
         return (host or None), port
 
 
-def _check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{flag}: expected one of {', '.join(choices)}, got {value!r}")
-
-
-def env_name(field_name: str) -> str:
-    """The environment twin of a config field: ``max_series`` -> GPUSCOPE_MAX_SERIES."""
-    return "GPUSCOPE_" + field_name.upper()
-
-
-def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
 _HELP: Final = {
     "listen": "HOST:PORT to serve on; ':9420' is every interface, '127.0.0.1:9420' loopback",
     "max_series": "label sets per request metric; new ones past it go to one overflow series",
@@ -130,49 +114,18 @@ _HELP: Final = {
     "log_level": "log level",
 }
 
-_KINDS: Final = {"int": int, "float": float}
-
-
-def _convert(field_name: str, kind: Any, raw: str) -> Any:
-    """Turn a flag's text into its field's type; errors name the flag."""
-    if kind in _KINDS:
-        try:
-            return _KINDS[kind](raw)
-        except ValueError:
-            raise ConfigError(f"{flag_name(field_name)}: cannot read {raw!r} as {kind}") from None
-    if kind == "Path | None":
-        return Path(raw) if raw else None
-    if kind == "str | None":
-        return raw or None
-    return raw
-
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    return flags.build_parser(
+        ExporterConfig,
         prog="gpuscope exporter",
         description="Prometheus scrape target: OTLP/HTTP spans in on /v1/traces, per-phase "
         "histograms and GPU counters out on /metrics. Every flag has a GPUSCOPE_* "
         "environment twin.",
+        help=_HELP,
     )
-    for field in fields(ExporterConfig):
-        default = field.default
-        parser.add_argument(
-            flag_name(field.name),
-            metavar="VALUE",
-            help=f"{_HELP[field.name]} [{env_name(field.name)}] (default {default})",
-        )
-    return parser
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ExporterConfig:
     """Flags from ``argv``, else their ``GPUSCOPE_*`` twins in ``environ``, else defaults."""
-    environ = os.environ if environ is None else environ
-    namespace = build_parser().parse_args(list(argv))
-    values: dict[str, Any] = {}
-    for field in fields(ExporterConfig):
-        raw = getattr(namespace, field.name)
-        if raw is None:
-            raw = environ.get(env_name(field.name))
-        if raw is not None:
-            values[field.name] = _convert(field.name, field.type, raw)
-    return ExporterConfig(**values)
+    return flags.parse_config(ExporterConfig, build_parser(), argv, environ)

@@ -17,7 +17,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("gpuscope.worker.cli", "reference inference worker (OpenAI-compatible)"),
     "exporter": ("gpuscope.exporter.cli", "Prometheus scrape target: OTLP spans in, metrics out"),
     "doctor": ("gpuscope.exporter.doctor", "show which GPU metrics this machine supports, and why"),
-    "loadgen": ("gpuscope.loadgen.cli", "load ladder with P50/P95/P99 and a phase breakdown"),
     "demo": ("gpuscope.loadgen.demo", "worker + exporter + load on 127.0.0.1, simulated GPU"),
 }
 

@@ -13,13 +13,8 @@ import aiohttp
 import pytest
 
 from gpuscope.exporter.cli import main
-from gpuscope.exporter.config import (
-    ConfigError,
-    ExporterConfig,
-    build_parser,
-    env_name,
-    parse_config,
-)
+from gpuscope.exporter.config import ConfigError, ExporterConfig, build_parser, parse_config
+from gpuscope.flags import env_name
 
 
 def test_defaults_flags_and_environment_twins() -> None:
