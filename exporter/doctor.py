@@ -8,9 +8,7 @@ would serve. ``--json`` prints the same as JSON (``scripts/gpu-check`` reads it)
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpuscope import flags
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.factory import KINDS, GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
@@ -34,33 +33,28 @@ class DoctorConfig:
     simulated_gpus: int = 1
     json: bool = False
 
+    def __post_init__(self) -> None:
+        flags.check_choice("--gpu-source", self.gpu_source, KINDS)
+        flags.check_range("--simulated-gpus", self.simulated_gpus, 1)
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> DoctorConfig:
-    parser = argparse.ArgumentParser(
+
+_HELP = {
+    "gpu_source": "GPU backend to examine: " + ", ".join(KINDS),
+    "gpu_scenario": "scenario file for the simulated GPU source",
+    "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
+    "json": "print JSON instead of a table",
+}
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> DoctorConfig:
+    parser = flags.build_parser(
+        DoctorConfig,
         prog="gpuscope doctor",
-        description="Show which GPU metrics this machine supports, and why the others are absent. "
-        "Every flag has a GPUSCOPE_* environment twin (--gpu-source: GPUSCOPE_GPU_SOURCE).",
+        description="Show which GPU metrics this machine supports, and why the others are "
+        "absent. Every flag has a GPUSCOPE_* environment twin.",
+        help=_HELP,
     )
-    parser.add_argument(
-        "--gpu-source", choices=KINDS, default=environ.get("GPUSCOPE_GPU_SOURCE", "auto")
-    )
-    parser.add_argument("--gpu-scenario", type=Path, default=environ.get("GPUSCOPE_GPU_SCENARIO"))
-    parser.add_argument("--simulated-gpus", default=environ.get("GPUSCOPE_SIMULATED_GPUS", "1"))
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        default=environ.get("GPUSCOPE_JSON", "").lower() in ("1", "true", "yes"),
-        help="print JSON instead of a table",
-    )
-    args = parser.parse_args(list(argv))
-    if args.gpu_source not in KINDS:  # an environment value bypasses argparse's choices
-        parser.error(f"--gpu-source must be one of {', '.join(KINDS)}; got {args.gpu_source!r}")
-    try:
-        count = int(args.simulated_gpus)
-    except ValueError:
-        parser.error(f"--simulated-gpus must be an integer; got {args.simulated_gpus!r}")
-    scenario = Path(args.gpu_scenario) if args.gpu_scenario else None
-    return DoctorConfig(args.gpu_source, scenario, count, args.json)
+    return flags.parse_or_exit(DoctorConfig, parser, argv, environ)
 
 
 def diagnose(source: GpuSource) -> dict[str, Any]:

@@ -128,4 +128,22 @@ def parse_config(
             raw = environ.get(env_name(field.name, env_prefix))
         if raw is not None:
             values[field.name] = convert(field.name, field.type, raw)
+        elif field.default is MISSING and field.default_factory is MISSING:
+            twin = env_name(field.name, env_prefix)
+            raise ConfigError(f"{flag_name(field.name)}: required (or set {twin})")
     return config_type(**values)
+
+
+def parse_or_exit(
+    config_type: type[T],
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    env_prefix: str = "GPUSCOPE_",
+) -> T:
+    """``parse_config``, but a ``ConfigError`` ends the program with argparse's usage
+    message and exit status 2, like any other bad flag."""
+    try:
+        return parse_config(config_type, parser, argv, environ, env_prefix)
+    except ConfigError as exc:
+        parser.error(str(exc))

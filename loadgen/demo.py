@@ -10,87 +10,72 @@ until Ctrl-C.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import httpx
 
+from gpuscope import flags
 from gpuscope.loadgen.report import LoadResult, format_report, run_load, scrape_summary
+
+ENV_PREFIX = "GPUSCOPE_DEMO_"
+BATCHING = ("none", "static", "dynamic", "continuous")
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    duration_s: float
-    concurrency: int
-    batching: str
-    exporter_port: int
-    worker_port: int
-    keep_running: bool
+    duration_s: float = 10.0
+    concurrency: int = 16
+    batching: str = "dynamic"
+    exporter_port: int = 9420
+    worker_port: int = 8000
+    exit: bool = False
+
+    def __post_init__(self) -> None:
+        flags.check_positive("--duration-s", self.duration_s)
+        flags.check_range("--concurrency", self.concurrency, 1)
+        flags.check_choice("--batching", self.batching, BATCHING)
+        flags.check_range("--exporter-port", self.exporter_port, 0, 65535)
+        flags.check_range("--worker-port", self.worker_port, 0, 65535)
+
+    @property
+    def keep_running(self) -> bool:
+        return not self.exit
 
 
-def parse_args(argv: Sequence[str]) -> DemoOptions:
-    parser = argparse.ArgumentParser(
+_HELP = {
+    "duration_s": "seconds of load",
+    "concurrency": "concurrent clients",
+    "batching": "the worker's batching strategy: " + ", ".join(BATCHING),
+    "exporter_port": "exporter port on 127.0.0.1 (0: any free port)",
+    "worker_port": "worker port on 127.0.0.1 (0: any free port)",
+    "exit": "stop both processes after the report instead of serving on",
+}
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> DemoOptions:
+    parser = flags.build_parser(
+        DemoOptions,
         prog="gpuscope demo",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Start the exporter (simulated GPU) and the worker on 127.0.0.1, put a "
+        "short load on them and report where the time went. Every flag has a "
+        f"{ENV_PREFIX}* environment twin.",
+        help=_HELP,
+        env_prefix=ENV_PREFIX,
     )
-    env = os.environ.get
-    parser.add_argument(
-        "--duration",
-        type=float,
-        default=float(env("GPUSCOPE_DEMO_DURATION", 10)),
-        help="seconds of load (env GPUSCOPE_DEMO_DURATION)",
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        default=int(env("GPUSCOPE_DEMO_CONCURRENCY", 16)),
-        help="concurrent clients (env GPUSCOPE_DEMO_CONCURRENCY)",
-    )
-    parser.add_argument(
-        "--batching",
-        default=env("GPUSCOPE_BATCHING", "dynamic"),
-        choices=["none", "static", "dynamic", "continuous"],
-        help="the worker's batching strategy (env GPUSCOPE_BATCHING)",
-    )
-    parser.add_argument(
-        "--exporter-port",
-        type=int,
-        default=int(env("GPUSCOPE_DEMO_EXPORTER_PORT", 9420)),
-        help="exporter port on 127.0.0.1, 0 for any free one (env GPUSCOPE_DEMO_EXPORTER_PORT)",
-    )
-    parser.add_argument(
-        "--worker-port",
-        type=int,
-        default=int(env("GPUSCOPE_DEMO_WORKER_PORT", 8000)),
-        help="worker port on 127.0.0.1, 0 for any free one (env GPUSCOPE_DEMO_WORKER_PORT)",
-    )
-    parser.add_argument(
-        "--exit",
-        action="store_true",
-        help="stop both processes after the report instead of serving on",
-    )
-    args = parser.parse_args(argv)
-    if args.duration <= 0:
-        parser.error(f"--duration: must be positive, got {args.duration}")
-    if args.concurrency < 1:
-        parser.error(f"--concurrency: must be at least 1, got {args.concurrency}")
-    return DemoOptions(
-        args.duration,
-        args.concurrency,
-        args.batching,
-        args.exporter_port or free_port(),
-        args.worker_port or free_port(),
-        not args.exit,
+    options = flags.parse_or_exit(DemoOptions, parser, argv, environ, ENV_PREFIX)
+    # Port 0 means any free port: pick it here, the child processes need to be told.
+    return replace(
+        options,
+        exporter_port=options.exporter_port or free_port(),
+        worker_port=options.worker_port or free_port(),
     )
 
 

@@ -7,8 +7,6 @@ it is tested on canned scrapes where no GPU exists.
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuscope import flags
 from gpuscope.exporter.gpu.collector import COUNTERS, GAUGES
 from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
 
@@ -38,50 +37,36 @@ class GpuCheckConfig:
     pcie_tolerance: float = 0.05
     gpu_interval: float = 0.5
 
+    def __post_init__(self) -> None:
+        flags.check_range("--gpu", self.gpu, 0)
+        flags.check_range("--copy-bytes", self.copy_bytes, 2**20)
+        flags.check_range("--load-seconds", self.load_seconds, 2.0)
+        flags.check_range("--pcie-tolerance", self.pcie_tolerance, 0.0)
+        flags.check_range("--gpu-interval", self.gpu_interval, 0.1)
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> GpuCheckConfig:
+
+ENV_PREFIX = "GPUSCOPE_GPU_CHECK_"
+_HELP = {
+    "output": "where to write the observations (JSON)",
+    "gpu": "NVML index of the GPU to load",
+    "copy_bytes": "bytes of each host<->device copy",
+    "load_seconds": "seconds of matmul load",
+    "pcie_tolerance": "allowed relative difference between PCIe counters and the copies",
+    "gpu_interval": "the exporter's --gpu-interval during the check",
+}
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> GpuCheckConfig:
     """Flags, else their GPUSCOPE_GPU_CHECK_* twins; errors name the flag."""
-    parser = argparse.ArgumentParser(
+    parser = flags.build_parser(
+        GpuCheckConfig,
         prog="scripts/gpu-check",
         description="Check gpuscope's NVML metrics against a real GPU under known load. "
-        "Every flag has a GPUSCOPE_GPU_CHECK_* twin (--copy-bytes: GPUSCOPE_GPU_CHECK_COPY_BYTES).",
+        f"Every flag has a {ENV_PREFIX}* environment twin.",
+        help=_HELP,
+        env_prefix=ENV_PREFIX,
     )
-    env = {
-        k.removeprefix("GPUSCOPE_GPU_CHECK_").lower(): v
-        for k, v in environ.items()
-        if k.startswith("GPUSCOPE_GPU_CHECK_")
-    }
-    parser.add_argument(
-        "--output", default=env.get("output"), help="where to write the observations (JSON)"
-    )
-    parser.add_argument("--gpu", default=env.get("gpu", "0"), help="NVML index of the GPU to load")
-    parser.add_argument("--copy-bytes", default=env.get("copy_bytes", str(2 * 2**30)))
-    parser.add_argument("--load-seconds", default=env.get("load_seconds", "15"))
-    parser.add_argument("--pcie-tolerance", default=env.get("pcie_tolerance", "0.05"))
-    parser.add_argument("--gpu-interval", default=env.get("gpu_interval", "0.5"))
-    args = parser.parse_args(list(argv))
-    if not args.output:
-        parser.error("--output is required (or GPUSCOPE_GPU_CHECK_OUTPUT)")
-    return GpuCheckConfig(
-        output=Path(args.output),
-        gpu=_number(parser, "--gpu", args.gpu, int, 0),
-        copy_bytes=_number(parser, "--copy-bytes", args.copy_bytes, int, 2**20),
-        load_seconds=_number(parser, "--load-seconds", args.load_seconds, float, 2.0),
-        pcie_tolerance=_number(parser, "--pcie-tolerance", args.pcie_tolerance, float, 0.0),
-        gpu_interval=_number(parser, "--gpu-interval", args.gpu_interval, float, 0.1),
-    )
-
-
-def _number(
-    parser: argparse.ArgumentParser, flag: str, text: str, kind: type[Any], low: float
-) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        parser.error(f"{flag} must be a {kind.__name__}; got {text!r}")
-    if value < low:
-        parser.error(f"{flag} must be at least {low}; got {value}")
-    return value
+    return flags.parse_or_exit(GpuCheckConfig, parser, argv, environ, ENV_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def test_the_demo_shows_where_the_time_went(capsys: pytest.CaptureFixture[str]) 
         batching="dynamic",
         exporter_port=free_port(),
         worker_port=free_port(),
-        keep_running=False,
+        exit=True,
     )
     result, report = run_demo(options)
     assert result.completed > 0
@@ -34,10 +34,10 @@ def test_the_demo_shows_where_the_time_went(capsys: pytest.CaptureFixture[str]) 
 
 def test_demo_arguments_are_checked() -> None:
     with pytest.raises(SystemExit):
-        parse_args(["--duration", "0"])
+        parse_args(["--duration-s", "0"], {})
     with pytest.raises(SystemExit):
-        parse_args(["--batching", "sometimes"])
-    options = parse_args(["--exporter-port", "0", "--worker-port", "0", "--exit"])
+        parse_args([], {"GPUSCOPE_DEMO_BATCHING": "sometimes"})
+    options = parse_args(["--exporter-port", "0", "--worker-port", "0", "--exit"], {})
     assert options.exporter_port > 0
     assert not options.keep_running
 
