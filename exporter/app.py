@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
 from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
@@ -235,7 +236,7 @@ def _needs_auth(authenticator: Authenticator) -> bool:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _auth_middleware(state: ExporterState) -> web.middleware:  # type: ignore[valid-type]
+def _auth_middleware(state: ExporterState) -> Middleware:
     auth = state.authenticator
 
     @web.middleware
