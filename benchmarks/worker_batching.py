@@ -1,79 +1,118 @@
 """Batching strategies side by side on this machine's CPU, same offered load for each.
 
-1. Embeddings: ``--batching none`` against ``dynamic`` at a ladder of offered rates
-   (throughput, p50, p99).
-2. Streamed completions: ``static`` against ``continuous`` (p50/p99 latency, TTFT).
+0. Model cost: one forward pass (embeddings) and one decode iteration (generator)
+   against batch size, measured in-process on the worker's core.
+1. Embeddings, ``--batching none`` against ``dynamic``: the same ladder of offered
+   rates for both; per repeat, the highest rate whose p99 stays under
+   ``--p99-bound-ms`` (median over the repeats) with nothing refused or failed:
+   the max sustainable throughput.
+2. Streamed completions, ``static`` against ``continuous`` at the same offered rates, for
+   equal output lengths and for variable ones (p50/p99 end to end, TTFT p99).
 
-Each configuration runs the worker as a subprocess (``gpuscope worker``, no tracing)
-on 127.0.0.1 and drives it with an open-loop load of Poisson arrivals (seeded), so
-a slow server does not slow the arrivals. Every run is bounded in requests and time;
-each is repeated and reported as median and (min–max).
+Fairness on a small machine: the worker (``gpuscope worker``, no tracing) is a
+subprocess pinned to one core (``taskset``) with one BLAS/OpenMP thread, and this
+process, the load generator, pins itself to another. Arrivals are open-loop Poisson
+(seeded) from an aiohttp client; latency counts from the *scheduled* arrival, so a
+late client shows up as latency, and the client's own lag (send time minus scheduled
+time) is reported to show it kept up. Every run is bounded; each is repeated and
+reported as median and (min–max).
 
-    nice python benchmarks/worker_batching.py [--repeats 3] [--seconds 5]
+    nice python benchmarks/worker_batching.py [--repeats 3] [--seconds 3] [--only ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
-import socket
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 MODEL = "gpuscope-synthetic"
-SIZE_FLAGS = ["--hidden-size", "1024", "--layers", "4", "--max-context", "512"]
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class Setup:
+    worker_core: int
+    client_core: int
+    embed_size: tuple[str, ...]
+    gen_size: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Run:
-    throughput: float  # successful requests per second
+    offered: float
+    throughput: float  # successful requests per second, first arrival to last answer
     p50: float
     p99: float
     ttft_p99: float | None
+    lag_p99: float  # how late the client sent, against the arrival schedule
     ok: int
     refused: int
     failed: int
 
 
+# -- the worker and the load --------------------------------------------------------
+
+
 def _free_port() -> int:
+    import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
+def _pinned(core: int, command: list[str]) -> list[str]:
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise SystemExit("taskset (util-linux) is needed to pin the worker to a core")
+    return [taskset, "-c", str(core), *command]
+
+
 @contextmanager
-def worker(flags: Sequence[str]) -> Iterator[str]:
+def worker(setup: Setup, flags: Sequence[str]) -> Iterator[str]:
     port = _free_port()
     command = [sys.executable, "-m", "gpuscope", "worker", "--port", str(port), "--no-tracing"]
-    command += ["--log-level", "warning", *SIZE_FLAGS, *flags]
-    process = subprocess.Popen(command, cwd="/", env=os.environ | {"OMP_NUM_THREADS": "1"})
+    command += ["--log-level", "warning", *flags]
+    env = os.environ | ONE_THREAD
+    process = subprocess.Popen(_pinned(setup.worker_core, command), cwd="/", env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None:
-                raise RuntimeError(f"worker exited with {process.returncode}")
-            time.sleep(0.1)  # polling a process we do not control: no event to wait on
+        asyncio.run(_wait_ready(url, process))
         yield url
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+async def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(f"{url}/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if process.poll() is not None:
+                raise RuntimeError(f"worker exited with {process.returncode}")
+            await asyncio.sleep(0.1)  # polling a process we do not control: no event to wait on
+    raise RuntimeError("worker not ready within 120 s")
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -82,135 +121,256 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _one(
-    client: httpx.AsyncClient, path: str, body: dict[str, object], stream: bool
-) -> tuple[int, float, float | None]:
-    started = time.perf_counter()
-    if not stream:
-        response = await client.post(path, json=body)
-        return response.status_code, time.perf_counter() - started, None
+    session: aiohttp.ClientSession, url: str, body: dict[str, object], due: float
+) -> tuple[int, float, float | None, float]:
+    lag = time.perf_counter() - due
     first: float | None = None
-    async with client.stream("POST", path, json=body) as response:
-        async for line in response.aiter_lines():
-            if first is None and line.startswith("data: "):
-                first = time.perf_counter() - started
-    return response.status_code, time.perf_counter() - started, first
+    async with session.post(url, json=body) as response:
+        if body.get("stream"):
+            async for line in response.content:
+                if first is None and line.startswith(b"data: "):
+                    first = time.perf_counter() - due
+        else:
+            await response.read()
+    return response.status, time.perf_counter() - due, first, lag
 
 
-async def offer(
-    url: str, path: str, bodies: list[dict[str, object]], rate: float, seed: int, stream: bool
-) -> Run:
+async def offer(url: str, bodies: list[dict[str, object]], rate: float, seed: int) -> Run:
     """Send ``bodies`` at Poisson arrivals of ``rate`` per second, whatever the answers."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tasks = []
-        start = time.perf_counter()
-        due = start
+        start = due = time.perf_counter()
         for body in bodies:
             due += rng.expovariate(rate)
             await asyncio.sleep(max(0.0, due - time.perf_counter()))  # the arrival schedule
-            tasks.append(asyncio.create_task(_one(client, path, body, stream)))
+            tasks.append(asyncio.create_task(_one(session, url, body, due)))
         results = await asyncio.gather(*tasks, return_exceptions=True)
         elapsed = time.perf_counter() - start
     done = [r for r in results if not isinstance(r, BaseException)]
     ok = [r for r in done if r[0] == 200]
+    refused = sum(1 for r in done if r[0] == 429)
     latencies = [r[1] for r in ok]
     firsts = [r[2] for r in ok if r[2] is not None]
+    nan = float("nan")
     return Run(
+        offered=rate,
         throughput=len(ok) / elapsed,
-        p50=_quantile(latencies, 0.5) if ok else float("nan"),
-        p99=_quantile(latencies, 0.99) if ok else float("nan"),
+        p50=_quantile(latencies, 0.5) if ok else nan,
+        p99=_quantile(latencies, 0.99) if ok else nan,
         ttft_p99=_quantile(firsts, 0.99) if firsts else None,
+        lag_p99=_quantile([r[3] for r in done], 0.99) if done else nan,
         ok=len(ok),
-        refused=sum(1 for r in done if r[0] == 429),
-        failed=len(results) - len(ok) - sum(1 for r in done if r[0] == 429),
+        refused=refused,
+        failed=len(results) - len(ok) - refused,
     )
 
 
-def _summary(runs: list[Run], field: str) -> str:
-    values = [getattr(r, field) for r in runs]
-    scale = 1000 if field != "throughput" else 1
+# -- 0. model cost --------------------------------------------------------------------
+
+
+def model_cost(setup: Setup, batch_sizes: list[int]) -> None:
+    """Time the models directly, in a child pinned to the worker's core."""
+    command = [sys.executable, os.path.abspath(__file__), "--cost-child", *map(str, batch_sizes)]
+    for size, kind in ((setup.embed_size, "embed"), (setup.gen_size, "generate")):
+        env = os.environ | ONE_THREAD | {"BENCH_SIZE": " ".join(size), "BENCH_KIND": kind}
+        subprocess.run(_pinned(setup.worker_core, command), check=True, cwd="/", env=env)
+
+
+def _cost_child(batch_sizes: list[int]) -> None:
+    from gpuscope.worker.backends import numpy_models
+    from gpuscope.worker.config import parse_config
+
+    size, kind = os.environ["BENCH_SIZE"].split(), os.environ["BENCH_KIND"]
+    embedding, generator = numpy_models(parse_config(size, {}))
+
+    def timed(fn: Callable[[], object], rounds: int) -> list[float]:
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return times
+
+    for n in batch_sizes:
+        row: dict[str, object] = {"model": kind, "size": " ".join(size), "batch": n}
+        if kind == "embed":
+            texts = [list(f"request {i} ".encode()) * 8 for i in range(n)]
+            times = timed(functools.partial(embedding.embed, texts), 11)[1:]
+            row["ms"] = _spread(times, 1000)
+            row["ms_per_request"] = round(statistics.median(times) * 1000 / n, 2)
+        else:
+            states = [generator.start(list(f"story {i}".encode())) for i in range(n)]
+            prefill = timed(functools.partial(generator.step, states), 1)
+            decode = timed(functools.partial(generator.step, states), 32)
+            row["prefill_ms"] = round(prefill[0] * 1000, 2)
+            row["decode_ms_at_context_10_to_42"] = _spread(decode, 1000)
+            row["decode_ms_per_sequence"] = round(statistics.median(decode) * 1000 / n, 3)
+        print(json.dumps(row, ensure_ascii=False), flush=True)
+
+
+# -- 1. embeddings: none vs dynamic -----------------------------------------------------
+
+
+def _spread(values: Sequence[float], scale: float = 1.0) -> str:
     med = statistics.median(values) * scale
     return f"{med:.1f} ({min(values) * scale:.1f}–{max(values) * scale:.1f})"
 
 
-def embeddings(repeats: int, seconds: float, rates: list[float]) -> list[dict[str, object]]:
-    rows = []
+def _passes(run: Run, bound_s: float) -> bool:
+    return run.refused == 0 and run.failed == 0 and run.p99 <= bound_s
+
+
+def embeddings(setup: Setup, args: argparse.Namespace) -> None:
+    rates = [float(r) for r in args.rates.split(",")]
+    bound_s = args.p99_bound_ms / 1000
     for mode in ("none", "dynamic"):
-        flags = ["--batching", mode, "--max-batch-size", "16", "--max-queue-delay-ms", "5"]
-        flags += ["--max-queue", "64", "--serve", "embeddings"]
-        with worker(flags) as url:
-            for rate in rates:
-                count = int(rate * seconds)
-                bodies: list[dict[str, object]] = [
-                    {"model": MODEL, "input": f"request {i} " * 8} for i in range(count)
+        flags = ["--batching", mode, "--max-batch-size", str(args.max_batch_size)]
+        flags += ["--max-queue-delay-ms", str(args.window_ms), "--max-queue", "256"]
+        flags += ["--serve", "embeddings", *setup.embed_size]
+        rows: list[list[Run]] = []
+        with worker(setup, flags) as url:
+            warm = _embedding_bodies(50, 0)
+            asyncio.run(offer(f"{url}/v1/embeddings", warm, 50, 0))
+            for rate in rates:  # the ladder, until no repeat of a rate meets the bound
+                bodies = [
+                    _embedding_bodies(int(rate * args.seconds), r) for r in range(args.repeats)
                 ]
                 runs = [
-                    asyncio.run(offer(url, "/v1/embeddings", bodies, rate, seed, False))
-                    for seed in range(repeats)
+                    asyncio.run(offer(f"{url}/v1/embeddings", bodies[r], rate, r))
+                    for r in range(args.repeats)
                 ]
-                rows.append(_row(f"embeddings {mode}", rate, runs))
-    return rows
-
-
-def completions(repeats: int, seconds: float, rate: float) -> list[dict[str, object]]:
-    rows = []
-    rng = random.Random(7)
-    count = int(rate * seconds)
-    # Mixed output lengths: the short ones are what static batching makes wait.
-    bodies: list[dict[str, object]] = [
-        {
-            "model": MODEL,
-            "prompt": f"story {i}",
-            "max_tokens": rng.choice([8, 16, 32, 64, 128]),
-            "stream": True,
+                rows.append(runs)
+                _print_row(f"embeddings {mode}", runs, sum(_passes(r, bound_s) for r in runs))
+                if not any(_passes(r, bound_s) for r in runs):
+                    break
+        # Max sustainable: the highest rate whose median p99 meets the bound, with
+        # nothing refused or failed in any repeat.
+        good = [
+            runs
+            for runs in rows
+            if statistics.median(r.p99 for r in runs) <= bound_s
+            and not any(r.refused or r.failed for r in runs)
+        ]
+        best = good[-1] if good else []
+        summary = {
+            "config": f"embeddings {mode}",
+            "p99_bound_ms": args.p99_bound_ms,
+            "max_sustainable_offered_rps": best[0].offered if best else None,
+            "throughput_rps": _spread([r.throughput for r in best]) if best else None,
+            "p99_ms": _spread([r.p99 for r in best], 1000) if best else None,
         }
+        print(json.dumps(summary, ensure_ascii=False), flush=True)
+
+
+def _embedding_bodies(count: int, repeat: int) -> list[dict[str, object]]:
+    # base64, as OpenAI's own client asks by default: the worker does not spend its
+    # core printing floats as JSON text.
+    return [
+        {"model": MODEL, "input": f"request {repeat} {i} " * 8, "encoding_format": "base64"}
         for i in range(count)
     ]
+
+
+# -- 2. completions: static vs continuous ---------------------------------------------
+
+
+def completions(setup: Setup, args: argparse.Namespace) -> None:
+    for rate in [float(r) for r in args.completion_rates.split(",")]:
+        _completions_at(setup, args, rate)
+
+
+def _completions_at(setup: Setup, args: argparse.Namespace, rate: float) -> None:
+    count = int(rate * args.completion_seconds)
+    rng = random.Random(7)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    workloads = {
+        f"equal {args.equal_length}": [args.equal_length] * count,
+        f"variable {args.lengths}": [rng.choice(lengths) for _ in range(count)],
+    }
     for mode in ("static", "continuous"):
-        flags = ["--batching", mode, "--max-batch-size", "16", "--max-queue", "512"]
-        flags += ["--serve", "completions", "--hidden-size", "256", "--layers", "2"]
-        with worker(flags) as url:
-            runs = [
-                asyncio.run(offer(url, "/v1/completions", bodies, rate, seed, True))
-                for seed in range(repeats)
-            ]
-        rows.append(_row(f"completions {mode}", rate, runs))
-    return rows
+        flags = ["--batching", mode, "--max-batch-size", str(args.gen_batch_size)]
+        flags += ["--max-queue", "1024", "--serve", "completions", *setup.gen_size]
+        with worker(setup, flags) as url:
+            warm = _completion_bodies([16] * 20)
+            asyncio.run(offer(f"{url}/v1/completions", warm, 20, 0))
+            for name, max_tokens in workloads.items():
+                bodies = _completion_bodies(max_tokens)
+                runs = [
+                    asyncio.run(offer(f"{url}/v1/completions", bodies, rate, seed))
+                    for seed in range(args.repeats)
+                ]
+                _print_row(f"completions {mode}, {name}", runs)
 
 
-def _row(name: str, rate: float, runs: list[Run]) -> dict[str, object]:
+def _completion_bodies(max_tokens: list[int]) -> list[dict[str, object]]:
+    return [
+        {"model": MODEL, "prompt": f"story {i}", "max_tokens": n, "stream": True}
+        for i, n in enumerate(max_tokens)
+    ]
+
+
+def _print_row(name: str, runs: list[Run], passed: int | None = None) -> None:
     row: dict[str, object] = {
         "config": name,
-        "offered_rps": rate,
-        "throughput_rps": _summary(runs, "throughput"),
-        "p50_ms": _summary(runs, "p50"),
-        "p99_ms": _summary(runs, "p99"),
-        "ok": sum(r.ok for r in runs),
-        "429": sum(r.refused for r in runs),
-        "failed": sum(r.failed for r in runs),
+        "offered_rps": runs[0].offered,
+        "throughput_rps": _spread([r.throughput for r in runs]),
+        "p50_ms": _spread([r.p50 for r in runs], 1000),
+        "p99_ms": _spread([r.p99 for r in runs], 1000),
     }
     if all(r.ttft_p99 is not None for r in runs):
-        row["ttft_p99_ms"] = _summary(runs, "ttft_p99")
-    print(json.dumps(row), flush=True)
-    return row
+        row["ttft_p99_ms"] = _spread([r.ttft_p99 or 0.0 for r in runs], 1000)
+    row["client_lag_p99_ms"] = _spread([r.lag_p99 for r in runs], 1000)
+    row.update(
+        repeats=len(runs),
+        ok=sum(r.ok for r in runs),
+        refused_429=sum(r.refused for r in runs),
+        failed=sum(r.failed for r in runs),
+    )
+    if passed is not None:
+        row["within_bound"] = f"{passed}/{len(runs)}"
+    print(json.dumps(row, ensure_ascii=False), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--rates", default="20,60,120", help="embeddings: offered req/s")
-    parser.add_argument("--completion-rate", type=float, default=8.0)
-    parser.add_argument("--only", choices=["embeddings", "completions"])
+    parser.add_argument("--seconds", type=float, default=3.0, help="embeddings: per rate")
+    parser.add_argument("--rates", default="100,125,140,160,200,250,300,350,400,450,500,600")
+    parser.add_argument("--p99-bound-ms", type=float, default=100.0)
+    parser.add_argument("--max-batch-size", type=int, default=32, help="embeddings")
+    parser.add_argument("--gen-batch-size", type=int, default=16, help="completions")
+    parser.add_argument("--window-ms", type=float, default=5.0, help="dynamic batching window")
+    parser.add_argument("--embed-size", default="--hidden-size 1024 --layers 4")
+    parser.add_argument("--gen-size", default="--hidden-size 256 --layers 2")
+    parser.add_argument("--completion-rates", default="30,60", help="completions: req/s")
+    parser.add_argument("--completion-seconds", type=float, default=6.0)
+    parser.add_argument("--equal-length", type=int, default=64)
+    parser.add_argument("--lengths", default="8,16,32,64,128")
+    parser.add_argument("--worker-core", type=int, default=1)
+    parser.add_argument("--client-core", type=int, default=0)
+    parser.add_argument("--only", choices=["cost", "embeddings", "completions"])
     args = parser.parse_args(argv)
-    if args.only != "completions":
-        rates = [float(r) for r in args.rates.split(",")]
-        embeddings(args.repeats, args.seconds, rates)
-    if args.only != "embeddings":
-        completions(args.repeats, args.seconds, args.completion_rate)
+    setup = Setup(
+        args.worker_core,
+        args.client_core,
+        tuple(args.embed_size.split()),
+        tuple(args.gen_size.split()),
+    )
+    os.sched_setaffinity(0, {setup.client_core})
+    if args.only in (None, "cost"):
+        model_cost(setup, [1, 2, 4, 8, 16, 32])
+    if args.only in (None, "embeddings"):
+        embeddings(setup, args)
+    if args.only in (None, "completions"):
+        completions(setup, args)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    if sys.argv[1:2] == ["--cost-child"]:
+        _cost_child([int(n) for n in sys.argv[2:]])
+    else:
+        raise SystemExit(main())

@@ -124,7 +124,11 @@ class NumpyEmbeddingMLP:
 
 @dataclass
 class NumpySequence:
-    """One sequence's state: its tokens so far and its key/value cache per layer."""
+    """One sequence's state: its prompt, its length so far and its key/value cache.
+
+    The cache holds ``length`` rows per layer in arrays that grow by doubling, so
+    appending a token copies nothing in the common case.
+    """
 
     prompt: list[int]
     last_token: int = BOS_TOKEN
@@ -136,15 +140,37 @@ class NumpySequence:
     def started(self) -> bool:
         return self.length > 0
 
+    def append(self, layer: int, keys: FloatArray, values: FloatArray) -> None:
+        """Add ``len(keys)`` rows at position ``length`` of ``layer``'s cache."""
+        end = self.length + len(keys)
+        if layer == len(self.keys):
+            capacity = max(16, 2 * end)
+            self.keys.append(np.empty((capacity, keys.shape[1]), dtype=np.float32))
+            self.values.append(np.empty((capacity, keys.shape[1]), dtype=np.float32))
+        elif end > len(self.keys[layer]):
+            self.keys[layer] = _grown(self.keys[layer], self.length, 2 * end)
+            self.values[layer] = _grown(self.values[layer], self.length, 2 * end)
+        self.keys[layer][self.length : end] = keys
+        self.values[layer][self.length : end] = values
+
+
+def _grown(cache: FloatArray, used: int, capacity: int) -> FloatArray:
+    grown = np.empty((capacity, cache.shape[1]), dtype=np.float32)
+    grown[:used] = cache[:used]
+    return grown
+
 
 class NumpyTokenGenerator:
     """A small decoder: single-head causal attention with a KV cache plus an MLP per layer.
 
-    Decoding batches every running sequence into one matrix product per weight,
-    so each weight matrix is read once per iteration however many sequences run;
-    attention runs per sequence against its own cache. Tokens are chosen greedily,
-    so the output is deterministic; the end-of-sequence token is never chosen, so
-    a request gets exactly ``max_tokens`` tokens (what a benchmark wants).
+    Every iteration is one pass through the weights for all its tokens: the prompt
+    tokens of sequences that start (prefill) and the last token of running ones
+    (decode) are stacked into one matrix, so each weight matrix is read once per
+    iteration however many sequences run or join (what an accelerator's packed,
+    "mixed" batches do); attention runs per sequence against its own cache. Tokens
+    are chosen greedily, so the output is deterministic; the end-of-sequence token is
+    never chosen, so a request gets exactly ``max_tokens`` tokens (what a benchmark
+    wants).
     """
 
     def __init__(
@@ -181,52 +207,49 @@ class NumpyTokenGenerator:
 
     def step(self, sequences: Sequence[object]) -> list[int]:
         states = [_as_sequence(s) for s in sequences]
-        fresh = [s for s in states if not s.started]
-        running = [s for s in states if s.started]
-        if fresh:
-            self._prefill(fresh)
-        if running:
-            self._decode(running)
-        return [s.last_token for s in states]
-
-    def _prefill(self, states: list[NumpySequence]) -> None:
-        # Each prompt has its own length: one causal pass per sequence.
+        if not states:
+            return []
+        tokens: list[int] = []
+        positions: list[int] = []
+        spans: list[tuple[int, int]] = []  # each sequence's rows in the packed matrix
         for state in states:
-            tokens = np.asarray(state.prompt) % self.vocab_size
-            x = self.table[tokens] + self.positions[: len(tokens)]
-            for qkv_w, out_w, up, down in self.layers:
-                q, k, v = np.split(_layer_norm(x) @ qkv_w, 3, axis=1)
-                state.keys.append(k)
-                state.values.append(v)
-                scores = (q @ k.T) / np.sqrt(self.hidden_size)
-                scores += np.triu(np.full(scores.shape, -1e9, dtype=np.float32), 1)
-                x = x + _softmax(scores) @ v @ out_w
-                x = x + _gelu(_layer_norm(x) @ up) @ down
-            state.length = len(tokens)
-            state.last_token = self._choose(x[-1:])[0]
-
-    def _decode(self, states: list[NumpySequence]) -> None:
-        tokens = np.asarray([s.last_token for s in states]) % self.vocab_size
-        positions = np.asarray([min(s.length, self._max_context - 1) for s in states])
-        x = self.table[tokens] + self.positions[positions]
+            new = [state.last_token] if state.started else state.prompt
+            first = min(state.length, self._max_context - 1)
+            spans.append((len(tokens), len(tokens) + len(new)))
+            tokens.extend(new)
+            positions.extend(min(first + i, self._max_context - 1) for i in range(len(new)))
+        x = self.table[np.asarray(tokens) % self.vocab_size] + self.positions[positions]
+        scale = np.float32(1.0 / np.sqrt(self.hidden_size))
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = np.split(_layer_norm(x) @ qkv_w, 3, axis=1)
             mixed = np.empty_like(q)
-            for row, state in enumerate(states):
-                keys = np.vstack([state.keys[layer], k[row : row + 1]])
-                values = np.vstack([state.values[layer], v[row : row + 1]])
-                state.keys[layer], state.values[layer] = keys, values
-                weights = _softmax((keys @ q[row]) / np.sqrt(self.hidden_size))
-                mixed[row] = weights @ values
+            for state, (begin, end) in zip(states, spans, strict=True):
+                state.append(layer, k[begin:end], v[begin:end])
+                mixed[begin:end] = _attend(state, layer, q[begin:end], scale)
             x = x + mixed @ out_w
             x = x + _gelu(_layer_norm(x) @ up) @ down
-        for state, token in zip(states, self._choose(x), strict=True):
-            state.length += 1
+        last_rows = [end - 1 for _, end in spans]
+        for state, (begin, end), token in zip(
+            states, spans, self._choose(x[last_rows]), strict=True
+        ):
+            state.length += end - begin
             state.last_token = token
+        return [s.last_token for s in states]
 
     def _choose(self, hidden: FloatArray) -> list[int]:
         logits = _layer_norm(hidden) @ self.unembed
         return [int(t) for t in np.argmax(logits, axis=1)]
+
+
+def _attend(state: NumpySequence, layer: int, queries: FloatArray, scale: np.float32) -> FloatArray:
+    """Causal attention of the ``len(queries)`` newest positions over the sequence's cache."""
+    end = state.length + len(queries)
+    keys, values = state.keys[layer][:end], state.values[layer][:end]
+    scores = (queries @ keys.T) * scale
+    if len(queries) > 1:  # prefill: no query sees a later position
+        scores += np.triu(np.full(scores.shape, -1e9, dtype=np.float32), 1 + state.length)
+    result: FloatArray = _softmax(scores) @ values
+    return result
 
 
 def _softmax(x: FloatArray) -> FloatArray:

@@ -1,4 +1,4 @@
-"""The synthetic models on PyTorch (CUDA), imported only when ``--device`` picks torch.
+"""The synthetic models on PyTorch (CUDA; CPU in tests), imported only when ``--device`` picks it.
 
 The weights are the NumPy models' (same seed, same numbers), moved to the device.
 Every call ends with ``torch.cuda.synchronize()`` and a copy to the host, so the
@@ -86,9 +86,28 @@ class TorchSequence:
     keys: list[Any] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
 
+    def append(self, layer: int, keys: Any, values: Any) -> None:
+        """Add rows at position ``length`` of ``layer``'s cache (grown by doubling)."""
+        end = self.length + len(keys)
+        if layer == len(self.keys):
+            shape = (max(16, 2 * end), keys.shape[1])
+            self.keys.append(keys.new_empty(shape))
+            self.values.append(values.new_empty(shape))
+        elif end > len(self.keys[layer]):
+            self.keys[layer] = _grown(self.keys[layer], self.length, 2 * end)
+            self.values[layer] = _grown(self.values[layer], self.length, 2 * end)
+        self.keys[layer][self.length : end] = keys
+        self.values[layer][self.length : end] = values
+
+
+def _grown(cache: Any, used: int, capacity: int) -> Any:
+    grown = cache.new_empty((capacity, cache.shape[1]))
+    grown[:used] = cache[:used]
+    return grown
+
 
 class TorchTokenGenerator:
-    """``NumpyTokenGenerator``'s decoder on a torch device."""
+    """``NumpyTokenGenerator``'s decoder on a torch device: one packed pass per iteration."""
 
     def __init__(self, reference: NumpyTokenGenerator, device: Any) -> None:
         self.device = device
@@ -116,49 +135,41 @@ class TorchTokenGenerator:
         states = [s for s in sequences if isinstance(s, TorchSequence)]
         if len(states) != len(sequences):
             raise TypeError("not a sequence of this model")
-        fresh = [s for s in states if s.length == 0]
-        running = [s for s in states if s.length > 0]
-        for state in fresh:
-            self._prefill(state)
-        if running:
-            self._decode(running)
-        _sync(self.device)
-        return [s.last_token for s in states]
-
-    def _prefill(self, state: TorchSequence) -> None:
-        tokens = torch.as_tensor(state.prompt, device=self.device) % self.vocab_size
-        x = self.table[tokens] + self.positions[: len(state.prompt)]
-        scale = self.hidden_size**0.5
-        mask = torch.triu(torch.full((len(tokens), len(tokens)), -1e9, device=self.device), 1)
-        for qkv_w, out_w, up, down in self.layers:
-            q, k, v = (_layer_norm(x) @ qkv_w).chunk(3, dim=1)
-            state.keys.append(k)
-            state.values.append(v)
-            x = x + torch.softmax(q @ k.T / scale + mask, dim=-1) @ v @ out_w
-            x = x + _gelu(_layer_norm(x) @ up) @ down
-        state.length = len(state.prompt)
-        state.last_token = int(self._choose(x[-1:])[0])
-
-    def _decode(self, states: list[TorchSequence]) -> None:
-        tokens = torch.as_tensor([s.last_token for s in states], device=self.device)
-        positions = torch.as_tensor(
-            [min(s.length, self._max_context - 1) for s in states], device=self.device
-        )
-        x = self.table[tokens % self.vocab_size] + self.positions[positions]
-        scale = self.hidden_size**0.5
+        if not states:
+            return []
+        tokens: list[int] = []
+        positions: list[int] = []
+        spans: list[tuple[int, int]] = []  # each sequence's rows in the packed matrix
+        for state in states:
+            new = [state.last_token] if state.length > 0 else state.prompt
+            first = min(state.length, self._max_context - 1)
+            spans.append((len(tokens), len(tokens) + len(new)))
+            tokens.extend(new)
+            positions.extend(min(first + i, self._max_context - 1) for i in range(len(new)))
+        token_ids = torch.as_tensor(tokens, device=self.device) % self.vocab_size
+        x = self.table[token_ids] + self.positions[torch.as_tensor(positions, device=self.device)]
+        scale = 1.0 / self.hidden_size**0.5
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = (_layer_norm(x) @ qkv_w).chunk(3, dim=1)
-            mixed = []
-            for row, state in enumerate(states):
-                state.keys[layer] = torch.cat([state.keys[layer], k[row : row + 1]])
-                state.values[layer] = torch.cat([state.values[layer], v[row : row + 1]])
-                weights = torch.softmax(state.keys[layer] @ q[row] / scale, dim=-1)
-                mixed.append(weights @ state.values[layer])
-            x = x + torch.stack(mixed) @ out_w
+            mixed = torch.empty_like(q)
+            for state, (begin, end) in zip(states, spans, strict=True):
+                state.append(layer, k[begin:end], v[begin:end])
+                mixed[begin:end] = self._attend(state, layer, q[begin:end], scale)
+            x = x + mixed @ out_w
             x = x + _gelu(_layer_norm(x) @ up) @ down
-        for state, token in zip(states, self._choose(x).tolist(), strict=True):
-            state.length += 1
+        last_rows = torch.as_tensor([end - 1 for _, end in spans], device=self.device)
+        chosen = torch.argmax(_layer_norm(x[last_rows]) @ self.unembed, dim=1)
+        _sync(self.device)
+        for state, (begin, end), token in zip(states, spans, chosen.cpu().tolist(), strict=True):
+            state.length += end - begin
             state.last_token = int(token)
+        return [s.last_token for s in states]
 
-    def _choose(self, hidden: Any) -> Any:
-        return torch.argmax(_layer_norm(hidden) @ self.unembed, dim=1).cpu()
+    def _attend(self, state: TorchSequence, layer: int, queries: Any, scale: float) -> Any:
+        end = state.length + len(queries)
+        keys, values = state.keys[layer][:end], state.values[layer][:end]
+        scores = (queries @ keys.T) * scale
+        if len(queries) > 1:  # prefill: no query sees a later position
+            mask = torch.full(scores.shape, -1e9, device=self.device)
+            scores = scores + torch.triu(mask, 1 + state.length)
+        return torch.softmax(scores, dim=-1) @ values

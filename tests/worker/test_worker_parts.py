@@ -70,6 +70,26 @@ def test_worker_models_are_seeded_and_batch_invariant() -> None:
     assert solo_tokens == joint_tokens  # greedy decoding, unaffected by batch mates
 
 
+def test_worker_generator_packs_prefill_with_decode_and_grows_its_cache() -> None:
+    """Sequences that join a running batch (their prefill packed with the others'
+    decode, as under continuous batching) change no one's tokens, past cache growth."""
+    _, generator = numpy_models(SMALL)
+    prompts = [[5, 6, 7], list(range(40, 70)), [9]]
+    alone = []
+    for prompt in prompts:
+        state = generator.start(prompt)
+        alone.append([generator.step([state])[0] for _ in range(40)])
+    states: list[object] = []
+    together: list[list[int]] = [[] for _ in prompts]
+    for iteration in range(40 + 2 * 5):
+        if iteration % 5 == 0 and len(states) < len(prompts):  # a newcomer every 5 steps
+            states.append(generator.start(prompts[len(states)]))
+        live = [i for i in range(len(states)) if len(together[i]) < 40]
+        for i, token in zip(live, generator.step([states[i] for i in live]), strict=True):
+            together[i].append(token)
+    assert together == alone
+
+
 def test_worker_embeddings_base64_matches_float() -> None:
     request = protocol.EmbeddingsRequest(((1, 2),), base64=True, dimensions=None)
     vectors = np.asarray([[0.5, -0.25]], dtype=np.float32)
