@@ -11,21 +11,32 @@ Run it as a script, not with ``-m`` from the repository root (there the repo's o
 2. render: ``/metrics`` text for 8 simulated GPUs plus 200 histogram label sets,
    against ``prometheus_client.generate_latest`` of an equivalent registry built
    from prometheus_client ``Histogram`` objects, in the same run.
-3. memory: resident set size while 10 million spans over 2,000 label sets go in.
+3. memory: resident set size while 10 million spans over 2,000 label sets go in,
+   through the aggregator in this process.
+4. server-memory: the same spans posted over HTTP to a real ``gpuscope exporter``
+   process (8 simulated GPUs, scraped as it goes); the child's RSS is read from
+   ``/proc``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import gc
 import random
 import resource
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
+import aiohttp
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -255,11 +266,70 @@ def bench_memory(total_spans: int) -> None:
         print(f"after {spans:>11,} spans: RSS {rss:7.1f} MiB, duration label sets {series:,}")
 
 
+def _child_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+async def _post_all(url: str, bodies: Sequence[bytes], senders: int) -> None:
+    headers = {"Content-Type": "application/x-protobuf"}
+    async with aiohttp.ClientSession() as session:
+
+        async def send(share: Sequence[bytes]) -> None:
+            for body in share:
+                async with session.post(url, data=body, headers=headers) as response:
+                    if response.status != 200:
+                        raise RuntimeError(f"exporter answered {response.status}")
+                    await response.read()
+
+        await asyncio.gather(*(send(bodies[i::senders]) for i in range(senders)))
+
+
+def bench_server_memory(total_spans: int) -> None:
+    uuids = tuple(f"GPU-{i:04d}" for i in range(167))
+    bodies = list(encoded_batches(512 * 200, gpu_uuids=uuids))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "gpuscope", "exporter", "--listen", f"127.0.0.1:{port}"]
+    command += ["--gpu-source", "simulated", "--simulated-gpus", "8", "--max-series", "2500"]
+    command += ["--log-level", "warning"]
+    child = subprocess.Popen(command)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):  # a child process gives no readiness event to wait on
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(base + "/readyz", timeout=1).close()
+                break
+            time.sleep(0.1)
+        done, passes, started = 0, 0, time.perf_counter()
+        print(f"exporter pid {child.pid}: RSS {_child_rss_mib(child.pid):7.1f} MiB at start")
+        while done < total_spans:
+            asyncio.run(_post_all(base + "/v1/traces", bodies, senders=2))
+            done += 512 * len(bodies)
+            passes += 1
+            scrape = urllib.request.urlopen(base + "/metrics", timeout=30).read()
+            rate = done / (time.perf_counter() - started)
+            if passes % 10 and done < total_spans and passes > 1:
+                continue
+            print(
+                f"after {done:>11,} spans: RSS {_child_rss_mib(child.pid):7.1f} MiB, "
+                f"/metrics {len(scrape):,} bytes, {rate:,.0f} spans/s over HTTP",
+                flush=True,
+            )
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=30)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--memory-spans", type=int, default=10_000_000)
-    parser.add_argument("--only", choices=("ingest", "render", "memory"))
+    parser.add_argument("--only", choices=("ingest", "render", "memory", "server-memory"))
     args = parser.parse_args(argv)
     print(f"python {sys.version.split()[0]}")
     if args.only in (None, "ingest"):
@@ -268,6 +338,8 @@ def main(argv: list[str]) -> int:
         bench_render(args.runs * 5)
     if args.only in (None, "memory"):
         bench_memory(args.memory_spans)
+    if args.only in (None, "server-memory"):
+        bench_server_memory(args.memory_spans)
     return 0
 
 
