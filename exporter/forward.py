@@ -91,6 +91,9 @@ class OtlpForwarder:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("forwarding to %s failed: %s", self.url, exc)
             ok = False
+        except asyncio.CancelledError:  # stop() gave up on it mid-send
+            self.metrics.forward_spans_dropped["shutdown"] += export.spans
+            raise
         if ok:
             self.metrics.forward_spans_sent += export.spans
         else:

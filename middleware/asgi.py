@@ -135,6 +135,7 @@ class _Exchange:
     @classmethod
     def begin(cls, middleware: GpuscopeMiddleware, scope: Scope) -> _Exchange:
         timeline = RequestTimeline()
+        timeline.service_name = middleware.service_name
         try:
             span = cls._start_span(middleware, scope, timeline)
         except Exception as exc:
@@ -183,7 +184,8 @@ class _Exchange:
     def wrap_send(self, send: Send) -> Send:
         async def send_and_watch(message: Message) -> None:
             kind = message["type"]
-            if kind == "http.response.start":
+            if kind == "http.response.start" and self.status is None:
+                # A buggy app's second start never reaches the client: keep the first.
                 self.status = message["status"]
             try:
                 await send(message)

@@ -149,6 +149,11 @@ class Batch:
             attributes[attr.GPU_UUID] = recorder.gpu_uuid
         if recorder.model is not None:
             attributes[attr.GEN_AI_REQUEST_MODEL] = recorder.model
+        # Members served under a middleware ``service_name=`` are labelled with it by the
+        # exporter; the batch follows them when they agree, as its own resource would not.
+        services = {member.service_name for member in self.members}
+        if len(services) == 1 and (service := services.pop()) is not None:
+            attributes[attr.SERVICE_NAME] = service
         links = [
             Link(member.span_context)
             for member in self.members

@@ -7,7 +7,8 @@ from its own task or thread. Marks are ``perf_counter_ns()`` readings taken in
 this process; durations are only ever computed between marks of one process.
 
 Marks never raise. A mark that is set twice keeps its first value; a mark set
-after a later one (``admitted`` after ``dispatched``, say) is ignored and counted
+after a later one (``admitted`` after ``dispatched``, say), or dated before an
+earlier one, is ignored and counted
 in ``gpuscope.middleware.stats`` as ``marks_out_of_order``, and a mark set after
 the response finished is counted as ``marks_after_finish``.
 """
@@ -76,6 +77,7 @@ class RequestTimeline:
         "operation",
         "output_tokens",
         "route",
+        "service_name",
         "span_context",
     )
 
@@ -94,6 +96,8 @@ class RequestTimeline:
         self.batch_size: int | None = None
         self.gpu_uuid: str | None = None
         self.route: str | None = None
+        # The middleware's ``service_name=``, for the batch spans this request rides in.
+        self.service_name: str | None = None
         # The server span of this request, for the batch span's links.
         self.span_context: SpanContext | None = None
 
@@ -133,10 +137,20 @@ class RequestTimeline:
             return
         for later in range(index + 1, FINISHED):
             if marks[later] != _UNSET:
-                self.ignored_marks += 1
-                stats.count("marks_out_of_order")
+                self._ignore()
+                return
+        # Dated before an earlier mark (a clock read on another thread before the earlier
+        # mark was set): keeping it would make a phase negative, and the exporter drops
+        # a span with a negative duration whole.
+        for earlier in range(index):
+            if marks[earlier] > now_ns:
+                self._ignore()
                 return
         marks[index] = now_ns
+
+    def _ignore(self) -> None:
+        self.ignored_marks += 1
+        stats.count("marks_out_of_order")
 
     def finish(self, now_ns: int) -> bool:
         """Set ``finished``; returns False if the request had already finished."""

@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+# A field entry's nvmlReturn that means this driver or device lacks the field
+# (INVALID_ARGUMENT: an id the driver does not know).
+_FIELDS_MISSING = (
+    "NVML_ERROR_INVALID_ARGUMENT",
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+)
+
 # c_nvmlValue_t member for each NVML_VALUE_TYPE_*
 _VALUE_MEMBER = {
     0: "dVal",
@@ -57,9 +65,16 @@ class PcieByteCounter:
             entries = nvml.nvmlDeviceGetFieldValues(self._handle, ids)
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
             return None
+        missing = {getattr(nvml, name) for name in _FIELDS_MISSING}
         for entry in entries:
-            if entry.nvmlReturn == nvml.NVML_ERROR_GPU_IS_LOST:
-                raise nvml.NVMLError(nvml.NVML_ERROR_GPU_IS_LOST)
+            status = entry.nvmlReturn
+            if status in missing:
+                return None
+            if status != nvml.NVML_SUCCESS:
+                # A lost GPU, a driver failure or a one-off error: classified by the
+                # caller like any other call's error. Only missing fields mean the
+                # estimate, for good, and switching to it would restart the counter.
+                raise nvml.NVMLError(status)
         tx, rx = (field_value(nvml, entry) for entry in entries)
         return None if tx is None or rx is None else (tx, rx)
 

@@ -78,21 +78,21 @@ class GpuPoller:
         """One round: sample, time it, publish the new snapshot."""
         started = self._timer()
         previous = self._snapshot
+        health: list[CollectorRun] = []
         try:
             readings = tuple(self.source.sample())
+            devices = tuple(self.source.devices())
+            if isinstance(self.source, ReportsCollectorHealth):
+                health += self.source.collector_health()
             success = True
         except Exception as exc:  # a failing source is a metric, never a crash
             log.warning("GPU source %s failed: %s", self.source.name, exc)
-            readings = tuple(
-                GpuReading(index=d.index, uuid=d.uuid, up=False) for d in previous.devices
-            )
+            devices = previous.devices
+            readings = tuple(GpuReading(index=d.index, uuid=d.uuid, up=False) for d in devices)
+            health = []
             success = False
-        runs = [CollectorRun(self.source.name, success, self._timer() - started)]
-        if isinstance(self.source, ReportsCollectorHealth):
-            runs += self.source.collector_health()
-        snapshot = GpuSnapshot(
-            previous.round + 1, tuple(self.source.devices()), readings, tuple(runs)
-        )
+        runs = [CollectorRun(self.source.name, success, self._timer() - started), *health]
+        snapshot = GpuSnapshot(previous.round + 1, devices, readings, tuple(runs))
         with self._round_done:
             self._snapshot = snapshot
             self._round_done.notify_all()

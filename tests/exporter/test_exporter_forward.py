@@ -94,3 +94,19 @@ async def test_unreachable_backend_counts_failed_sends() -> None:
         assert (await post_spans(session, exporter, body))[0] == 200
     await exporter.stop()
     assert exporter.app[STATE].metrics.forward_spans_dropped["send_failed"] == 1
+
+
+async def test_an_export_in_flight_at_shutdown_is_counted_as_dropped(backend: Backend) -> None:
+    exporter = await start_exporter(
+        loopback_config(forward_otlp=backend.url, forward_timeout=30.0, shutdown_timeout=0.2)
+    )
+    body = encode([SpanFactory().server(0.01) for _ in range(3)]).SerializeToString()
+    async with aiohttp.ClientSession() as session:
+        assert (await post_spans(session, exporter, body))[0] == 200
+        await backend.arrived.wait()  # being sent; the backend never answers
+        assert (await post_spans(session, exporter, body))[0] == 200  # queued behind it
+    await exporter.stop()  # gives up on the backend after shutdown_timeout
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_sent == 0
+    # every accepted span is accounted for: 3 queued and 3 cut off mid-send
+    assert metrics.forward_spans_dropped["shutdown"] == 6

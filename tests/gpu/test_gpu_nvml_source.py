@@ -287,3 +287,36 @@ def test_gpu_that_fails_again_while_recovering_stays_down(fake_nvml: FakeNvml) -
     del fake_nvml.gpus[0].errors["nvmlGpmQueryDeviceSupport"]
     assert [r.up for r in source.sample()] == [True, True]
     source.close()
+
+
+def test_a_transient_error_in_the_pcie_fields_does_not_switch_to_estimates(
+    fake_nvml: FakeNvml,
+) -> None:
+    source = open_source(fake_nvml)
+    assert source.sample()[0].pcie_transmit_bytes_total == 1000
+    fake_nvml.gpus[0].pcie_field_return = pynvml.NVML_ERROR_UNKNOWN
+    glitch = source.sample()[0]
+    assert glitch.up and glitch.pcie_transmit_bytes_total is None  # absent this round only
+    fake_nvml.gpus[0].pcie_field_return = None
+    fake_nvml.gpus[0].pcie_tx_bytes = 3000
+    back = source.sample()[0]
+    assert (back.pcie_transmit_bytes_total, back.pcie_receive_bytes_total) == (3000, 5000)
+    assert fake_nvml.calls.get("nvmlDeviceGetPcieThroughput", 0) == 0
+    assert "pcie_bytes" not in source.notes()[0]
+    source.close()
+
+
+def test_pcie_fields_a_gpu_answers_not_supported_for_fall_back_to_estimates() -> None:
+    fake = FakeNvml([fake_gpu(0, pcie_field_return=pynvml.NVML_ERROR_NOT_SUPPORTED)])
+    source = open_source(fake)
+    source.sample()
+    assert "estimated" in source.notes()[0]["pcie_bytes"]
+    source.close()
+
+
+def test_a_lost_gpu_in_the_pcie_fields_is_a_lost_gpu(fake_nvml: FakeNvml) -> None:
+    source = open_source(fake_nvml)
+    fake_nvml.gpus[1].pcie_field_return = pynvml.NVML_ERROR_GPU_IS_LOST
+    first, second = source.sample()
+    assert first.up and not second.up
+    source.close()

@@ -65,10 +65,28 @@ def test_a_mark_that_never_happened_leaves_its_phases_absent() -> None:
 
 def test_marks_are_idempotent_the_first_value_wins() -> None:
     timeline = RequestTimeline()
-    timeline.mark_at(ENQUEUED, 10)
-    timeline.mark_at(ENQUEUED, 20)
-    assert timeline.mark_ns(ENQUEUED) == 10
+    arrived = timeline.mark_ns(ARRIVED) or 0
+    timeline.mark_at(ENQUEUED, arrived + 10)
+    timeline.mark_at(ENQUEUED, arrived + 20)
+    assert timeline.mark_ns(ENQUEUED) == arrived + 10
     assert stats.snapshot().get("marks_out_of_order", 0) == 0
+
+
+def test_a_mark_dated_before_an_earlier_mark_is_ignored_and_counted() -> None:
+    # A scheduler thread reads the clock when it takes an item, just before the handler,
+    # which queued the item first, marks ``enqueued``: admitted would precede enqueued.
+    timeline = RequestTimeline()
+    arrived = timeline.mark_ns(ARRIVED) or 0
+    timeline.mark_at(ENQUEUED, arrived + 2_000)
+    timeline.mark_at(ADMITTED, arrived + 1_000)
+    timeline.mark_at(DISPATCHED, arrived + 3_000)
+    timeline.mark_at(COMPUTED, arrived - 1)  # before the request even arrived
+    timeline.finish(arrived + 4_000)
+    assert timeline.mark_ns(ADMITTED) is None
+    assert timeline.mark_ns(COMPUTED) is None
+    assert timeline.ignored_marks == 2
+    assert stats.snapshot()["marks_out_of_order"] == 2
+    assert all(seconds >= 0 for seconds in timeline.phase_seconds().values())
 
 
 def test_a_mark_after_a_later_one_is_ignored_and_counted() -> None:

@@ -45,6 +45,7 @@ class FakeGpu:
     pcie_tx_bytes: int = 1_000
     pcie_rx_bytes: int = 5_000
     pcie_fields_supported: bool = True
+    pcie_field_return: int | None = None  # an NVML_ERROR_* in each field entry's nvmlReturn
     pcie_throughput_kib_s: tuple[int, int] = (100, 400)  # (tx, rx)
     link_generation: int = 5
     link_width: int = 16
@@ -236,7 +237,9 @@ class FakeNvml:
         }
         for slot, field_id in enumerate(fieldIds):
             values[slot].fieldId = field_id
-            if field_id in counters and gpu.pcie_fields_supported:
+            if field_id in counters and gpu.pcie_field_return is not None:
+                values[slot].nvmlReturn = gpu.pcie_field_return
+            elif field_id in counters and gpu.pcie_fields_supported:
                 values[slot].valueType = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 values[slot].value.ullVal = counters[field_id]
                 values[slot].nvmlReturn = real.NVML_SUCCESS
