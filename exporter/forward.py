@@ -94,6 +94,9 @@ class OtlpForwarder:
         except asyncio.CancelledError:  # stop() gave up on it mid-send
             self.metrics.forward_spans_dropped["shutdown"] += export.spans
             raise
+        except Exception:  # anything else must not end the sender task for good
+            log.exception("forwarding to %s failed unexpectedly", self.url)
+            ok = False
         if ok:
             self.metrics.forward_spans_sent += export.spans
         else:

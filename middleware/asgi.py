@@ -266,7 +266,12 @@ class _Exchange:
             attributes[attr.ERROR_TYPE] = type(error).__qualname__
             self.span.record_exception(error)
             self.span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-        elif status is not None and status >= 500:
+        elif status is None:
+            # The app returned without starting a response; ASGI servers answer 500.
+            status = 500
+            attributes[attr.ERROR_TYPE] = attr.NO_RESPONSE
+            self.span.set_status(Status(StatusCode.ERROR, attr.NO_RESPONSE))
+        elif status >= 500:
             attributes[attr.ERROR_TYPE] = str(status)
             self.span.set_status(Status(StatusCode.ERROR))
         if status is not None:

@@ -52,3 +52,5 @@ MARKS_IGNORED: Final = "gpuscope.marks.ignored"
 # error.type when the client went away before the last body chunk was sent.
 CLIENT_DISCONNECTED: Final = "client_disconnected"
 CLIENT_CLOSED_REQUEST_STATUS: Final = 499
+# error.type when the app returned without starting a response (the server sends 500).
+NO_RESPONSE: Final = "no_response"

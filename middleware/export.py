@@ -3,8 +3,10 @@
 ``OtlpHttpExporter`` posts OTLP/HTTP protobuf like the SDK's exporter, but encodes
 with ``otlp_encoding`` (several times cheaper per span) and retries the way the OTLP
 specification asks: on 429, 502, 503, 504 and connection errors, with exponential
-backoff (honouring ``Retry-After``), until its timeout. ``CountingExporter`` counts
-what was delivered and what was not in ``stats``, and never lets an exception out.
+backoff (honouring ``Retry-After``), until its timeout. Spans the receiver rejects in
+a ``partial_success`` are counted (``spans_rejected_by_receiver``), not retried.
+``CountingExporter`` counts what was delivered and what was not in ``stats``, and
+never lets an exception out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 import requests
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -76,6 +80,7 @@ class OtlpHttpExporter(SpanExporter):
             else:
                 if response.ok:
                     self._recovered()
+                    self._note_partial_success(response)
                     return SpanExportResult.SUCCESS
                 problem = f"HTTP {response.status_code}: {response.text[:200]}"
                 retryable = response.status_code in RETRYABLE_STATUS
@@ -85,6 +90,24 @@ class OtlpHttpExporter(SpanExporter):
                 self._failed(len(spans), problem)
                 return SpanExportResult.FAILURE
             backoff = min(backoff * 2, 5.0)
+
+    def _note_partial_success(self, response: requests.Response) -> None:
+        """Count spans the receiver accepted the request for but rejected (not retried)."""
+        if not response.content or "protobuf" not in response.headers.get("Content-Type", ""):
+            return
+        try:
+            partial = ExportTraceServiceResponse.FromString(response.content).partial_success
+        except DecodeError:
+            logger.debug("unreadable OTLP response from %s", self.endpoint)
+            return
+        if partial.rejected_spans:
+            stats.count("spans_rejected_by_receiver", partial.rejected_spans)
+            logger.debug(
+                "%s rejected %d spans: %s",
+                self.endpoint,
+                partial.rejected_spans,
+                partial.error_message,
+            )
 
     def _failed(self, count: int, problem: str) -> None:
         # One warning when delivery starts failing, not one per batch.

@@ -204,9 +204,24 @@ class RequestTimeline:
         """Wall-clock epoch nanoseconds of a ``perf_counter_ns()`` reading."""
         return perf_ns + self._epoch_offset_ns
 
+    def _settled_marks(self) -> list[int]:
+        """A copy of the marks without any dated after ``finished``.
+
+        A mark set from another thread can slip in just as the request finishes (it
+        passed the "not finished yet" check before ``finish`` ran); reading from one
+        copy that drops such marks keeps every phase non-negative.
+        """
+        marks = list(self._marks)
+        finished = marks[FINISHED]
+        if finished != _UNSET:
+            for index in range(ENQUEUED, FINISHED):
+                if marks[index] > finished:
+                    marks[index] = _UNSET
+        return marks
+
     def phases_ns(self) -> dict[str, tuple[int, int]]:
         """``phase -> (start, end)`` in perf-counter ns, for phases whose marks are both set."""
-        marks = self._marks
+        marks = self._settled_marks()
         result: dict[str, tuple[int, int]] = {}
         for phase, (start, end) in PHASE_BOUNDS.items():
             if marks[start] != _UNSET and marks[end] != _UNSET:
@@ -227,8 +242,10 @@ class RequestTimeline:
         first = self._first_token_ns
         if first == _UNSET:
             return None, None
-        ttft = (first - self._marks[ARRIVED]) / 1e9
         finished = self._marks[FINISHED]
+        if finished != _UNSET and first > finished:  # slipped in as the request finished
+            return None, None
+        ttft = (first - self._marks[ARRIVED]) / 1e9
         tokens = self.output_tokens
         if finished == _UNSET or tokens is None or tokens < 2:
             return ttft, None

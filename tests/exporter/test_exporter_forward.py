@@ -110,3 +110,33 @@ async def test_an_export_in_flight_at_shutdown_is_counted_as_dropped(backend: Ba
     assert metrics.forward_spans_sent == 0
     # every accepted span is accounted for: 3 queued and 3 cut off mid-send
     assert metrics.forward_spans_dropped["shutdown"] == 6
+
+
+async def test_an_unexpected_send_error_does_not_stop_forwarding(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend.release.set()
+    exporter = await start_exporter(loopback_config(forward_otlp=backend.url))
+    real_post = aiohttp.ClientSession.post
+    calls = 0
+
+    def post_failing_once(
+        session: aiohttp.ClientSession, url: str, *args: object, **kwargs: object
+    ) -> object:
+        nonlocal calls
+        if url == backend.url:  # the forwarder's sends, not this test's own client
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("a bug in a dependency")
+        return real_post(session, url, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(aiohttp.ClientSession, "post", post_failing_once)
+    body = encode([SpanFactory().server(0.01)]).SerializeToString()
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            assert (await post_spans(session, exporter, body))[0] == 200
+    await exporter.stop()  # drains the queue: the second export must have been sent
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_dropped["send_failed"] == 1
+    assert metrics.forward_spans_sent == 1
+    assert len(backend.received) == 1

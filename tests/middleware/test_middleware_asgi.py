@@ -333,3 +333,17 @@ async def test_marks_after_the_response_do_not_touch_the_span(span_recorder: Spa
     kept[0].computed()
     assert kept[0].mark_ns(COMPUTED) is None
     assert current_timeline() is None  # the contextvar was reset after the request
+
+
+async def test_an_app_that_never_responds_is_recorded_as_the_500_servers_send(
+    span_recorder: SpanRecorder,
+) -> None:
+    async def silent(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+
+    await call(GpuscopeMiddleware(silent, tracer_provider=span_recorder.provider), http_scope())
+    (server,) = span_recorder.spans()
+    attrs = attributes(server)
+    assert attrs["http.response.status_code"] == 500
+    assert attrs["error.type"] == "no_response"
+    assert server.status.status_code is StatusCode.ERROR

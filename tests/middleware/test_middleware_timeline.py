@@ -156,3 +156,18 @@ def test_the_first_batch_is_the_one_recorded() -> None:
     timeline.set_batch("a-1", 4)
     timeline.set_batch("a-2", 8)
     assert (timeline.batch_id, timeline.batch_size) == ("a-1", 4)
+
+
+def test_a_mark_that_slips_in_after_finish_never_makes_a_phase_negative() -> None:
+    # The race: another thread passed the "not finished" check, then finish() ran,
+    # then the mark was written with a later reading. Reproduced by writing directly.
+    timeline = RequestTimeline()
+    arrived = timeline.mark_ns(ARRIVED) or 0
+    timeline.mark_at(DISPATCHED, arrived + 10)
+    timeline.first_token()
+    timeline.finish(arrived + 100)
+    timeline._marks[COMPUTED] = arrived + 200
+    timeline._first_token_ns = arrived + 300
+    assert timeline.phases_ns() == {}  # compute and postprocess need the dropped mark
+    assert all(seconds >= 0 for seconds in timeline.phase_seconds().values())
+    assert timeline.streaming_seconds() == (None, None)

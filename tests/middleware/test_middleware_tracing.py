@@ -34,6 +34,7 @@ class OtlpSink(ThreadingHTTPServer):
         self.received = threading.Event()
         # statuses to answer with, in order, before answering 200 (with Retry-After: 0)
         self.failures: list[int] = []
+        self.reply = ExportTraceServiceResponse()
         self.attempts = 0
 
     @property
@@ -59,7 +60,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         request = ExportTraceServiceRequest.FromString(body)
         self.server.requests.append((self.headers["Content-Type"], request))
         self.server.received.set()
-        reply = ExportTraceServiceResponse().SerializeToString()
+        reply = self.server.reply.SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", str(len(reply)))
@@ -148,6 +149,17 @@ def test_retryable_answers_are_retried_until_accepted(otlp_sink: OtlpSink) -> No
         "span-1",
         "span-2",
     ]
+    exporter.shutdown()
+
+
+def test_spans_the_receiver_rejects_are_counted(otlp_sink: OtlpSink) -> None:
+    stats.reset()
+    otlp_sink.reply.partial_success.rejected_spans = 2
+    otlp_sink.reply.partial_success.error_message = "2 spans had a negative duration"
+    exporter = OtlpHttpExporter(otlp_sink.url, timeout_s=5)
+    assert exporter.export(finished_spans(3)) is SpanExportResult.SUCCESS
+    assert otlp_sink.attempts == 1  # a partial success is not retried
+    assert stats.snapshot()["spans_rejected_by_receiver"] == 2
     exporter.shutdown()
 
 
