@@ -1,7 +1,8 @@
 """Batching strategies side by side on this machine's CPU, same offered load for each.
 
 0. Model cost: one forward pass (embeddings) and one decode iteration (generator)
-   against batch size, measured in-process on the worker's core.
+   against batch size, measured in-process on the worker's core; for the generator
+   also its weight products alone (the same matrices, no attention).
 1. Embeddings, ``--batching none`` against ``dynamic``: the same ladder of offered
    rates for both; per repeat, the highest rate whose p99 stays under
    ``--p99-bound-ms`` (median over the repeats) with nothing refused or failed:
@@ -38,6 +39,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import aiohttp
+import numpy as np
+import numpy.typing as npt
+
+from gpuscope.worker.models import NumpyTokenGenerator
 
 MODEL = "gpuscope-synthetic"
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -206,17 +211,29 @@ def _cost_child(batch_sizes: list[int]) -> None:
             prefill = timed(functools.partial(generator.step, states), 1)
             decode = timed(functools.partial(generator.step, states), 32)
             row["prefill_ms"] = round(prefill[0] * 1000, 2)
-            row["decode_ms_at_context_10_to_42"] = _spread(decode, 1000)
+            row["decode_ms_at_context_10_to_42"] = _spread(decode, 1000, digits=2)
             row["decode_ms_per_sequence"] = round(statistics.median(decode) * 1000 / n, 3)
+            # The dense part alone: the same weight products for n rows, no attention.
+            rng = np.random.default_rng(n)
+            hidden = rng.standard_normal((n, generator.hidden_size), dtype=np.float32)
+            weights = timed(functools.partial(_weight_products, generator, hidden), 32)
+            row["weight_products_ms"] = _spread(weights, 1000, digits=2)
         print(json.dumps(row, ensure_ascii=False), flush=True)
+
+
+def _weight_products(generator: NumpyTokenGenerator, x: npt.NDArray[np.float32]) -> None:
+    """Every weight matrix of one decode iteration times the rows of ``x``."""
+    for qkv, out, up, down in generator.layers:
+        _ = (x @ qkv, x @ out, (x @ up) @ down)
+    _ = x @ generator.unembed
 
 
 # -- 1. embeddings: none vs dynamic -----------------------------------------------------
 
 
-def _spread(values: Sequence[float], scale: float = 1.0) -> str:
-    med = statistics.median(values) * scale
-    return f"{med:.1f} ({min(values) * scale:.1f}–{max(values) * scale:.1f})"
+def _spread(values: Sequence[float], scale: float = 1.0, digits: int = 1) -> str:
+    med, low, high = (v * scale for v in (statistics.median(values), min(values), max(values)))
+    return f"{med:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
 
 
 def _passes(run: Run, bound_s: float) -> bool:

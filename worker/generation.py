@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -97,6 +97,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                 self._fail(self._running, ShuttingDown())
                 raise
             finally:
+                _release(self._running)
                 self._running = []
                 self._done_with_batch()
 
@@ -113,7 +114,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                 return
             rows = live
             while any(not item.payload.finished and not item.abandoned for item in rows):
-                rows = [item for item in rows if not item.abandoned]  # cancelled rows leave
+                rows = _staying(rows, lambda item: not item.abandoned)  # cancelled rows leave
                 if not await self._iterate(rows, None):
                     return
         self._note_batch(time.monotonic() - started)
@@ -128,7 +129,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
 
     async def _iterate_forever(self) -> None:
         while True:
-            self._running = [item for item in self._running if not item.abandoned]
+            self._running = _staying(self._running, lambda item: not item.abandoned)
             admitted: list[Item] = []
             if not self._running:
                 self._done_with_batch()
@@ -153,7 +154,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
             started = time.monotonic()
             await self._iterate(self._running, batch)
             self._note_batch(time.monotonic() - started)
-            self._running = [item for item in self._running if not item.payload.finished]
+            self._running = _staying(self._running, lambda item: not item.payload.finished)
 
     async def _start_sequences(self, items: list[Item]) -> bool:
         """Allocate each new sequence's state; a failure fails those requests."""
@@ -221,6 +222,23 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
         if any(not item.abandoned for item in self._running):
             return
         super()._note_idle()
+
+
+def _staying(items: list[Item], stays: Callable[[Item], bool]) -> list[Item]:
+    """The items that stay in the running batch; the others leave it and let go of their
+    model state, so a request still streaming out holds no key/value cache."""
+    staying = []
+    for item in items:
+        if stays(item):
+            staying.append(item)
+        else:
+            item.payload.state = None
+    return staying
+
+
+def _release(items: Sequence[Item]) -> None:
+    for item in items:
+        item.payload.state = None
 
 
 class TokenStream:

@@ -13,7 +13,7 @@ schedulers call them from one dedicated device thread, never concurrently.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -122,42 +122,93 @@ class NumpyEmbeddingMLP:
         return result
 
 
-@dataclass
+@dataclass(eq=False)
 class NumpySequence:
-    """One sequence's state: its prompt, its length so far and its key/value cache.
-
-    The cache holds ``length`` rows per layer in arrays that grow by doubling, so
-    appending a token copies nothing in the common case.
-    """
+    """One sequence's state: its prompt, its length so far, and where its keys and
+    values live (row ``row`` of the cache of the batch it last ran in)."""
 
     prompt: list[int]
     last_token: int = BOS_TOKEN
     length: int = 0
-    keys: list[FloatArray] = field(default_factory=list)
-    values: list[FloatArray] = field(default_factory=list)
-
-    @property
-    def started(self) -> bool:
-        return self.length > 0
-
-    def append(self, layer: int, keys: FloatArray, values: FloatArray) -> None:
-        """Add ``len(keys)`` rows at position ``length`` of ``layer``'s cache."""
-        end = self.length + len(keys)
-        if layer == len(self.keys):
-            capacity = max(16, 2 * end)
-            self.keys.append(np.empty((capacity, keys.shape[1]), dtype=np.float32))
-            self.values.append(np.empty((capacity, keys.shape[1]), dtype=np.float32))
-        elif end > len(self.keys[layer]):
-            self.keys[layer] = _grown(self.keys[layer], self.length, 2 * end)
-            self.values[layer] = _grown(self.values[layer], self.length, 2 * end)
-        self.keys[layer][self.length : end] = keys
-        self.values[layer][self.length : end] = values
+    cache: NumpyBatchCache | None = None
+    row: int = 0
 
 
-def _grown(cache: FloatArray, used: int, capacity: int) -> FloatArray:
-    grown = np.empty((capacity, cache.shape[1]), dtype=np.float32)
-    grown[:used] = cache[:used]
-    return grown
+class NumpyBatchCache:
+    """The keys and values of one batch's sequences, padded: ``kv[layer, 0]`` holds the
+    keys and ``kv[layer, 1]`` the values, ``[rows, capacity, width]`` each.
+
+    Row ``i`` holds the first ``length`` positions of the batch's ``i``-th sequence;
+    past that it is padding, masked in attention. A batch stepped again with the same
+    sequences in the same order uses its cache in place; when a sequence joins or
+    leaves, or the longest outgrows the capacity, ``for_batch`` builds a new cache with
+    room for twice the longest and copies the members' rows over. Appending a token
+    copies nothing in the common case, and the padding is bounded by the longest row.
+    """
+
+    def __init__(self, layers: int, rows: int, capacity: int, width: int) -> None:
+        self.kv: FloatArray = np.zeros((layers, 2, rows, capacity, width), dtype=np.float32)
+
+    @classmethod
+    def for_batch(
+        cls, states: Sequence[NumpySequence], longest: int, layers: int, width: int
+    ) -> NumpyBatchCache:
+        """The cache of ``states`` in this order, with room for ``longest`` positions."""
+        cache = states[0].cache
+        if (
+            cache is not None
+            and cache.kv.shape[2] == len(states)
+            and longest <= cache.kv.shape[3]
+            and all(s.cache is cache and s.row == i for i, s in enumerate(states))
+        ):
+            return cache
+        new = cls(layers, len(states), max(16, 2 * longest), width)
+        for row, state in enumerate(states):
+            if state.cache is not None:
+                new.kv[:, :, row, : state.length] = state.cache.kv[:, :, state.row, : state.length]
+            state.cache, state.row = new, row
+        return new
+
+
+class SequenceProgress(Protocol):
+    """What packing an iteration reads from a sequence's state (either backend's)."""
+
+    prompt: list[int]
+    last_token: int
+    length: int
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """One iteration's new tokens, packed into one matrix: a row per token.
+
+    A sequence that has not started contributes its whole prompt (prefill), a running
+    one its last token (decode).
+    """
+
+    tokens: list[int]
+    positions: list[int]  # per token: its row of the position table (clamped)
+    rows: list[int]  # per token: its sequence's row in the batch cache
+    slots: list[int]  # per token: its position in that row
+    newest: list[int]  # per sequence: the row of its newest token in the packed matrix
+    lengths: list[int]  # per sequence: its length after this iteration
+    prefills: list[tuple[int, int]]  # rows [begin, end) of each prompt of 2+ tokens
+
+
+def pack_iteration(states: Sequence[SequenceProgress], max_context: int) -> IterationPlan:
+    plan = IterationPlan([], [], [], [], [], [], [])
+    for row, state in enumerate(states):
+        new = [state.last_token] if state.length > 0 else state.prompt
+        begin, slots = len(plan.tokens), range(state.length, state.length + len(new))
+        plan.tokens.extend(new)
+        plan.positions.extend(min(slot, max_context - 1) for slot in slots)
+        plan.rows.extend([row] * len(new))
+        plan.slots.extend(slots)
+        plan.newest.append(len(plan.tokens) - 1)
+        plan.lengths.append(slots.stop)
+        if len(new) > 1:
+            plan.prefills.append((begin, len(plan.tokens)))
+    return plan
 
 
 class NumpyTokenGenerator:
@@ -167,10 +218,12 @@ class NumpyTokenGenerator:
     tokens of sequences that start (prefill) and the last token of running ones
     (decode) are stacked into one matrix, so each weight matrix is read once per
     iteration however many sequences run or join (what an accelerator's packed,
-    "mixed" batches do); attention runs per sequence against its own cache. Tokens
-    are chosen greedily, so the output is deterministic; the end-of-sequence token is
-    never chosen, so a request gets exactly ``max_tokens`` tokens (what a benchmark
-    wants).
+    "mixed" batches do). Attention is batched too: every sequence's newest token
+    attends to its row of the batch's padded key/value cache in one masked, batched
+    product; only a newcomer's earlier prompt tokens attend among themselves, once per
+    sequence. Tokens are chosen greedily, so the output is deterministic; the
+    end-of-sequence token is never chosen, so a request gets exactly ``max_tokens``
+    tokens (what a benchmark wants).
     """
 
     def __init__(
@@ -209,45 +262,53 @@ class NumpyTokenGenerator:
         states = [_as_sequence(s) for s in sequences]
         if not states:
             return []
-        tokens: list[int] = []
-        positions: list[int] = []
-        spans: list[tuple[int, int]] = []  # each sequence's rows in the packed matrix
-        for state in states:
-            new = [state.last_token] if state.started else state.prompt
-            first = min(state.length, self._max_context - 1)
-            spans.append((len(tokens), len(tokens) + len(new)))
-            tokens.extend(new)
-            positions.extend(min(first + i, self._max_context - 1) for i in range(len(new)))
-        x = self.table[np.asarray(tokens) % self.vocab_size] + self.positions[positions]
+        plan = pack_iteration(states, self._max_context)
+        x = self.table[np.asarray(plan.tokens) % self.vocab_size] + self.positions[plan.positions]
+        lengths = np.asarray(plan.lengths)
+        longest = int(lengths.max())
+        cache = NumpyBatchCache.for_batch(states, longest, len(self.layers), self.hidden_size)
+        rows, slots, newest = np.asarray(plan.rows), np.asarray(plan.slots), plan.newest
         scale = np.float32(1.0 / np.sqrt(self.hidden_size))
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = np.split(_layer_norm(x) @ qkv_w, 3, axis=1)
+            cache.kv[layer, 0, rows, slots] = k
+            cache.kv[layer, 1, rows, slots] = v
             mixed = np.empty_like(q)
-            for state, (begin, end) in zip(states, spans, strict=True):
-                state.append(layer, k[begin:end], v[begin:end])
-                mixed[begin:end] = _attend(state, layer, q[begin:end], scale)
+            history = cache.kv[layer, :, :, :longest]
+            mixed[newest] = _attend_newest(q[newest], history, lengths, scale)
+            for begin, end in plan.prefills:  # a prompt's earlier tokens, among themselves
+                early = slice(begin, end - 1)
+                mixed[early] = _causal_attention(q[early], k[early], v[early], scale)
             x = x + mixed @ out_w
             x = x + _gelu(_layer_norm(x) @ up) @ down
-        last_rows = [end - 1 for _, end in spans]
-        for state, (begin, end), token in zip(
-            states, spans, self._choose(x[last_rows]), strict=True
-        ):
-            state.length += end - begin
-            state.last_token = token
-        return [s.last_token for s in states]
+        chosen = self._choose(x[newest])
+        for state, length, token in zip(states, plan.lengths, chosen, strict=True):
+            state.length, state.last_token = length, token
+        return chosen
 
     def _choose(self, hidden: FloatArray) -> list[int]:
         logits = _layer_norm(hidden) @ self.unembed
         return [int(t) for t in np.argmax(logits, axis=1)]
 
 
-def _attend(state: NumpySequence, layer: int, queries: FloatArray, scale: np.float32) -> FloatArray:
-    """Causal attention of the ``len(queries)`` newest positions over the sequence's cache."""
-    end = state.length + len(queries)
-    keys, values = state.keys[layer][:end], state.values[layer][:end]
+def _attend_newest(
+    queries: FloatArray, kv: FloatArray, lengths: npt.NDArray[np.int_], scale: np.float32
+) -> FloatArray:
+    """Every sequence's newest token (``queries[i]``) over the first ``lengths[i]``
+    positions of its row of ``kv`` (keys and values, ``[2, rows, positions, width]``),
+    all sequences in one batched product; the padding past a row's length is masked."""
+    scores = np.matmul(kv[0], queries[:, :, None])[:, :, 0] * scale
+    scores[np.arange(scores.shape[1]) >= lengths[:, None]] = -np.inf
+    result: FloatArray = np.matmul(_softmax(scores)[:, None, :], kv[1])[:, 0, :]
+    return result
+
+
+def _causal_attention(
+    queries: FloatArray, keys: FloatArray, values: FloatArray, scale: np.float32
+) -> FloatArray:
+    """Self-attention over a run of positions: each sees itself and the earlier ones."""
     scores = (queries @ keys.T) * scale
-    if len(queries) > 1:  # prefill: no query sees a later position
-        scores += np.triu(np.full(scores.shape, -1e9, dtype=np.float32), 1 + state.length)
+    scores[np.triu_indices(len(scores), 1)] = -np.inf
     result: FloatArray = _softmax(scores) @ values
     return result
 

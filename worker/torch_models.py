@@ -8,7 +8,7 @@ scheduler's ``computed`` mark is taken after the work, never after the launch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from gpuscope.worker.models import (
     FloatArray,
     NumpyEmbeddingMLP,
     NumpyTokenGenerator,
+    pack_iteration,
 )
 
 
@@ -78,36 +79,48 @@ class TorchEmbeddingMLP:
         return result
 
 
-@dataclass
+@dataclass(eq=False)
 class TorchSequence:
+    """``NumpySequence`` on the device: its keys and values live in row ``row`` of the
+    cache of the batch it last ran in."""
+
     prompt: list[int]
     last_token: int = BOS_TOKEN
     length: int = 0
-    keys: list[Any] = field(default_factory=list)
-    values: list[Any] = field(default_factory=list)
-
-    def append(self, layer: int, keys: Any, values: Any) -> None:
-        """Add rows at position ``length`` of ``layer``'s cache (grown by doubling)."""
-        end = self.length + len(keys)
-        if layer == len(self.keys):
-            shape = (max(16, 2 * end), keys.shape[1])
-            self.keys.append(keys.new_empty(shape))
-            self.values.append(values.new_empty(shape))
-        elif end > len(self.keys[layer]):
-            self.keys[layer] = _grown(self.keys[layer], self.length, 2 * end)
-            self.values[layer] = _grown(self.values[layer], self.length, 2 * end)
-        self.keys[layer][self.length : end] = keys
-        self.values[layer][self.length : end] = values
+    cache: TorchBatchCache | None = None
+    row: int = 0
 
 
-def _grown(cache: Any, used: int, capacity: int) -> Any:
-    grown = cache.new_empty((capacity, cache.shape[1]))
-    grown[:used] = cache[:used]
-    return grown
+class TorchBatchCache:
+    """``NumpyBatchCache`` on the device: ``kv`` is ``[layers, 2, rows, capacity, width]``."""
+
+    def __init__(self, layers: int, rows: int, capacity: int, width: int, device: Any) -> None:
+        self.kv = torch.zeros((layers, 2, rows, capacity, width), device=device)
+
+    @classmethod
+    def for_batch(
+        cls, states: Sequence[TorchSequence], longest: int, layers: int, width: int, device: Any
+    ) -> TorchBatchCache:
+        """The cache of ``states`` in this order, with room for ``longest`` positions."""
+        cache = states[0].cache
+        if (
+            cache is not None
+            and cache.kv.shape[2] == len(states)
+            and longest <= cache.kv.shape[3]
+            and all(s.cache is cache and s.row == i for i, s in enumerate(states))
+        ):
+            return cache
+        new = cls(layers, len(states), max(16, 2 * longest), width, device)
+        for row, state in enumerate(states):
+            if state.cache is not None:
+                new.kv[:, :, row, : state.length] = state.cache.kv[:, :, state.row, : state.length]
+            state.cache, state.row = new, row
+        return new
 
 
 class TorchTokenGenerator:
-    """``NumpyTokenGenerator``'s decoder on a torch device: one packed pass per iteration."""
+    """``NumpyTokenGenerator``'s decoder on a torch device: one packed pass per iteration,
+    attention batched over the sequences' padded key/value cache."""
 
     def __init__(self, reference: NumpyTokenGenerator, device: Any) -> None:
         self.device = device
@@ -137,39 +150,48 @@ class TorchTokenGenerator:
             raise TypeError("not a sequence of this model")
         if not states:
             return []
-        tokens: list[int] = []
-        positions: list[int] = []
-        spans: list[tuple[int, int]] = []  # each sequence's rows in the packed matrix
-        for state in states:
-            new = [state.last_token] if state.length > 0 else state.prompt
-            first = min(state.length, self._max_context - 1)
-            spans.append((len(tokens), len(tokens) + len(new)))
-            tokens.extend(new)
-            positions.extend(min(first + i, self._max_context - 1) for i in range(len(new)))
-        token_ids = torch.as_tensor(tokens, device=self.device) % self.vocab_size
-        x = self.table[token_ids] + self.positions[torch.as_tensor(positions, device=self.device)]
+        plan = pack_iteration(states, self._max_context)
+        x = self.table[self._tensor(plan.tokens) % self.vocab_size]
+        x = x + self.positions[self._tensor(plan.positions)]
+        lengths, longest = self._tensor(plan.lengths), max(plan.lengths)
+        cache = TorchBatchCache.for_batch(
+            states, longest, len(self.layers), self.hidden_size, self.device
+        )
+        rows, slots, newest = map(self._tensor, (plan.rows, plan.slots, plan.newest))
         scale = 1.0 / self.hidden_size**0.5
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = (_layer_norm(x) @ qkv_w).chunk(3, dim=1)
+            cache.kv[layer, 0, rows, slots] = k
+            cache.kv[layer, 1, rows, slots] = v
             mixed = torch.empty_like(q)
-            for state, (begin, end) in zip(states, spans, strict=True):
-                state.append(layer, k[begin:end], v[begin:end])
-                mixed[begin:end] = self._attend(state, layer, q[begin:end], scale)
+            history = cache.kv[layer, :, :, :longest]
+            mixed[newest] = _attend_newest(q[newest], history, lengths, scale)
+            for begin, end in plan.prefills:  # a prompt's earlier tokens, among themselves
+                early = slice(begin, end - 1)
+                mixed[early] = _causal_attention(q[early], k[early], v[early], scale)
             x = x + mixed @ out_w
             x = x + _gelu(_layer_norm(x) @ up) @ down
-        last_rows = torch.as_tensor([end - 1 for _, end in spans], device=self.device)
-        chosen = torch.argmax(_layer_norm(x[last_rows]) @ self.unembed, dim=1)
+        chosen = torch.argmax(_layer_norm(x[newest]) @ self.unembed, dim=1)
         _sync(self.device)
-        for state, (begin, end), token in zip(states, spans, chosen.cpu().tolist(), strict=True):
-            state.length += end - begin
-            state.last_token = int(token)
-        return [s.last_token for s in states]
+        tokens = [int(t) for t in chosen.cpu().tolist()]
+        for state, length, token in zip(states, plan.lengths, tokens, strict=True):
+            state.length, state.last_token = length, token
+        return tokens
 
-    def _attend(self, state: TorchSequence, layer: int, queries: Any, scale: float) -> Any:
-        end = state.length + len(queries)
-        keys, values = state.keys[layer][:end], state.values[layer][:end]
-        scores = (queries @ keys.T) * scale
-        if len(queries) > 1:  # prefill: no query sees a later position
-            mask = torch.full(scores.shape, -1e9, device=self.device)
-            scores = scores + torch.triu(mask, 1 + state.length)
-        return torch.softmax(scores, dim=-1) @ values
+    def _tensor(self, values: list[int]) -> Any:
+        return torch.as_tensor(values, device=self.device)
+
+
+def _attend_newest(queries: Any, kv: Any, lengths: Any, scale: float) -> Any:
+    """``models._attend_newest``: every sequence's newest token over its row of ``kv``."""
+    scores = torch.matmul(kv[0], queries.unsqueeze(2)).squeeze(2) * scale
+    padding = torch.arange(scores.shape[1], device=scores.device) >= lengths.unsqueeze(1)
+    probs = torch.softmax(scores.masked_fill(padding, float("-inf")), dim=-1)
+    return torch.matmul(probs.unsqueeze(1), kv[1]).squeeze(1)
+
+
+def _causal_attention(queries: Any, keys: Any, values: Any, scale: float) -> Any:
+    """Self-attention over a run of positions: each sees itself and the earlier ones."""
+    scores = (queries @ keys.T) * scale
+    later = torch.ones(scores.shape, dtype=torch.bool, device=scores.device).triu(1)
+    return torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ values

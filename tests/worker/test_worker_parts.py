@@ -90,6 +90,29 @@ def test_worker_generator_packs_prefill_with_decode_and_grows_its_cache() -> Non
     assert together == alone
 
 
+def test_worker_generator_batch_cache_is_reused_repacked_and_bounded() -> None:
+    """The same batch steps in place; a sequence leaving or joining repacks the padded
+    key/value cache, whose capacity stays within twice the longest sequence."""
+    _, generator = numpy_models(SMALL)
+    states = [generator.start([5, 6, 7]), generator.start(list(range(40, 70)))]
+    generator.step(states)
+    for _ in range(40):
+        before = states[0].cache
+        assert before is not None and all(s.cache is before for s in states)
+        generator.step(states)
+        cache, longest = states[0].cache, max(s.length for s in states)
+        assert cache is not None and cache.kv.shape[2] == 2  # a row per sequence
+        assert longest <= cache.kv.shape[3] <= 2 * longest
+        assert (cache is before) == (longest <= before.kv.shape[3])  # in place unless full
+    alone = [states[1]]  # the first sequence left
+    generator.step(alone)
+    assert alone[0].cache is not None and alone[0].cache.kv.shape[2] == 1
+    assert alone[0].row == 0
+    rejoined = [generator.start([9]), *alone]
+    generator.step(rejoined)
+    assert [s.row for s in rejoined] == [0, 1] and rejoined[0].cache is rejoined[1].cache
+
+
 def test_worker_embeddings_base64_matches_float() -> None:
     request = protocol.EmbeddingsRequest(((1, 2),), base64=True, dimensions=None)
     vectors = np.asarray([[0.5, -0.25]], dtype=np.float32)
