@@ -192,9 +192,10 @@ class _Exchange:
             except OSError:
                 self.disconnected = True
                 raise
-            if (kind == "http.response.body" and not message.get("more_body", False)) or (
-                kind == "http.response.pathsend"
-            ):
+            if kind == "http.response.body":
+                if not message.get("more_body", False):
+                    self.finish_span()
+            elif kind == "http.response.pathsend":
                 self.finish_span()
 
         return send_and_watch
