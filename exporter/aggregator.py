@@ -1,4 +1,4 @@
-"""Spans -> request-side histograms: the span contract of DESIGN.md, read on the hot path.
+"""Spans -> request-side histograms: the span contract of docs/spans.md, read on the hot path.
 
 Only SERVER spans and ``gpuscope.batch`` spans are aggregated; the phase child spans
 (``gpuscope.queue`` …) repeat what the server span's ``gpuscope.<phase>.duration``
