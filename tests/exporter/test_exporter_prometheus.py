@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-from asyncio.subprocess import DEVNULL, PIPE, STDOUT
+from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from support.exporter_fixtures import (
     post_spans,
     scrape,
 )
+from support.prometheus_server import run_prometheus
 
 
 @pytest.fixture
@@ -71,13 +71,6 @@ async def test_metrics_text_passes_promtool(busy_exporter: RunningExporter) -> N
     assert output == b""  # no lint warnings either
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def _query(session: aiohttp.ClientSession, base: str, path: str, **params: str) -> Any:
     async with session.get(base + path, params=params) as response:
         body = await response.json()
@@ -99,56 +92,28 @@ async def _eventually(session: aiohttp.ClientSession, base: str, path: str, **pa
 async def test_prometheus_scrapes_phases_and_stores_exemplars(
     busy_exporter: RunningExporter, tmp_path: Path
 ) -> None:
-    prometheus = require_binary("prometheus")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-        "scrape_configs:\n"
-        "  - job_name: gpuscope\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{busy_exporter.port}']}}]\n"
-    )
-    port = _free_port()
-    process = await asyncio.create_subprocess_exec(
-        prometheus,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tmp_path / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--enable-feature=exemplar-storage",
-        stdout=DEVNULL,
-        stderr=DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(150):  # ready within ~0.1 s usually
-                try:
-                    async with session.get(base + "/-/ready") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.1)
-            buckets = "sum by (le, phase) (gpuscope_request_phase_seconds_bucket)"
-            query = f"histogram_quantile(0.5, {buckets})"
-            result = await _eventually(session, base, "/api/v1/query", query=query)
-            by_phase = {r["metric"]["phase"]: float(r["value"][1]) for r in result}
-            # Linear interpolation inside the bucket that holds every observation.
-            assert by_phase["queue"] == pytest.approx(0.0001 + (0.00025 - 0.0001) / 2)
-            assert by_phase["compute"] == pytest.approx(0.025 + (0.05 - 0.025) / 2)
-            now = time.time()
-            exemplars = await _eventually(
-                session,
-                base,
-                "/api/v1/query_exemplars",
-                query="gpuscope_request_duration_seconds_bucket",
-                start=str(now - 600),
-                end=str(now + 60),
-            )
-            labels = exemplars[0]["exemplars"][0]["labels"]
-            assert len(labels["trace_id"]) == 32
-            assert len(labels["span_id"]) == 16
-            up = await _eventually(session, base, "/api/v1/query", query="gpuscope_gpu_up")
-            assert {r["metric"]["gpu"] for r in up} == {"0", "1"}
-    finally:
-        process.kill()
-        await asyncio.wait_for(process.wait(), 10)
+    async with (
+        run_prometheus([f"127.0.0.1:{busy_exporter.port}"], tmp_path, "1s") as base,
+        aiohttp.ClientSession() as session,
+    ):
+        buckets = "sum by (le, phase) (gpuscope_request_phase_seconds_bucket)"
+        query = f"histogram_quantile(0.5, {buckets})"
+        result = await _eventually(session, base, "/api/v1/query", query=query)
+        by_phase = {r["metric"]["phase"]: float(r["value"][1]) for r in result}
+        # Linear interpolation inside the bucket that holds every observation.
+        assert by_phase["queue"] == pytest.approx(0.0001 + (0.00025 - 0.0001) / 2)
+        assert by_phase["compute"] == pytest.approx(0.025 + (0.05 - 0.025) / 2)
+        now = time.time()
+        exemplars = await _eventually(
+            session,
+            base,
+            "/api/v1/query_exemplars",
+            query="gpuscope_request_duration_seconds_bucket",
+            start=str(now - 600),
+            end=str(now + 60),
+        )
+        labels = exemplars[0]["exemplars"][0]["labels"]
+        assert len(labels["trace_id"]) == 32
+        assert len(labels["span_id"]) == 16
+        up = await _eventually(session, base, "/api/v1/query", query="gpuscope_gpu_up")
+        assert {r["metric"]["gpu"] for r in up} == {"0", "1"}
