@@ -12,9 +12,9 @@ schedulers call them from one dedicated device thread, never concurrently.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -154,20 +154,39 @@ class NumpyBatchCache:
         cls, states: Sequence[NumpySequence], longest: int, layers: int, width: int
     ) -> NumpyBatchCache:
         """The cache of ``states`` in this order, with room for ``longest`` positions."""
-        cache = states[0].cache
-        if (
-            cache is not None
-            and cache.kv.shape[2] == len(states)
-            and longest <= cache.kv.shape[3]
-            and all(s.cache is cache and s.row == i for i, s in enumerate(states))
-        ):
-            return cache
-        new = cls(layers, len(states), max(16, 2 * longest), width)
-        for row, state in enumerate(states):
-            if state.cache is not None:
-                new.kv[:, :, row, : state.length] = state.cache.kv[:, :, state.row, : state.length]
-            state.cache, state.row = new, row
-        return new
+        return reuse_or_rebuild(
+            states, longest, lambda rows, capacity: cls(layers, rows, capacity, width)
+        )
+
+
+class HasKvCache(Protocol):
+    kv: Any  # [layers, 2, rows, capacity, width]: a NumPy array or a torch tensor
+
+
+CacheT = TypeVar("CacheT", bound=HasKvCache)
+
+
+def reuse_or_rebuild(
+    states: Sequence[Any], longest: int, allocate: Callable[[int, int], CacheT]
+) -> CacheT:
+    """The batch cache ``states`` already share in this order, if it fits ``longest``
+    positions; else ``allocate(rows, capacity)`` with room for twice the longest and
+    each state's rows copied over (works for NumPy arrays and torch tensors alike)."""
+    cache = states[0].cache
+    if (
+        cache is not None
+        and cache.kv.shape[2] == len(states)
+        and longest <= cache.kv.shape[3]
+        and all(s.cache is cache and s.row == i for i, s in enumerate(states))
+    ):
+        reused: CacheT = cache
+        return reused
+    new = allocate(len(states), max(16, 2 * longest))
+    for row, state in enumerate(states):
+        if state.cache is not None:
+            new.kv[:, :, row, : state.length] = state.cache.kv[:, :, state.row, : state.length]
+        state.cache, state.row = new, row
+    return new
 
 
 class SequenceProgress(Protocol):

@@ -20,6 +20,7 @@ from gpuscope.worker.models import (
     NumpyEmbeddingMLP,
     NumpyTokenGenerator,
     pack_iteration,
+    reuse_or_rebuild,
 )
 
 
@@ -102,20 +103,9 @@ class TorchBatchCache:
         cls, states: Sequence[TorchSequence], longest: int, layers: int, width: int, device: Any
     ) -> TorchBatchCache:
         """The cache of ``states`` in this order, with room for ``longest`` positions."""
-        cache = states[0].cache
-        if (
-            cache is not None
-            and cache.kv.shape[2] == len(states)
-            and longest <= cache.kv.shape[3]
-            and all(s.cache is cache and s.row == i for i, s in enumerate(states))
-        ):
-            return cache
-        new = cls(layers, len(states), max(16, 2 * longest), width, device)
-        for row, state in enumerate(states):
-            if state.cache is not None:
-                new.kv[:, :, row, : state.length] = state.cache.kv[:, :, state.row, : state.length]
-            state.cache, state.row = new, row
-        return new
+        return reuse_or_rebuild(
+            states, longest, lambda rows, capacity: cls(layers, rows, capacity, width, device)
+        )
 
 
 class TorchTokenGenerator:
