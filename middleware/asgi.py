@@ -142,10 +142,11 @@ class _Exchange:
             # Without a span the request is still served, and its marks still work.
             stats.record_failure("server_span_start", exc)
             span = trace.INVALID_SPAN
+        else:
+            if not span.is_recording():
+                stats.count("requests_sampled_out")
         exchange = cls(middleware, scope, timeline, span)
-        if not span.is_recording():
-            stats.count("requests_sampled_out")
-        elif middleware.request_hook is not None:
+        if span.is_recording() and middleware.request_hook is not None:
             try:
                 middleware.request_hook(span, scope)
             except Exception as exc:
