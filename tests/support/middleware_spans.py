@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gpuscope.middleware import stats
 
 
-class _EndNotifier(SpanProcessor):
+class EndNotifier(SpanProcessor):
     """Wakes waiters whenever a span ends (spans may end on a server thread)."""
 
     def __init__(self, condition: threading.Condition) -> None:
@@ -64,7 +64,7 @@ def span_recorder() -> Iterator[SpanRecorder]:
     provider = TracerProvider()
     recorder = SpanRecorder(provider, exporter)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    provider.add_span_processor(_EndNotifier(recorder.condition))
+    provider.add_span_processor(EndNotifier(recorder.condition))
     stats.reset()
     yield recorder
     provider.shutdown()

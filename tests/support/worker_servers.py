@@ -9,30 +9,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.models import EmbeddingModel, FloatArray, Generator
+from support.middleware_spans import EndNotifier
 from support.servers import run_uvicorn
 
 # Small models: real compute, fast on two cores.
 SMALL = WorkerConfig(hidden_size=64, layers=1, vocab_size=512, max_context=512, max_new_tokens=450)
-
-
-class _Notify(SpanProcessor):
-    def __init__(self, condition: threading.Condition) -> None:
-        self.condition = condition
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        with self.condition:
-            self.condition.notify_all()
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
@@ -70,7 +58,7 @@ def worker_spans() -> Iterator[WorkerSpans]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     spans = WorkerSpans(provider, exporter)
-    provider.add_span_processor(_Notify(spans.condition))
+    provider.add_span_processor(EndNotifier(spans.condition))
     yield spans
     provider.shutdown()
 
