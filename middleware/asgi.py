@@ -4,6 +4,13 @@ Pure ASGI: ``lifespan`` and ``websocket`` scopes pass through untouched, bodies 
 never buffered, and the span ends on the last body chunk, so background tasks that
 run after the response are not counted. Per-request state lives in an
 ``_Exchange`` object, never on the middleware.
+
+Next to other instrumentation: when a span is already active (an instrumentation
+outside this middleware started one), the server span becomes its child instead of
+starting a parallel trace; otherwise it continues the caller's ``traceparent``. The
+whole context (span, ``tracestate``, baggage) is made current for the app, and the
+propagation headers the app sees are rewritten to point at the server span, so an
+instrumentation inside that reads headers (FastAPI's own) joins the same trace.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -49,6 +57,26 @@ class _HeaderGetter(Getter[Scope]):
 
 
 _GETTER = _HeaderGetter()
+
+
+def _parent_context(scope: Scope) -> Context:
+    """The active span's context if there is one, else the caller's headers on top of it."""
+    current = otel_context.get_current()
+    if trace.get_current_span(current).get_span_context().is_valid:
+        return current
+    return propagate.extract(scope, getter=_GETTER, context=current)
+
+
+def _with_propagation_headers(scope: Scope, context: Context) -> Scope:
+    """A copy of ``scope`` whose propagation headers carry ``context`` (the server span)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    if not carrier:
+        return scope
+    replaced = {name.lower().encode("latin-1") for name in carrier}
+    headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in replaced]
+    headers.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items())
+    return {**scope, "headers": headers}
 
 
 class GpuscopeMiddleware:
@@ -89,7 +117,7 @@ class GpuscopeMiddleware:
             return
         exchange = _Exchange.begin(self, scope)
         try:
-            await self.app(scope, exchange.wrap_receive(receive), exchange.wrap_send(send))
+            await self.app(exchange.scope, exchange.wrap_receive(receive), exchange.wrap_send(send))
         except BaseException as exc:
             exchange.error = exc
             raise
@@ -119,9 +147,10 @@ class _Exchange:
         scope: Scope,
         timeline: RequestTimeline,
         span: trace.Span,
+        parent: Context,
     ) -> None:
+        span_valid = span.get_span_context().is_valid
         self.middleware = middleware
-        self.scope = scope
         self.span = span
         self.root_path: str = scope.get("root_path", "")
         self.timeline = timeline
@@ -130,14 +159,17 @@ class _Exchange:
         self.disconnected = False
         self.error: BaseException | None = None
         self.timeline_token = activate(timeline)
-        self.context_token = otel_context.attach(trace.set_span_in_context(span))
+        request_context = trace.set_span_in_context(span, parent)
+        self.context_token = otel_context.attach(request_context)
+        self.scope = _with_propagation_headers(scope, request_context) if span_valid else scope
 
     @classmethod
     def begin(cls, middleware: GpuscopeMiddleware, scope: Scope) -> _Exchange:
         timeline = RequestTimeline()
         timeline.service_name = middleware.service_name
+        parent = _parent_context(scope)
         try:
-            span = cls._start_span(middleware, scope, timeline)
+            span = cls._start_span(middleware, scope, timeline, parent)
         except Exception as exc:
             # Without a span the request is still served, and its marks still work.
             stats.record_failure("server_span_start", exc)
@@ -145,7 +177,7 @@ class _Exchange:
         else:
             if not span.is_recording():
                 stats.count("requests_sampled_out")
-        exchange = cls(middleware, scope, timeline, span)
+        exchange = cls(middleware, scope, timeline, span, parent)
         if span.is_recording() and middleware.request_hook is not None:
             try:
                 middleware.request_hook(span, scope)
@@ -155,7 +187,7 @@ class _Exchange:
 
     @staticmethod
     def _start_span(
-        middleware: GpuscopeMiddleware, scope: Scope, timeline: RequestTimeline
+        middleware: GpuscopeMiddleware, scope: Scope, timeline: RequestTimeline, parent: Context
     ) -> trace.Span:
         method = scope.get("method", "GET")
         method = method if method in _KNOWN_METHODS else "_OTHER"
@@ -163,7 +195,7 @@ class _Exchange:
         assert arrived is not None
         return middleware.tracer.start_span(
             method,
-            context=propagate.extract(scope, getter=_GETTER),
+            context=parent,
             kind=SpanKind.SERVER,
             attributes={
                 attr.HTTP_REQUEST_METHOD: method,

@@ -1,7 +1,8 @@
 """Span exporters for ``setup_tracing()`` (SDK side).
 
 ``OtlpHttpExporter`` posts OTLP/HTTP protobuf like the SDK's exporter, but encodes
-with ``otlp_encoding`` (several times cheaper per span) and retries the way the OTLP
+with ``otlp_encoding`` (several times cheaper per span), over the standard library's
+HTTP client (no third-party HTTP library at run time), and retries the way the OTLP
 specification asks: on 429, 502, 503, 504 and connection errors, with exponential
 backoff (honouring ``Retry-After``), until its timeout. Spans the receiver rejects in
 a ``partial_success`` are counted (``spans_rejected_by_receiver``), not retried.
@@ -12,12 +13,15 @@ never lets an exception out.
 from __future__ import annotations
 
 import gzip
+import http.client
 import logging
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-import requests
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import ReadableSpan
@@ -30,6 +34,18 @@ from gpuscope.middleware.otlp_encoding import encode_export_request
 logger = logging.getLogger("gpuscope.middleware.export")
 
 RETRYABLE_STATUS = frozenset((429, 502, 503, 504))
+# An OTLP response is a small protobuf; never read more than this of any answer.
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What came back from one POST: the status, two headers and the (capped) body."""
+
+    status: int
+    content_type: str
+    retry_after: str | None
+    body: bytes
 
 
 class OtlpHttpExporter(SpanExporter):
@@ -48,15 +64,12 @@ class OtlpHttpExporter(SpanExporter):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.gzip = compression == "gzip"
-        self._session = requests.Session()
-        self._session.headers.update(
-            {
-                "Content-Type": "application/x-protobuf",
-                "User-Agent": f"gpuscope/{__version__}",
-                **({"Content-Encoding": "gzip"} if self.gzip else {}),
-                **(headers or {}),
-            }
-        )
+        self._headers = {
+            "Content-Type": "application/x-protobuf",
+            "User-Agent": f"gpuscope/{__version__}",
+            **({"Content-Encoding": "gzip"} if self.gzip else {}),
+            **(headers or {}),
+        }
         self._closing = threading.Event()
         self._failing = False
 
@@ -72,36 +85,57 @@ class OtlpHttpExporter(SpanExporter):
             remaining = deadline - time.monotonic()
             retry_after: float | None = None
             try:
-                response = self._session.post(
-                    self.endpoint, data=body, timeout=max(remaining, 0.01)
-                )
-            except requests.RequestException as exc:
+                answer = self._post(body, max(remaining, 0.01))
+            except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
                 problem, retryable = f"{type(exc).__name__}: {exc}", True
             else:
-                if response.ok:
+                if 200 <= answer.status < 300:
                     self._recovered()
-                    self._note_partial_success(response)
+                    self._note_partial_success(answer)
                     return SpanExportResult.SUCCESS
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
-                retryable = response.status_code in RETRYABLE_STATUS
-                retry_after = _retry_after(response.headers.get("Retry-After"))
+                text = answer.body[:200].decode("utf-8", "replace")
+                problem = f"HTTP {answer.status}: {text}"
+                retryable = answer.status in RETRYABLE_STATUS
+                retry_after = _retry_after(answer.retry_after)
             wait = backoff if retry_after is None else retry_after
             if not retryable or time.monotonic() + wait >= deadline or self._closing.wait(wait):
                 self._failed(len(spans), problem)
                 return SpanExportResult.FAILURE
             backoff = min(backoff * 2, 5.0)
 
-    def _note_partial_success(self, response: requests.Response) -> None:
+    def _post(self, body: bytes, timeout_s: float) -> _Answer:
+        """One POST; an HTTP error status is an answer, not an exception."""
+        request = urllib.request.Request(
+            self.endpoint, data=body, headers=self._headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return _Answer(
+                    response.status,
+                    response.headers.get("Content-Type", ""),
+                    response.headers.get("Retry-After"),
+                    response.read(MAX_RESPONSE_BYTES),
+                )
+        except urllib.error.HTTPError as error:
+            with error:
+                return _Answer(
+                    error.code,
+                    error.headers.get("Content-Type", ""),
+                    error.headers.get("Retry-After"),
+                    error.read(MAX_RESPONSE_BYTES),
+                )
+
+    def _note_partial_success(self, answer: _Answer) -> None:
         """Count spans the receiver accepted the request for but rejected (not retried)."""
-        if not response.content or "protobuf" not in response.headers.get("Content-Type", ""):
+        if not answer.body or "protobuf" not in answer.content_type:
             return
         try:
-            partial = ExportTraceServiceResponse.FromString(response.content).partial_success
+            partial = ExportTraceServiceResponse.FromString(answer.body).partial_success
         except DecodeError:
             logger.debug("unreadable OTLP response from %s", self.endpoint)
             return
         if partial.rejected_spans:
-            stats.count("spans_rejected_by_receiver", partial.rejected_spans)
+            stats.count(stats.SPANS_REJECTED_BY_RECEIVER, partial.rejected_spans)
             logger.debug(
                 "%s rejected %d spans: %s",
                 self.endpoint,
@@ -122,7 +156,6 @@ class OtlpHttpExporter(SpanExporter):
 
     def shutdown(self) -> None:
         self._closing.set()
-        self._session.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # nothing is buffered here; the span processor holds the queue
@@ -148,7 +181,7 @@ class CountingExporter(SpanExporter):
             stats.record_failure("span_export", exc)
             result = SpanExportResult.FAILURE
         ok = result is SpanExportResult.SUCCESS
-        stats.count("spans_exported" if ok else "spans_export_failed", len(spans))
+        stats.count(stats.SPANS_EXPORTED if ok else stats.SPANS_EXPORT_FAILED, len(spans))
         return result
 
     def shutdown(self) -> None:

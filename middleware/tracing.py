@@ -6,8 +6,9 @@ middleware never pulls them in.
 
 Every span is sampled: gpuscope's exporter turns spans into latency histograms, and
 a sampled-out request would be missing from them. Export is asynchronous through a
-bounded ``BatchSpanProcessor``; a failing or unreachable endpoint costs dropped
-spans (counted in ``gpuscope.middleware.stats``), never a failed request.
+bounded queue (``span_pipeline``); a failing or unreachable endpoint costs dropped
+spans (each one counted in ``gpuscope.middleware.stats``), never a failed request,
+and ``provider.shutdown(timeout_s)`` flushes within the caller's deadline.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from gpuscope.middleware.span_pipeline import BoundedTracerProvider
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:9420/v1/traces"
 
@@ -63,8 +64,9 @@ def setup_tracing(
     max_queue_size: int = 8192,
     max_export_batch_size: int = 512,
     schedule_delay_ms: int = 500,
+    shutdown_timeout_s: float = 30.0,
     set_global: bool = True,
-) -> TracerProvider:
+) -> BoundedTracerProvider:
     """Create an SDK ``TracerProvider`` that sends every span over OTLP/HTTP.
 
     ``endpoint`` defaults to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, then
@@ -73,15 +75,16 @@ def setup_tracing(
     ``OTEL_SERVICE_NAME``; ``headers`` and ``compression`` (``gzip``) default to the
     standard ``OTEL_EXPORTER_OTLP_*`` variables. With ``set_global`` the provider
     becomes the global one (which OpenTelemetry allows once per process). Call
-    ``provider.shutdown()`` at exit to flush what is queued.
+    ``provider.shutdown()`` at exit to flush what is queued: it returns within
+    ``shutdown_timeout_s`` (or the ``timeout_s`` it is given), whether or not the
+    endpoint answers, and counts the spans it could not deliver.
     """
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     from gpuscope.middleware.export import CountingExporter, OtlpHttpExporter
+    from gpuscope.middleware.span_pipeline import BoundedTracerProvider, CountingBatchSpanProcessor
 
     attributes: dict[str, str | int] = {
         "service.instance.id": str(uuid.uuid4()),
@@ -91,20 +94,23 @@ def setup_tracing(
     name = service_name or os.environ.get("OTEL_SERVICE_NAME")
     if name:
         attributes["service.name"] = name
-    provider = TracerProvider(resource=Resource.create(attributes), sampler=ALWAYS_ON)
     otlp = OtlpHttpExporter(
         resolve_endpoint(endpoint),
         headers={**_env_headers(), **(headers or {})},
         timeout_s=timeout_s,
         compression=compression or _env_compression(),
     )
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            CountingExporter(otlp),
-            max_queue_size=max_queue_size,
-            max_export_batch_size=max_export_batch_size,
-            schedule_delay_millis=schedule_delay_ms,
-        )
+    pipeline = CountingBatchSpanProcessor(
+        CountingExporter(otlp),
+        max_queue_size=max_queue_size,
+        max_export_batch_size=max_export_batch_size,
+        schedule_delay_s=schedule_delay_ms / 1000,
+    )
+    provider = BoundedTracerProvider(
+        pipeline,
+        resource=Resource.create(attributes),
+        sampler=ALWAYS_ON,
+        shutdown_timeout_s=shutdown_timeout_s,
     )
     if set_global:
         trace.set_tracer_provider(provider)

@@ -105,7 +105,7 @@ def test_marks_after_finish_are_ignored_and_counted_apart() -> None:
     timeline.first_token()
     assert timeline.mark_ns(COMPUTED) is None
     assert timeline.first_token_ns is None
-    assert stats.snapshot() == {"marks_after_finish": 1}
+    assert {k: v for k, v in stats.snapshot().items() if v} == {"marks_after_finish": 1}
 
 
 def test_finish_happens_once() -> None:

@@ -1,0 +1,142 @@
+"""The SDK side of ``setup_tracing()``: a span queue that accounts for every span.
+
+The SDK's ``BatchSpanProcessor`` drops spans silently when its queue is full, and
+``TracerProvider.shutdown()`` waits up to 30 s for a flush whatever the process's own
+shutdown budget is. ``CountingBatchSpanProcessor`` counts each finished span's fate in
+``stats``: exported (``spans_exported``), refused or undeliverable
+(``spans_export_failed``, counted by ``CountingExporter``), or dropped, because the queue
+was full (``spans_dropped_queue_full``) or shutdown came first
+(``spans_dropped_shutdown``). Its ``shutdown`` takes a deadline, and
+``BoundedTracerProvider`` passes one down, so a process exits on time even when the
+endpoint is unreachable. Imported only by ``setup_tracing()`` (it needs the SDK).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
+
+from gpuscope.middleware import stats
+
+# After the deadline, how long an export already on the wire may take to give up.
+_ABORT_GRACE_S = 0.5
+
+
+class CountingBatchSpanProcessor(SpanProcessor):
+    """Batches finished spans to ``exporter`` from one thread; counts every drop."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        max_queue_size: int = 8192,
+        max_export_batch_size: int = 512,
+        schedule_delay_s: float = 0.5,
+    ) -> None:
+        if max_queue_size < 1 or not 1 <= max_export_batch_size <= max_queue_size:
+            raise ValueError("need 1 <= max_export_batch_size <= max_queue_size")
+        self.exporter = exporter
+        self.max_queue_size = max_queue_size
+        self.max_export_batch_size = max_export_batch_size
+        self.schedule_delay_s = schedule_delay_s
+        self._queue: deque[ReadableSpan] = deque()
+        self._changed = threading.Condition()
+        self._closing = False
+        self._deadline = 0.0
+        self._export_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="gpuscope-spans", daemon=True)
+        self._thread.start()
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None or not span.context.trace_flags.sampled:
+            return
+        with self._changed:
+            if self._closing:
+                stats.count(stats.SPANS_DROPPED_SHUTDOWN)
+                return
+            if len(self._queue) >= self.max_queue_size:
+                stats.count(stats.SPANS_DROPPED_QUEUE_FULL)
+                return
+            self._queue.append(span)
+            if len(self._queue) >= self.max_export_batch_size:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                if not self._closing and len(self._queue) < self.max_export_batch_size:
+                    self._changed.wait(self.schedule_delay_s)
+                closing, deadline = self._closing, self._deadline
+            self._drain(deadline if closing else None)
+            if closing:
+                return
+
+    def _drain(self, deadline: float | None) -> bool:
+        """Export batches until the queue is empty (True) or ``deadline`` passes."""
+        with self._export_lock:
+            while deadline is None or time.monotonic() < deadline:
+                with self._changed:
+                    count = min(len(self._queue), self.max_export_batch_size)
+                    batch = [self._queue.popleft() for _ in range(count)]
+                if not batch:
+                    return True
+                self.exporter.export(batch)
+            return False
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._drain(time.monotonic() + timeout_millis / 1000)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Export what is queued until ``timeout_s`` from now; drop (and count) the rest."""
+        with self._changed:
+            if self._closing:
+                return
+            self._closing = True
+            self._deadline = time.monotonic() + timeout_s
+            self._changed.notify()
+        self._thread.join(max(0.0, self._deadline - time.monotonic()))
+        # Stops the exporter's retries and backoff; an export on the wire then gives up.
+        self.exporter.shutdown()
+        self._thread.join(_ABORT_GRACE_S)
+        with self._changed:
+            left, self._queue = len(self._queue), deque()
+        stats.count(stats.SPANS_DROPPED_SHUTDOWN, left)
+
+    def idle(self) -> bool:
+        """True once shutdown has finished every export (tests wait on it)."""
+        return not self._thread.is_alive()
+
+
+class BoundedTracerProvider(TracerProvider):
+    """A ``TracerProvider`` whose ``shutdown`` flushes within a deadline.
+
+    ``shutdown(timeout_s)`` gives gpuscope's span pipeline at most ``timeout_s``
+    (default: the one given at construction) before the other processors shut down.
+    """
+
+    def __init__(
+        self,
+        pipeline: CountingBatchSpanProcessor,
+        *,
+        resource: Resource,
+        sampler: Sampler,
+        shutdown_timeout_s: float,
+    ) -> None:
+        super().__init__(resource=resource, sampler=sampler)
+        self.pipeline = pipeline
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.add_span_processor(pipeline)
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        self.pipeline.shutdown(self.shutdown_timeout_s if timeout_s is None else timeout_s)
+        super().shutdown()  # gpuscope's processor is closed already: returns at once
