@@ -1,8 +1,13 @@
 """Spans -> request-side histograms: the span contract of docs/spans.md, read on the hot path.
 
-Only SERVER spans and ``gpuscope.batch`` spans are aggregated; the phase child spans
-(``gpuscope.queue`` …) repeat what the server span's ``gpuscope.<phase>.duration``
-attributes already say, so they are received (and forwarded) but never counted twice.
+Request metrics come only from gpuscope's own instrumentation scope, so a request that
+other instrumentation also traces (FastAPI's built-in telemetry, the contrib ASGI
+middleware) is counted once. Of gpuscope's spans only SERVER spans and
+``gpuscope.batch`` spans are aggregated; the phase child spans (``gpuscope.queue`` …)
+repeat what the server span's ``gpuscope.<phase>.duration`` attributes already say,
+so they are received (and forwarded) but never counted twice. SERVER spans of other
+scopes feed the spanmetrics-shaped family of ``stock_spans``; their other spans are
+received and forwarded only.
 
 Each span's attribute list is walked once and only the keys in ``_SERVER_SLOTS`` /
 ``_BATCH_SLOTS`` have their values read: with the upb protobuf backend, touching a
@@ -26,6 +31,7 @@ from gpuscope.exporter.series import (
     CounterFamily,
     HistogramFamily,
 )
+from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 from gpuscope.middleware import attributes as attr
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
@@ -50,10 +56,11 @@ SPAN_REJECT_REASONS = (
 _STRING, _INT, _DOUBLE = "string_value", "int_value", "double_value"
 
 # Server span: attribute key -> (slot, expected AnyValue field).
-_ROUTE, _CODE, _MODEL, _UUID, _SERVICE, _IN, _OUT, _TTFT, _TPOT = range(9)
-_PHASE0 = 9
+_ROUTE, _CODE, _MODEL, _UUID, _SERVICE, _IN, _OUT, _TTFT, _TPOT, _OPERATION = range(10)
+_PHASE0 = 10
 _SERVER_SLOTS: dict[str, tuple[int, str]] = {
     attr.HTTP_ROUTE: (_ROUTE, _STRING),
+    attr.GEN_AI_OPERATION_NAME: (_OPERATION, _STRING),
     attr.HTTP_RESPONSE_STATUS_CODE: (_CODE, _INT),
     attr.GEN_AI_REQUEST_MODEL: (_MODEL, _STRING),
     attr.GPU_UUID: (_UUID, _STRING),
@@ -117,10 +124,12 @@ class SpanAggregator:
         compute_sink: ComputeActivitySink | None = None,
     ) -> None:
         gpu_labels = ("service", "model", "uuid", "gpu")
+        # The GenAI conventions key request metrics on gen_ai.operation.name too.
+        operation_labels = ("service", "model", "operation", "uuid", "gpu")
         self.duration = HistogramFamily(
             "gpuscope_request_duration_seconds",
             "Request duration from arrival to the last body chunk, from server spans.",
-            ("service", "model", "route", "code", "uuid", "gpu"),
+            ("service", "model", "operation", "route", "code", "uuid", "gpu"),
             LATENCY_BUCKETS,
             max_series,
         )
@@ -134,14 +143,14 @@ class SpanAggregator:
         self.ttft = HistogramFamily(
             "gpuscope_time_to_first_token_seconds",
             "Time from arrival to the first streamed chunk.",
-            gpu_labels,
+            operation_labels,
             LATENCY_BUCKETS,
             max_series,
         )
         self.tpot = HistogramFamily(
             "gpuscope_time_per_output_token_seconds",
             "Time per output token after the first one.",
-            gpu_labels,
+            operation_labels,
             LATENCY_BUCKETS,
             max_series,
         )
@@ -155,9 +164,10 @@ class SpanAggregator:
         self.tokens = CounterFamily(
             "gpuscope_tokens",
             "Tokens processed, by direction (input, output).",
-            ("direction", "service", "model"),
+            ("direction", "service", "model", "operation"),
             max_series,
         )
+        self.stock = StockSpanMetrics(max_series)
         self.max_label_length = max_label_length
         self.compute_sink = compute_sink
         self._gpu_index: dict[str, str] = {}
@@ -168,7 +178,14 @@ class SpanAggregator:
 
     @property
     def histograms(self) -> tuple[HistogramFamily, ...]:
-        return (self.duration, self.phase, self.ttft, self.tpot, self.batch_size)
+        return (
+            self.duration,
+            self.phase,
+            self.ttft,
+            self.tpot,
+            self.batch_size,
+            self.stock.duration,
+        )
 
     def set_gpu_devices(self, devices: Sequence[GpuDevice]) -> None:
         """Learn ``uuid -> NVML index`` for the ``gpu`` label of new observations."""
@@ -193,13 +210,10 @@ class SpanAggregator:
                     rejected[resource_error.reason] += len(spans)
                     result.first_error = result.first_error or f"resource: {resource_error}"
                     continue
+                own = scope_spans.scope.name == attr.INSTRUMENTATION_NAME
                 for span in spans:
                     try:
-                        if span.kind == SPAN_KIND_SERVER:
-                            self._server_span(span, service)
-                        elif span.name == attr.BATCH_SPAN_NAME:
-                            self._batch_span(span, service)
-                        else:
+                        if not self._aggregate(span, service, own):
                             continue
                     except SpanRejected as exc:
                         rejected[exc.reason] += 1
@@ -208,6 +222,30 @@ class SpanAggregator:
                         continue
                     result.aggregated += 1
         return result
+
+    def _aggregate(self, span: Any, service: str, own: bool) -> bool:
+        """Feed one span to its family; False for spans that feed none."""
+        if not own:
+            if span.kind != SPAN_KIND_SERVER:
+                return False
+            self._stock_span(span, service)
+        elif span.kind == SPAN_KIND_SERVER:
+            self._server_span(span, service)
+        elif span.name == attr.BATCH_SPAN_NAME:
+            self._batch_span(span, service)
+        else:
+            return False
+        return True
+
+    def _stock_span(self, span: Any, service: str) -> None:
+        ref = _span_ref(span)
+        start, end = span.start_time_unix_nano, span.end_time_unix_nano
+        if start == 0 or end < start:
+            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        try:
+            self.stock.observe(span, service, ref, self._label)
+        except StatusUnreadable as exc:
+            raise SpanRejected(WRONG_ATTRIBUTE_TYPE, str(exc)) from exc
 
     def _server_span(self, span: Any, resource_service: str) -> None:
         ref = _span_ref(span)
@@ -220,6 +258,7 @@ class SpanAggregator:
         model = label(values[_MODEL], attr.GEN_AI_REQUEST_MODEL)
         uuid = label(values[_UUID], attr.GPU_UUID)
         route = label(values[_ROUTE], attr.HTTP_ROUTE)
+        operation = label(values[_OPERATION], attr.GEN_AI_OPERATION_NAME)
         code = values[_CODE]
         if code is None:
             code_label = ""
@@ -242,9 +281,10 @@ class SpanAggregator:
         # Validated in full: from here on nothing can reject the span half-counted.
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.duration.observe(
-            (service, model, route, code_label, uuid, gpu), (end - start) / 1e9, ref
+            (service, model, operation, route, code_label, uuid, gpu), (end - start) / 1e9, ref
         )
         base = (service, model, uuid, gpu)
+        with_operation = (service, model, operation, uuid, gpu)
         phase_keys = self._phase_keys.get(base)
         if phase_keys is None:
             phase_keys = self._new_phase_keys(base)
@@ -253,13 +293,13 @@ class SpanAggregator:
             if seconds is not None:
                 observe_phase(labels, seconds, ref)
         if ttft is not None:
-            self.ttft.observe(base, ttft, ref)
+            self.ttft.observe(with_operation, ttft, ref)
         if tpot is not None:
-            self.tpot.observe(base, tpot, ref)
+            self.tpot.observe(with_operation, tpot, ref)
         if tokens_in is not None:
-            self.tokens.inc(("input", service, model), tokens_in)
+            self.tokens.inc(("input", service, model, operation), tokens_in)
         if tokens_out is not None:
-            self.tokens.inc(("output", service, model), tokens_out)
+            self.tokens.inc(("output", service, model, operation), tokens_out)
 
     def _new_phase_keys(self, base: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
         if len(self._phase_keys) >= self._cache_limit:  # bounded, whatever senders do

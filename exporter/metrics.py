@@ -1,9 +1,9 @@
-"""The exporter's own metric families: request histograms and self-monitoring.
+"""The exporter's own metric families: request-side counters and self-monitoring.
 
-Both collectors build fresh ``*MetricFamily`` objects on every scrape from plain
-counters that the event loop updates, so rendering goes through prometheus_client's
-text and OpenMetrics writers (exemplars in OpenMetrics only). The GPU families and
-``gpuscope_collector_*`` come from ``gpuscope.exporter.gpu.collector``.
+``ExporterCollector`` builds fresh ``*MetricFamily`` objects on every scrape from
+plain counters that the event loop updates; prometheus_client renders them (the
+request histograms go through ``render`` instead, unless ``histograms=True``). The GPU
+families and ``gpuscope_collector_*`` come from ``gpuscope.exporter.gpu.collector``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from prometheus_client.samples import Exemplar
 from gpuscope import __version__
 from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.otlp import REQUEST_REJECT_REASONS
-from gpuscope.exporter.series import HistogramFamily
+from gpuscope.exporter.series import CounterFamily, HistogramFamily
 
 FORWARD_DROP_REASONS = ("queue_full", "send_failed", "shutdown")
 
@@ -61,13 +61,8 @@ class ExporterCollector(Collector):
         if self.histograms:
             for family in aggregator.histograms:
                 yield _histogram(family)
-        tokens = CounterMetricFamily(
-            aggregator.tokens.name, aggregator.tokens.documentation,
-            labels=aggregator.tokens.label_names,
-        )  # fmt: skip
-        for labels, value in aggregator.tokens.items():
-            tokens.add_metric(labels, value)
-        yield tokens
+        counters = (aggregator.tokens, aggregator.stock.calls)
+        yield from (_counter(counter) for counter in counters)
         overflow = CounterMetricFamily(
             "gpuscope_series_overflow",
             "Observations sent to a metric's overflow series because it hit --max-series.",
@@ -75,7 +70,8 @@ class ExporterCollector(Collector):
         )
         for histogram in aggregator.histograms:
             overflow.add_metric([histogram.name], histogram.overflowed)
-        overflow.add_metric([aggregator.tokens.name + "_total"], aggregator.tokens.overflowed)
+        for counter in counters:
+            overflow.add_metric([counter.name + "_total"], counter.overflowed)
         yield overflow
         yield from self._self_families()
 
@@ -111,6 +107,13 @@ class ExporterCollector(Collector):
                 "Spans not forwarded to --forward-otlp, by reason.",
                 own.forward_spans_dropped.items(),
             )
+
+
+def _counter(counter: CounterFamily) -> Metric:
+    family = CounterMetricFamily(counter.name, counter.documentation, labels=counter.label_names)
+    for labels, value in counter.items():
+        family.add_metric(labels, value)
+    return family
 
 
 def _by_reason(name: str, documentation: str, counts: Iterable[tuple[str, int]]) -> Metric:

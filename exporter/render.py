@@ -10,9 +10,10 @@ other families (GPU, self metrics, tokens) still go through prometheus_client.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.exporter.series import HistogramFamily
@@ -27,11 +28,35 @@ def render_exposition(
     then the histograms through ``render_histograms``, in the format ``accept`` asks for."""
     encoder, content_type = choose_encoder(accept)
     openmetrics = content_type.startswith("application/openmetrics-text")
-    output = encoder(registry)
+    output = encoder(_WithUnits(registry) if openmetrics else registry)
     fast = render_histograms(histograms, openmetrics=openmetrics).encode()
     if openmetrics:  # one "# EOF" at the very end
         return output.removesuffix(OPENMETRICS_EOF) + fast + OPENMETRICS_EOF, content_type
     return output + fast, content_type
+
+
+# Base units that gpuscope's metric names end with; OpenMetrics' ``# UNIT`` line names
+# the suffix (Prometheus refuses a unit that is not one).
+_UNITS = ("seconds", "bytes", "joules", "hertz", "watts", "celsius", "ratio")
+
+
+def unit_of(name: str) -> str:
+    """The unit suffix of a metric name (``_total`` aside), or "" for none."""
+    base = name.removesuffix("_total")
+    return next((unit for unit in _UNITS if base.endswith("_" + unit)), "")
+
+
+class _WithUnits:
+    """``registry``'s families, each given the unit its name ends with (OpenMetrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if not metric.unit:
+                metric.unit = unit_of(metric.name)
+            yield metric
 
 
 def _escape(value: str) -> str:
@@ -48,6 +73,8 @@ def render_histograms(families: Iterable[HistogramFamily], *, openmetrics: bool)
     for family in families:
         name = family.name
         out.append(f"# HELP {name} {_help(family.documentation)}\n# TYPE {name} histogram\n")
+        if openmetrics and unit_of(name):
+            out.append(f"# UNIT {name} {unit_of(name)}\n")
         bounds = [repr(b) for b in family.bounds] + ["+Inf"]
         names = family.label_names
         for labels, series in family.items():

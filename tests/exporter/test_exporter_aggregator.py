@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry
 
@@ -12,7 +14,7 @@ from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.series import OVERFLOW
 from gpuscope.middleware import attributes as attr
-from support.exporter_fixtures import FakeGpuSource, SpanFactory, encode, value
+from support.exporter_fixtures import T0, FakeGpuSource, SpanFactory, encode, value
 
 
 class Scraped:
@@ -213,3 +215,143 @@ def test_missing_optional_attributes_leave_labels_empty() -> None:
     reg = registry_of(aggregator)
     labels = {"service": "svc", "model": "", "route": "", "code": "", "uuid": "", "gpu": ""}
     assert reg.get_sample_value("gpuscope_request_duration_seconds_count", labels) == 1
+
+
+def stock_server_span(
+    scope: str, name: str, attrs: dict[str, AttributeValue], *, error: bool = False
+) -> ReadableSpan:
+    """A SERVER span as another instrumentation (not gpuscope) would send it."""
+    spans = SpanFactory(service="shop")
+    span = spans.provider.get_tracer(scope).start_span(
+        name, kind=SpanKind.SERVER, attributes=attrs, start_time=T0
+    )
+    if error:
+        span.set_status(Status(StatusCode.ERROR))
+    span.end(end_time=T0 + 30_000_000)
+    return spans.memory.get_finished_spans()[-1]
+
+
+def test_server_spans_of_other_scopes_never_count_as_gpuscope_requests() -> None:
+    ours = SpanFactory().server(0.05)
+    theirs = stock_server_span(
+        "fastapi", "POST /v1/completions", {"http.response.status_code": 200}
+    )
+    aggregator = SpanAggregator()
+    result = aggregator.ingest(encode([ours, theirs]))
+    assert (result.received, result.aggregated, result.rejected_total) == (2, 2, 0)
+    reg = registry_of(aggregator)
+    total = sum(s.value for s in reg.samples if s.name == "gpuscope_request_duration_seconds_count")
+    assert total == 1
+    assert (
+        reg.get_sample_value("gpuscope_span_calls_total", {"span_name": "POST /v1/completions"})
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    "status_attribute", ["http.response.status_code", "http.status_code"], ids=["stable", "old"]
+)
+def test_stock_spans_keep_every_status_apart(status_attribute: str) -> None:
+    aggregator = SpanAggregator()
+    statuses = (200, 200, 404, 422, 500, 503)
+    spans = [
+        stock_server_span(
+            "opentelemetry.instrumentation.asgi",
+            "GET /items/{id}",
+            {status_attribute: code},
+            error=code >= 500,
+        )
+        for code in statuses
+    ]
+    assert aggregator.ingest(encode(spans)).aggregated == len(statuses)
+    reg = registry_of(aggregator)
+    calls = [s for s in reg.samples if s.name == "gpuscope_span_calls_total"]
+    assert {s.labels["http_status_code"]: s.value for s in calls} == {
+        "200": 2, "404": 1, "422": 1, "500": 1, "503": 1,
+    }  # fmt: skip
+    assert all(s.labels["service_name"] == "shop" for s in calls)
+    assert all(s.labels["span_kind"] == "SPAN_KIND_SERVER" for s in calls)
+    errors = {
+        s.labels["http_status_code"]
+        for s in calls
+        if s.labels["status_code"] == "STATUS_CODE_ERROR"
+    }
+    assert errors == {"500", "503"}
+    labels = {"span_name": "GET /items/{id}", "http_status_code": "404"}
+    assert reg.get_sample_value("gpuscope_span_duration_seconds_count", labels) == 1
+    assert reg.get_sample_value("gpuscope_span_duration_seconds_sum", labels) == pytest.approx(0.03)
+
+
+def test_grpc_server_spans_carry_their_grpc_status() -> None:
+    aggregator = SpanAggregator()
+    ok = stock_server_span(
+        "opentelemetry.instrumentation.grpc", "/svc.Infer/Run", {"rpc.grpc.status_code": 0}
+    )
+    unavailable = stock_server_span(
+        "opentelemetry.instrumentation.grpc",
+        "/svc.Infer/Run",
+        {"rpc.grpc.status_code": 14},
+        error=True,
+    )
+    assert aggregator.ingest(encode([ok, unavailable])).aggregated == 2
+    reg = registry_of(aggregator)
+    calls = {
+        s.labels["rpc_grpc_status_code"]: (s.labels["status_code"], s.labels["http_status_code"])
+        for s in reg.samples
+        if s.name == "gpuscope_span_calls_total"
+    }
+    assert calls == {"0": ("STATUS_CODE_UNSET", ""), "14": ("STATUS_CODE_ERROR", "")}
+
+
+def test_an_unreadable_stock_status_rejects_the_span_instead_of_merging_it() -> None:
+    aggregator = SpanAggregator()
+    bad = stock_server_span("asgi", "GET /", {"http.status_code": "two hundred"})
+    good = stock_server_span("asgi", "GET /", {"http.status_code": "200"})  # text digits are read
+    result = aggregator.ingest(encode([bad, good]))
+    assert (result.aggregated, dict(result.rejected)) == (1, {"wrong_attribute_type": 1})
+    reg = registry_of(aggregator)
+    assert reg.get_sample_value("gpuscope_span_calls_total", {"http_status_code": "200"}) == 1
+    assert reg.get_sample_value("gpuscope_span_calls_total", {"http_status_code": ""}) is None
+
+
+def test_stock_spans_other_than_server_are_received_only() -> None:
+    spans = SpanFactory()
+    client = spans.provider.get_tracer("httpx").start_span("GET", kind=SpanKind.CLIENT)
+    client.end()
+    result = SpanAggregator().ingest(encode([spans.memory.get_finished_spans()[-1]]))
+    assert (result.received, result.aggregated, result.rejected_total) == (1, 0, 0)
+
+
+def test_operation_labels_the_request_metrics() -> None:
+    spans = SpanFactory()
+    chat = spans.server(
+        0.05,
+        attrs={
+            attr.GEN_AI_OPERATION_NAME: "chat",
+            attr.TIME_TO_FIRST_TOKEN: 0.01,
+            attr.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
+        },
+    )
+    embed = spans.server(0.05, attrs={attr.GEN_AI_OPERATION_NAME: "embeddings"})
+    aggregator = SpanAggregator()
+    aggregator.ingest(encode([chat, embed]))
+    reg = registry_of(aggregator)
+    for operation in ("chat", "embeddings"):
+        labels = {"operation": operation}
+        assert reg.get_sample_value("gpuscope_request_duration_seconds_count", labels) == 1
+    assert (
+        reg.get_sample_value("gpuscope_time_to_first_token_seconds_count", {"operation": "chat"})
+        == 1
+    )
+    tokens = {"operation": "chat", "direction": "output"}
+    assert reg.get_sample_value("gpuscope_tokens_total", tokens) == 5
+
+
+def test_latency_buckets_reach_the_genai_upper_bound() -> None:
+    aggregator = SpanAggregator()
+    aggregator.ingest(encode([SpanFactory().server(75.0)]))
+    reg = registry_of(aggregator)
+    bucket = "gpuscope_request_duration_seconds_bucket"
+    assert reg.get_sample_value(bucket, {"le": "60.0"}) == 0
+    assert reg.get_sample_value(bucket, {"le": "81.92"}) == 1
+    assert reg.get_sample_value(bucket, {"le": "0.0001"}) == 0  # the low end stays
