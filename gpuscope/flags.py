@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
@@ -49,6 +50,17 @@ def check_range(flag: str, value: float, low: float, high: float | None = None) 
 def check_positive(flag: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{flag}: must be greater than 0, got {value}")
+
+
+def check_http_url(flag: str, value: str, example: str) -> None:
+    """An absolute ``http://`` or ``https://`` URL with a host, such as ``example``."""
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"{flag}: expected an http(s) URL such as {example}, got {value!r}")
 
 
 def _read_bool(raw: str) -> bool:

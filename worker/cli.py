@@ -2,7 +2,9 @@
 
 Shutdown order on SIGINT/SIGTERM (uvicorn's, then the app's lifespan): stop
 accepting connections, let open requests finish for ``--shutdown-timeout-s``,
-then the schedulers cancel what is left, and the tracer provider flushes its spans.
+then the schedulers cancel what is left, and the tracer provider flushes its spans
+within another ``--shutdown-timeout-s`` (what it cannot deliver by then is dropped
+and counted).
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ def main(argv: list[str]) -> int:
     provider: trace.TracerProvider = trace.NoOpTracerProvider()
     flush: Callable[[], None] | None = None
     if not config.no_tracing:
-        sdk_provider = setup_tracing(config.otlp_endpoint, config.service_name, set_global=False)
+        # The span flush at exit gets the same budget as the requests in flight.
+        sdk_provider = setup_tracing(
+            config.otlp_endpoint,
+            config.service_name,
+            shutdown_timeout_s=config.shutdown_timeout_s,
+            set_global=False,
+        )
         provider, flush = sdk_provider, sdk_provider.shutdown
     try:
         app = create_app(config, tracer_provider=provider, on_shutdown=flush)

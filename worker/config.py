@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpuscope import flags
-from gpuscope.flags import ConfigError, check_choice, check_positive, check_range
+from gpuscope.flags import (
+    ConfigError,
+    check_choice,
+    check_http_url,
+    check_positive,
+    check_range,
+)
 
 __all__ = ["ConfigError", "WorkerConfig", "build_parser", "parse_config"]
 
@@ -74,6 +80,8 @@ class WorkerConfig:
             ("--shutdown-timeout-s", self.shutdown_timeout_s),
         ):
             check_positive(flag, seconds)
+        if self.otlp_endpoint is not None:
+            check_http_url("--otlp-endpoint", self.otlp_endpoint, "http://127.0.0.1:9420/v1/traces")
         if self.gpu_uuid is not None and not self.gpu_uuid.startswith(("GPU-", "MIG-")):
             raise ConfigError(f"--gpu-uuid: expected 'GPU-…' or 'MIG-…', got {self.gpu_uuid!r}")
 

@@ -183,11 +183,11 @@ def test_endpoint_resolution_follows_the_otel_variables(monkeypatch: pytest.Monk
     assert resolve_endpoint("http://explicit/v1/traces") == "http://explicit/v1/traces"
 
 
-def test_importing_the_middleware_pulls_in_no_sdk_aiohttp_or_nvml() -> None:
+def test_importing_the_middleware_pulls_in_no_sdk_aiohttp_nvml_or_prometheus_client() -> None:
     code = (
-        "import sys, gpuscope.middleware; "
+        "import sys, gpuscope.middleware; from gpuscope.middleware import stats; "
         "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'aiohttp',"
-        " 'pynvml', 'opentelemetry.exporter'))))"
+        " 'pynvml', 'opentelemetry.exporter', 'prometheus_client', 'requests', 'urllib3'))))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"

@@ -1,0 +1,99 @@
+"""setup_tracing()'s span pipeline: every span accounted for, shutdown within its deadline."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuscope.middleware import setup_tracing, stats
+from gpuscope.middleware.span_pipeline import BoundedTracerProvider
+
+FATES = (
+    stats.SPANS_EXPORTED,
+    stats.SPANS_EXPORT_FAILED,
+    stats.SPANS_DROPPED_QUEUE_FULL,
+    stats.SPANS_DROPPED_SHUTDOWN,
+)
+
+
+@pytest.fixture
+def refusing_url() -> Iterator[str]:
+    """A loopback port that is bound but never listens: every connection is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1/traces"
+
+
+def wait_idle(provider: BoundedTracerProvider) -> None:
+    deadline = time.monotonic() + 30
+    while not provider.pipeline.idle():
+        assert time.monotonic() < deadline, "the export thread did not finish"
+        time.sleep(0.01)
+
+
+def test_every_span_is_exported_failed_or_dropped_when_the_endpoint_is_down(
+    refusing_url: str,
+) -> None:
+    stats.reset()
+    provider = setup_tracing(
+        refusing_url,
+        "svc",
+        timeout_s=0.3,
+        max_queue_size=64,
+        max_export_batch_size=16,
+        schedule_delay_ms=20,
+        set_global=False,
+    )
+    tracer = provider.get_tracer("t")
+    created = 2000
+    for i in range(created):
+        tracer.start_span(f"span-{i}").end()
+    provider.shutdown(timeout_s=1.0)
+    wait_idle(provider)
+    counts = stats.snapshot()
+    assert sum(counts[fate] for fate in FATES) == created, counts
+    assert counts[stats.SPANS_EXPORTED] == 0
+    assert counts[stats.SPANS_EXPORT_FAILED] > 0
+    assert counts[stats.SPANS_DROPPED_QUEUE_FULL] > 0
+    # After shutdown a span is dropped and counted, never queued.
+    tracer.start_span("late").end()
+    assert (
+        stats.snapshot()[stats.SPANS_DROPPED_SHUTDOWN] == counts[stats.SPANS_DROPPED_SHUTDOWN] + 1
+    )
+
+
+def test_shutdown_keeps_to_its_deadline_while_retries_would_take_longer(refusing_url: str) -> None:
+    stats.reset()
+    # The exporter alone would retry each batch for 30 s.
+    provider = setup_tracing(refusing_url, "svc", timeout_s=30.0, set_global=False)
+    tracer = provider.get_tracer("t")
+    for i in range(10):
+        tracer.start_span(f"span-{i}").end()
+    started = time.monotonic()
+    provider.shutdown(timeout_s=1.0)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10.0, f"shutdown took {elapsed:.1f} s with a 1 s deadline"
+    wait_idle(provider)
+    counts = stats.snapshot()
+    assert sum(counts[fate] for fate in FATES) == 10, counts
+
+
+def test_the_counters_are_stable_and_scrapeable() -> None:
+    stats.reset()
+    assert {key: stats.snapshot()[key] for key in stats.STABLE_KEYS} == dict.fromkeys(
+        stats.STABLE_KEYS, 0
+    )
+    stats.count(stats.SPANS_DROPPED_QUEUE_FULL, 3)
+    stats.count("marks_out_of_order")
+    registry = CollectorRegistry()
+    stats.register(registry)
+    sample = registry.get_sample_value
+    assert sample("gpuscope_middleware_spans_dropped_queue_full_total") == 3
+    assert sample("gpuscope_middleware_spans_exported_total") == 0
+    assert sample("gpuscope_middleware_marks_out_of_order_total") == 1
+    stats.count(stats.SPANS_EXPORTED, 5)  # read at scrape time, not at registration
+    assert sample("gpuscope_middleware_spans_exported_total") == 5

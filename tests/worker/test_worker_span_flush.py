@@ -1,0 +1,90 @@
+"""The worker as a real process: its span flush keeps to --shutdown-timeout-s; bad URLs stop it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+GPUSCOPE = [sys.executable, "-m", "gpuscope.cli"]
+SHUTDOWN_TIMEOUT_S = 1.0
+
+
+@pytest.fixture
+def refusing_url() -> Iterator[str]:
+    """A loopback port that is bound but never listens: every connection is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1/traces"
+
+
+def wait_for_port(worker: subprocess.Popen[str]) -> int:
+    """Read the worker's log until uvicorn says where it listens."""
+    assert worker.stderr is not None
+    deadline = time.monotonic() + 60
+    for line in worker.stderr:
+        found = re.search(r"running on http://127\.0\.0\.1:(\d+)", line)
+        if found:
+            # Keep reading, so that a full pipe never blocks the worker's logging.
+            threading.Thread(target=worker.stderr.read, daemon=True).start()
+            return int(found.group(1))
+        assert time.monotonic() < deadline, "the worker did not start"
+    raise AssertionError(f"the worker exited with {worker.wait()} before listening")
+
+
+@pytest.mark.slow
+def test_sigterm_exit_keeps_to_the_shutdown_timeout_with_the_exporter_unreachable(
+    refusing_url: str,
+) -> None:
+    worker = subprocess.Popen(
+        [
+            *GPUSCOPE, "worker", "--port", "0", "--device", "cpu", "--batching", "none",
+            "--otlp-endpoint", refusing_url,
+            "--shutdown-timeout-s", str(SHUTDOWN_TIMEOUT_S),
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    try:
+        port = wait_for_port(worker)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            for _ in range(3):  # spans that the flush will try and fail to deliver
+                body = {"model": "gpuscope-synthetic", "input": "hello"}
+                assert client.post("/v1/embeddings", json=body).status_code == 200
+        time.sleep(0.7)  # past the export delay: the exporter is retrying a batch now
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        assert worker.stderr is not None
+        worker.stderr.close()
+    # uvicorn re-raises the signal it handled once it has shut down cleanly.
+    assert code in (0, -signal.SIGTERM)
+    # The exporter's own retries would take 10 s, the SDK's default flush 30 s.
+    assert elapsed < SHUTDOWN_TIMEOUT_S + 6, f"exit took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("endpoint", ["notaurl", "ftp://collector/v1/traces", "http://"])
+def test_an_otlp_endpoint_that_is_not_a_url_stops_the_worker_at_start(endpoint: str) -> None:
+    result = subprocess.run(
+        [*GPUSCOPE, "worker", "--otlp-endpoint", endpoint],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--otlp-endpoint" in result.stderr
+    assert repr(endpoint) in result.stderr
