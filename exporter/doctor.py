@@ -3,7 +3,9 @@
 It opens the GPU source the exporter would open, takes two samples 150 ms apart
 (GPM rates need two) and reports, per GPU and metric group, supported or not and
 why (driver, architecture, permission), from the very readings the exporter
-would serve. ``--json`` prints the same as JSON (``scripts/gpu-check`` reads it).
+would serve. ``--json`` prints the same as JSON (``scripts/gpu-check`` reads it), also
+when no GPU source opens (``"source": null``, the errors, and what the exporter would
+do with the same ``--gpu-source``).
 """
 
 from __future__ import annotations
@@ -140,6 +142,26 @@ def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
     return None, errors
 
 
+def exporter_outcome(gpu_source: str) -> str:
+    """What ``gpuscope exporter`` does with this ``--gpu-source`` when no GPU answers."""
+    if gpu_source in ("auto", "none"):
+        return "the exporter would serve request metrics only"
+    return (
+        f"'gpuscope exporter --gpu-source {gpu_source}' would exit with an error "
+        "(use --gpu-source auto or none to serve request metrics only)"
+    )
+
+
+def no_source_report(config: DoctorConfig, errors: Sequence[str]) -> dict[str, Any]:
+    """The ``--json`` report when no GPU source opened: same shape, no GPUs."""
+    return {
+        "source": None,
+        "gpus": [],
+        "errors": list(errors or ["--gpu-source none"]),
+        "exporter": exporter_outcome(config.gpu_source),
+    }
+
+
 def main(argv: list[str]) -> int:
     config = parse_args(argv)
     try:
@@ -148,11 +170,12 @@ def main(argv: list[str]) -> int:
         print(f"gpuscope doctor: {exc}", file=sys.stderr)
         return 2
     if source is None:
-        print(
-            "gpuscope doctor: no GPU source; the exporter would serve request metrics only.",
-            file=sys.stderr,
-        )
-        for error in errors or ["--gpu-source none"]:
+        report = no_source_report(config, errors)
+        print(f"gpuscope doctor: no GPU source; {report['exporter']}.", file=sys.stderr)
+        for error in report["errors"]:
             print(f"  {error}", file=sys.stderr)
+        if config.json:  # a reader of stdout still gets a document to parse
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
         return 1
     return run(source, config, sys.stdout)

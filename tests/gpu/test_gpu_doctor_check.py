@@ -151,3 +151,49 @@ def test_gpu_check_fails_fast_without_a_gpu(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "gpu-check: FAIL (cannot run): no NVIDIA GPU or driver" in result.stderr
     assert not output.exists()
+
+
+def no_gpu_here() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return True
+    pynvml.nvmlShutdown()
+    return False
+
+
+@pytest.mark.parametrize(
+    ("gpu_source", "outcome"),
+    [
+        ("auto", "the exporter would serve request metrics only"),
+        ("nvml", "'gpuscope exporter --gpu-source nvml' would exit with an error"),
+    ],
+)
+def test_doctor_without_a_gpu_says_what_the_exporter_does_and_json_still_parses(
+    gpu_source: str, outcome: str
+) -> None:
+    if not no_gpu_here():
+        pytest.skip("an NVIDIA driver is present")
+    argv = ["doctor", "--gpu-source", gpu_source, "--json"]
+    doctor = subprocess.run(
+        [sys.executable, "-m", "gpuscope.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert doctor.returncode == 1
+    assert outcome in doctor.stderr
+    report = json.loads(doctor.stdout)
+    assert report["source"] is None and report["gpus"] == []
+    assert outcome in report["exporter"] and report["errors"]
+    if gpu_source == "nvml":  # and the exporter does exactly that
+        exporter = subprocess.run(
+            [sys.executable, "-m", "gpuscope.cli", "exporter", "--gpu-source", "nvml"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert exporter.returncode == 1
+        assert "--gpu-source nvml" in exporter.stderr
