@@ -13,13 +13,15 @@ import math
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
 import pytest
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from gpuscope.exporter.gpu.scenario import load_scenario
@@ -33,6 +35,7 @@ from gpuscope.middleware import (
     setup_tracing,
     stats,
 )
+from gpuscope.middleware.types import ASGIApp
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import (
     instant_query,
@@ -44,6 +47,7 @@ from support.prometheus_server import (
 REPO = Path(__file__).parents[2]
 QUERIES = re.findall(r"```promql\n(.*?)```", (REPO / "docs" / "queries.md").read_text(), re.S)
 BATCH = 4
+STREAMED_TOKENS = 4
 
 
 def test_the_page_has_queries() -> None:
@@ -74,7 +78,32 @@ def batching_app(recorder: BatchRecorder) -> Starlette:
         await done
         return JSONResponse({"ok": True})
 
-    return Starlette(routes=[Route("/v1/embeddings", embed, methods=["POST"])])
+    async def complete(request: Request) -> StreamingResponse:
+        timeline = current_timeline()
+        assert timeline is not None
+        timeline.set_model("mlp")
+        timeline.set_operation("text_completion")
+        timeline.set_tokens(input_tokens=5, output_tokens=STREAMED_TOKENS)
+
+        async def tokens() -> AsyncIterator[bytes]:
+            for i in range(STREAMED_TOKENS):
+                await asyncio.sleep(0.001)
+                if i == 0:
+                    timeline.first_token()
+                yield b"data: {}\n\n"
+
+        return StreamingResponse(tokens(), media_type="text/event-stream")
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"data": []})
+
+    return Starlette(
+        routes=[
+            Route("/v1/embeddings", embed, methods=["POST"]),
+            Route("/v1/completions", complete, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ]
+    )
 
 
 class Clock:
@@ -98,13 +127,30 @@ async def fed_exporter() -> AsyncIterator[RunningExporter]:
         await exporter.stop()
 
 
-async def send_wave(app: GpuscopeMiddleware, count: int) -> None:
-    transport = httpx.ASGITransport(app=app)
+async def send_wave(app: ASGIApp, count: int) -> None:
+    """``count`` embeddings (batched), streamed completions, model listings and 404s."""
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
         responses = await asyncio.gather(
-            *(client.post("/v1/embeddings", json={}) for _ in range(count))
+            *(client.post("/v1/embeddings", json={}) for _ in range(count)),
+            *(client.post("/v1/completions", json={}) for _ in range(2)),
+            *(client.get("/v1/models") for _ in range(2)),
         )
-    assert all(r.status_code == 200 for r in responses)
+        assert all(r.status_code == 200 for r in responses)
+        assert (await client.get("/no/such/route")).status_code == 404
+
+
+def check_meaning(query: str, result: list[dict[str, Any]]) -> None:
+    """What some queries must leave out, beyond answering with data."""
+    labels = [sample["metric"] for sample in result]
+    if "histogram_quantile(0.99, sum by (model, route" in query:
+        assert {m["route"] for m in labels} == {"/v1/embeddings", "/v1/completions"}, labels
+    if "gpuscope_gpu_clock_event_active" in query:
+        assert all(m["reason"] != "gpu_idle" for m in labels), labels
+    if query.startswith("sum by (reason)"):
+        assert all("reason" in m for m in labels), f"a series without a reason: {labels}"
+    if "gpuscope_span_calls_total" in query:
+        assert {m["http_status_code"] for m in labels} == {"200", "404"}, labels
 
 
 async def test_every_documented_query_answers_with_data(
@@ -115,7 +161,12 @@ async def test_every_documented_query_answers_with_data(
     recorder = BatchRecorder(
         max_size=BATCH, model="mlp", gpu_uuid=simulated_uuid(0), tracer_provider=provider
     )
-    app = GpuscopeMiddleware(batching_app(recorder), tracer_provider=provider)
+    # Next to another instrumentation, as in many real services: its spans are
+    # counted apart (gpuscope_span_*), never as gpuscope requests.
+    app = OpenTelemetryMiddleware(
+        GpuscopeMiddleware(batching_app(recorder), tracer_provider=provider),
+        tracer_provider=provider,
+    )
     await send_wave(app, 4 * BATCH)
     # The exporter runs on this event loop: flush from a thread, or the flush would
     # block the very loop that has to answer it.
@@ -135,5 +186,6 @@ async def test_every_documented_query_answers_with_data(
             assert result, f"no data for:\n{query}"
             values = [float(sample["value"][1]) for sample in result]
             assert not any(math.isnan(v) for v in values), f"NaN from:\n{query}\n{result}"
+            check_meaning(query, result)
     await asyncio.to_thread(provider.shutdown)
     assert stats.snapshot().get("spans_export_failed", 0) == 0
