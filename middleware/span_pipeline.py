@@ -82,16 +82,21 @@ class CountingBatchSpanProcessor(SpanProcessor):
                 return
 
     def _drain(self, deadline: float | None) -> bool:
-        """Export batches until the queue is empty (True) or ``deadline`` passes."""
+        """Export batches until the queue is empty (True) or a deadline passes.
+
+        The deadline is ``deadline`` or, once shutdown has begun, shutdown's own.
+        """
         with self._export_lock:
-            while deadline is None or time.monotonic() < deadline:
+            while True:
                 with self._changed:
+                    limit = self._deadline if self._closing else deadline
+                    if limit is not None and time.monotonic() >= limit:
+                        return False
                     count = min(len(self._queue), self.max_export_batch_size)
                     batch = [self._queue.popleft() for _ in range(count)]
                 if not batch:
                     return True
                 self.exporter.export(batch)
-            return False
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._drain(time.monotonic() + timeout_millis / 1000)
