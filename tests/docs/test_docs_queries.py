@@ -129,7 +129,7 @@ async def fed_exporter() -> AsyncIterator[RunningExporter]:
 
 async def send_wave(app: ASGIApp, count: int) -> None:
     """``count`` embeddings (batched), streamed completions, model listings and 404s."""
-    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
         responses = await asyncio.gather(
             *(client.post("/v1/embeddings", json={}) for _ in range(count)),

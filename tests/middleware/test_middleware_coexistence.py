@@ -67,7 +67,7 @@ def fastapi_app(provider: BoundedTracerProvider, seen: Seen, *, builtin: bool) -
 
 def gpuscope_inside(app: FastAPI, provider: BoundedTracerProvider) -> FastAPI:
     app.add_middleware(
-        GpuscopeMiddleware,  # type: ignore[arg-type]
+        GpuscopeMiddleware,
         tracer_provider=provider,
         excluded_paths=[EXCLUDED],
     )
@@ -94,7 +94,7 @@ def instrumentor_outside(provider: BoundedTracerProvider, seen: Seen) -> object:
 
 def asgi_outside(provider: BoundedTracerProvider, seen: Seen) -> object:
     inner = gpuscope_outside(fastapi_app(provider, seen, builtin=False), provider)
-    return OpenTelemetryMiddleware(inner, tracer_provider=provider)  # type: ignore[arg-type]
+    return OpenTelemetryMiddleware(inner, tracer_provider=provider)
 
 
 def asgi_inside(provider: BoundedTracerProvider, seen: Seen) -> object:
