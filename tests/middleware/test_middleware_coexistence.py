@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -209,3 +210,58 @@ async def test_each_request_is_counted_once_in_one_trace(
     stock_calls = [s for s in scraped if s.name == "gpuscope_span_calls_total"]
     assert sum(s.value for s in stock_calls) == len(other_servers)
     assert all(s.labels["http_status_code"] == "200" for s in stock_calls)
+
+
+GLOBAL_SETUP_APP = """
+import asyncio, sys
+import httpx
+from fastapi import FastAPI
+from gpuscope.middleware import GpuscopeMiddleware, current_timeline, setup_tracing
+
+provider = setup_tracing(sys.argv[1], "shop")  # the global provider: FastAPI traces too
+app = FastAPI()
+app.add_middleware(GpuscopeMiddleware, excluded_paths=["/healthz", "/metrics"])
+
+@app.get("/v1/models")
+async def models() -> dict:
+    current_timeline().set_model("m")
+    return {"data": []}
+
+@app.get("/healthz")
+async def healthz() -> dict:
+    return {}
+
+@app.get("/metrics")
+async def metrics() -> dict:
+    return {}
+
+async def main() -> None:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://shop") as client:
+        for path in ("/v1/models", "/v1/models", "/healthz", "/metrics"):
+            assert (await client.get(path)).status_code == 200
+
+asyncio.run(main())
+provider.shutdown()
+"""
+
+
+async def test_the_documented_setup_with_a_global_provider_counts_each_request_once(
+    exporter: RunningExporter,
+) -> None:
+    """setup_tracing() + app.add_middleware(...), as the README shows, in a fresh process."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", GLOBAL_SETUP_APP, exporter.url + "/v1/traces",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 0, stderr.decode()
+    async with aiohttp.ClientSession() as session:
+        scraped = samples(await scrape(session, exporter))
+    counts = [s for s in scraped if s.name == "gpuscope_request_duration_seconds_count"]
+    assert [(s.labels["route"], s.labels["model"], s.value) for s in counts] == [
+        ("/v1/models", "m", 2)
+    ]
+    # FastAPI's own SERVER spans, all four of them, are counted apart.
+    calls = [s for s in scraped if s.name == "gpuscope_span_calls_total"]
+    assert sum(s.value for s in calls) == 4
