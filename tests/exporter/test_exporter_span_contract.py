@@ -73,6 +73,7 @@ async def test_service_name_gpu_join_streaming_and_tokens_reach_metrics(
         timeline = current_timeline()
         assert timeline is not None
         timelines.append(timeline)
+        timeline.set_operation("text_completion")
         timeline.set_tokens(input_tokens=7)
         timeline.enqueued()
         batch = recorder.batch()
@@ -95,6 +96,9 @@ async def test_service_name_gpu_join_streaming_and_tokens_reach_metrics(
     no_rejects(scraped)
     labels = {"service": "svc-a", "model": "lm", "uuid": UUID, "gpu": "1"}
     assert value(scraped, "gpuscope_request_duration_seconds_count", {**labels, "code": "200"}) == 1
+    operation = {**labels, "operation": "text_completion"}  # gen_ai.operation.name
+    assert value(scraped, "gpuscope_request_duration_seconds_count", operation) == 1
+    assert value(scraped, "gpuscope_time_to_first_token_seconds_count", operation) == 1
     (timeline,) = timelines
     ttft, tpot = timeline.streaming_seconds()
     assert ttft is not None and tpot is not None
