@@ -13,9 +13,12 @@ endpoint is unreachable. Imported only by ``setup_tracing()`` (it needs the SDK)
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections import deque
+from collections.abc import Callable
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -46,10 +49,16 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self.max_queue_size = max_queue_size
         self.max_export_batch_size = max_export_batch_size
         self.schedule_delay_s = schedule_delay_s
-        self._queue: deque[ReadableSpan] = deque()
-        self._changed = threading.Condition()
         self._closing = False
         self._deadline = 0.0
+        self._start()
+        # A process forked after setup (a pre-loading server) gets its own queue and thread.
+        reinit = weakref.WeakMethod(self._start)
+        os.register_at_fork(after_in_child=lambda: _call_if_alive(reinit))
+
+    def _start(self) -> None:
+        self._queue: deque[ReadableSpan] = deque()
+        self._changed = threading.Condition()
         self._export_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="gpuscope-spans", daemon=True)
         self._thread.start()
@@ -120,6 +129,12 @@ class CountingBatchSpanProcessor(SpanProcessor):
     def idle(self) -> bool:
         """True once shutdown has finished every export (tests wait on it)."""
         return not self._thread.is_alive()
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    bound = method()
+    if bound is not None:
+        bound()
 
 
 class BoundedTracerProvider(TracerProvider):

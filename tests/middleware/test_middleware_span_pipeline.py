@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -97,3 +99,34 @@ def test_the_counters_are_stable_and_scrapeable() -> None:
     assert sample("gpuscope_middleware_marks_out_of_order_total") == 1
     stats.count(stats.SPANS_EXPORTED, 5)  # read at scrape time, not at registration
     assert sample("gpuscope_middleware_spans_exported_total") == 5
+
+
+FORKED_CHILD = """
+import os, sys
+from gpuscope.middleware import setup_tracing, stats
+
+provider = setup_tracing(sys.argv[1], "svc", timeout_s=0.2, set_global=False)
+pid = os.fork()
+if pid == 0:  # the child exports through a thread of its own
+    stats.reset()
+    for i in range(5):
+        provider.get_tracer("t").start_span(f"span-{i}").end()
+    provider.shutdown(timeout_s=10.0)
+    counts = stats.snapshot()
+    os._exit(0 if counts["spans_export_failed"] == 5 else 1)
+_, status = os.waitpid(pid, 0)
+provider.shutdown(timeout_s=1.0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_exports_through_its_own_thread(refusing_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD, refusing_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Without a thread of its own, the child's spans would all be dropped at shutdown.
+    assert result.returncode == 0, result.stderr
