@@ -79,6 +79,15 @@ def _with_propagation_headers(scope: Scope, context: Context) -> Scope:
     return {**scope, "headers": headers}
 
 
+def _scope_for_app(scope: Scope, context: Context) -> Scope:
+    """``_with_propagation_headers``, or the scope unchanged if a propagator fails."""
+    try:
+        return _with_propagation_headers(scope, context)
+    except Exception as exc:
+        stats.record_failure("propagation_headers", exc)
+        return scope
+
+
 class GpuscopeMiddleware:
     """Wrap an ASGI app so that every HTTP request becomes a phase-split span.
 
@@ -161,14 +170,15 @@ class _Exchange:
         self.timeline_token = activate(timeline)
         request_context = trace.set_span_in_context(span, parent)
         self.context_token = otel_context.attach(request_context)
-        self.scope = _with_propagation_headers(scope, request_context) if span_valid else scope
+        self.scope = _scope_for_app(scope, request_context) if span_valid else scope
 
     @classmethod
     def begin(cls, middleware: GpuscopeMiddleware, scope: Scope) -> _Exchange:
         timeline = RequestTimeline()
         timeline.service_name = middleware.service_name
-        parent = _parent_context(scope)
+        parent = otel_context.get_current()
         try:
+            parent = _parent_context(scope)
             span = cls._start_span(middleware, scope, timeline, parent)
         except Exception as exc:
             # Without a span the request is still served, and its marks still work.

@@ -349,3 +349,41 @@ async def test_an_app_that_never_responds_is_recorded_as_the_500_servers_send(
     assert attrs["http.response.status_code"] == 500
     assert attrs["error.type"] == "no_response"
     assert server.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.parametrize("failing", ["extract", "inject"])
+async def test_a_broken_propagator_never_fails_the_request(
+    span_recorder: SpanRecorder, failing: str
+) -> None:
+    from opentelemetry import propagate
+    from opentelemetry.context import Context
+    from opentelemetry.propagators.textmap import TextMapPropagator
+
+    class BrokenPropagator(TextMapPropagator):
+        def extract(self, carrier: Any, context: Context | None = None, getter: Any = None) -> Any:
+            if failing == "extract":
+                raise RuntimeError("cannot read headers")
+            return context if context is not None else Context()
+
+        def inject(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("cannot write headers")
+
+        @property
+        def fields(self) -> set[str]:
+            return {"traceparent"}
+
+    stats.reset()
+    original = propagate.get_global_textmap()
+    propagate.set_global_textmap(BrokenPropagator())
+    try:
+        app = GpuscopeMiddleware(phased_app, tracer_provider=span_recorder.provider)
+        sent = await call(app, http_scope())
+    finally:
+        propagate.set_global_textmap(original)
+    assert sent[1]["body"] == b"ok"
+    counts = stats.snapshot()
+    if failing == "extract":  # served untraced
+        assert counts["server_span_start"] == 1
+    else:  # traced; the app sees the caller's headers unchanged
+        assert counts["propagation_headers"] == 1
+        assert len(span_recorder.server_spans()) == 1
