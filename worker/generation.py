@@ -270,3 +270,8 @@ class TokenStream:
     def cancel(self) -> None:
         """The client went away: the sequence leaves its batch (no-op once complete)."""
         self._scheduler.abandon(self._item)
+
+    def stop(self) -> None:
+        """The request needs no more tokens (a stop sequence matched): it ends complete
+        and leaves its batch at the next iteration."""
+        self._scheduler.finish_early(self._item)

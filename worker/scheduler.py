@@ -147,6 +147,7 @@ class QueueingScheduler(Generic[P]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._recent_batch_s = 0.01
 
     @property
@@ -193,6 +194,18 @@ class QueueingScheduler(Generic[P]):
             self.counters.cancelled += 1
         item.future.cancel()
         # Already taken into a batch when not queued: the scheduler drops it there.
+        with contextlib.suppress(ValueError):
+            self._queue.remove(item)
+        self._note_idle()
+
+    def finish_early(self, item: WorkItem[P]) -> None:
+        """The request needs no more results (a stop sequence matched): count it complete;
+        like an abandoned one, it leaves the queue or its batch."""
+        if item.future.done():
+            return
+        self.counters.completed += 1
+        item.timeline.computed()
+        item.future.set_result(None)
         with contextlib.suppress(ValueError):
             self._queue.remove(item)
         self._note_idle()
@@ -248,8 +261,18 @@ class QueueingScheduler(Generic[P]):
         self._busy = False
         self._note_idle()
 
+    def _fail(self, items: Sequence[WorkItem[P]], error: BaseException) -> None:
+        """Answer ``items`` with ``error`` (each scheduler delivers results its own way)."""
+        raise NotImplementedError
+
     async def close(self, timeout_s: float) -> None:
-        """Stop accepting, let queued and running work finish for ``timeout_s``, cancel the rest."""
+        """Stop accepting, let queued and running work finish for ``timeout_s``, fail the
+        rest with ``ShuttingDown``. Calling it again waits for the first call's end."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(timeout_s))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, timeout_s: float) -> None:
         self._accepting = False
         try:
             async with asyncio.timeout(timeout_s):
@@ -260,10 +283,9 @@ class QueueingScheduler(Generic[P]):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        while self._queue:
-            item = self._queue.popleft()
-            if not item.future.done():
-                item.future.set_exception(ShuttingDown())
+        leftover = list(self._queue)
+        self._queue.clear()
+        self._fail(leftover, ShuttingDown())
 
 
 class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
@@ -337,8 +359,9 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
                 item.future.set_result(vectors[offset : offset + count])
             offset += count
 
-    @staticmethod
-    def _fail(items: list[WorkItem[Sequence[Sequence[int]]]], error: SchedulerError) -> None:
+    def _fail(
+        self, items: Sequence[WorkItem[Sequence[Sequence[int]]]], error: BaseException
+    ) -> None:
         for item in items:
             if not item.future.done():
                 item.future.set_exception(error)
