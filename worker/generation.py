@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpuscope.middleware import Batch, BatchRecorder, RequestTimeline
+from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.models import Generator
 from gpuscope.worker.scheduler import (
     BatchPolicy,
@@ -64,11 +65,24 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
         super().__init__(policy, recorder, device)
         self.model = model
         self._running: list[Item] = []
+        self._preemptions = 0
+        self._iterations = 0
 
     @property
     def running(self) -> int:
         """Sequences holding a slot in the running batch."""
         return len(self._running)
+
+    def kv_stats(self) -> KvStats:
+        """The key/value cache and batch right now (cheap: read at every scrape)."""
+        return KvStats(
+            blocks_used=0,
+            blocks_total=0,
+            preemptions_total=self._preemptions,
+            iterations_total=self._iterations,
+            running=len(self._running),
+            waiting=self.queued,
+        )
 
     def generate(
         self, prompt: list[int], max_tokens: int, timeline: RequestTimeline, *, timeout_s: float
@@ -182,6 +196,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                         batch.complete(item.timeline)
                 return tokens
 
+        self._iterations += 1
         try:
             tokens = await self.device.run(step)
         except Exception as exc:
