@@ -46,6 +46,7 @@ class WorkerConfig:
     no_tracing: bool = False
     log_level: str = "info"
     shutdown_timeout_s: float = 10.0
+    max_body_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         check_choice("--batching", self.batching, BATCHING_MODES)
@@ -64,6 +65,7 @@ class WorkerConfig:
             ("--hidden-size", self.hidden_size),
             ("--layers", self.layers),
             ("--max-new-tokens", self.max_new_tokens),
+            ("--max-body-bytes", self.max_body_bytes),
         ):
             check_range(flag, value, 1)
         check_range("--vocab-size", self.vocab_size, 300)  # bytes + specials
@@ -101,6 +103,7 @@ _HELP: Final = {
     "no_tracing": "do not export spans",
     "log_level": "uvicorn and worker log level",
     "shutdown_timeout_s": "on shutdown, how long in-flight requests may take to finish",
+    "max_body_bytes": "largest request body accepted; a larger one gets 413 unread",
 }
 
 

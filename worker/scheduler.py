@@ -83,13 +83,14 @@ class BatchPolicy:
 
 @dataclass
 class Counters:
-    """What the scheduler turned away or lost, for the health endpoint."""
+    """What the scheduler served, turned away or lost (health endpoint, /metrics)."""
 
     completed: int = 0
     rejected_queue_full: int = 0
     timed_out: int = 0
     cancelled: int = 0
     failed: int = 0
+    batches: int = 0  # model calls: a batch, or an iteration under continuous batching
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -252,6 +253,7 @@ class QueueingScheduler(Generic[P]):
 
     def _note_batch(self, seconds: float) -> None:
         self._recent_batch_s = seconds
+        self.counters.batches += 1
 
     def _note_idle(self) -> None:
         if not self._busy and not any(not item.abandoned for item in self._queue):
@@ -300,6 +302,12 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
     ) -> None:
         super().__init__(policy, recorder, device)
         self.model = model
+        self._in_batch = 0
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch on the device now."""
+        return self._in_batch
 
     async def embed(
         self, inputs: Sequence[Sequence[int]], timeline: RequestTimeline, *, timeout_s: float
@@ -320,12 +328,14 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
     async def _run(self) -> None:
         while True:
             items, trigger = await self._form_batch(self._batch_limit())
+            self._in_batch = len(items)
             try:
                 await self._compute(items, trigger)
             except asyncio.CancelledError:  # close() gave up on this batch
                 self._fail(items, ShuttingDown())
                 raise
             finally:
+                self._in_batch = 0
                 self._done_with_batch()
 
     async def _compute(self, items: list[WorkItem[Sequence[Sequence[int]]]], trigger: str) -> None:
