@@ -265,8 +265,11 @@ def _registry(worker: Worker) -> CollectorRegistry:
         )
         if scheduler is not None
     }
+    kv_stats = None if worker.completions is None else ("completions", worker.completions.kv_stats)
     registry.register(
-        WorkerCollector(schedulers, worker.policy, model_name=worker.config.model_name)
+        WorkerCollector(
+            schedulers, worker.policy, model_name=worker.config.model_name, kv_stats=kv_stats
+        )
     )
     return registry
 

@@ -32,7 +32,8 @@ def error_response(
 
 
 def refusal_kind(exc: SchedulerError) -> str:
-    return _KINDS.get(exc.status, "server_error")
+    default = "invalid_request_error" if exc.status < 500 else "server_error"
+    return _KINDS.get(exc.status, default)
 
 
 def error_event(exc: SchedulerError) -> bytes:

@@ -2,9 +2,8 @@
 
 ``WorkerCollector`` builds fresh metric families on each ``collect()``, from the
 schedulers it is given, so a scrape always shows the queue and the running batch as
-they are now. The KV-cache series come from a generation scheduler that offers
-``kv_stats()`` (an object with ``blocks_used``, ``blocks_total`` and ``preemptions``);
-they are absent for one that does not. The middleware's own counters
+they are now; the generation scheduler's ``kv_stats()`` gives the KV-cache series,
+its running and waiting sequences and its iterations. The middleware's own counters
 (``gpuscope.middleware.stats``: spans exported, dropped, failed exports, …) are
 exposed generically, one ``kind`` label per counter.
 """
@@ -22,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gpuscope.middleware import stats
+from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.scheduler import BatchPolicy, Counters
 
 PREFIX = "gpuscope_worker_"
@@ -40,23 +40,31 @@ class SchedulerView(Protocol):
 
 
 class WorkerCollector(Collector):
+    """``schedulers`` by endpoint name; ``kv_stats`` reads the generation scheduler's
+    cache and batch (its running/waiting counts replace that endpoint's, since they
+    include preempted sequences)."""
+
     def __init__(
         self,
         schedulers: Mapping[str, SchedulerView],
         policy: BatchPolicy,
         *,
         model_name: str,
+        kv_stats: tuple[str, Callable[[], KvStats]] | None = None,
         telemetry: Callable[[], Mapping[str, int]] = stats.snapshot,
     ) -> None:
         self._schedulers = dict(schedulers)
         self._policy = policy
         self._model_name = model_name
+        self._kv_stats = kv_stats
         self._telemetry = telemetry
 
     def collect(self) -> Iterator[Any]:
+        kv = None if self._kv_stats is None else (self._kv_stats[0], self._kv_stats[1]())
         yield from self._configuration()
-        yield from self._requests()
-        yield from self._kv_cache()
+        yield from self._requests(kv)
+        if kv is not None:
+            yield from _kv_cache(kv[1])
         telemetry = CounterMetricFamily(
             PREFIX + "telemetry_events",
             "The gpuscope middleware's own counters (spans exported, dropped, failed, …).",
@@ -88,17 +96,19 @@ class WorkerCollector(Collector):
             value=self._policy.max_queue,
         )
 
-    def _requests(self) -> Iterator[Any]:
+    def _requests(self, kv: tuple[str, KvStats] | None) -> Iterator[Any]:
         labels = ["endpoint"]
         running = GaugeMetricFamily(
             PREFIX + "requests_running", "Requests in the batch on the device.", labels=labels
         )
         waiting = GaugeMetricFamily(
-            PREFIX + "requests_waiting", "Requests queued for a batch.", labels=labels
+            PREFIX + "requests_waiting",
+            "Requests waiting for a batch (queued, or preempted).",
+            labels=labels,
         )
-        batches = CounterMetricFamily(
-            PREFIX + "batches",
-            "Model calls: batches run (iterations under continuous batching).",
+        iterations = CounterMetricFamily(
+            PREFIX + "batch_iterations",
+            "Model calls: one per batch (embeddings), one per step (generation).",
             labels=labels,
         )
         outcomes = CounterMetricFamily(
@@ -107,37 +117,39 @@ class WorkerCollector(Collector):
             labels=["endpoint", "outcome"],
         )
         for endpoint, scheduler in self._schedulers.items():
-            running.add_metric([endpoint], scheduler.running)
-            waiting.add_metric([endpoint], scheduler.queued)
             counts = scheduler.counters.as_dict()
-            batches.add_metric([endpoint], counts.pop("batches"))
+            calls = counts.pop("batches")
+            if kv is not None and kv[0] == endpoint:
+                stats_now = kv[1]
+                running.add_metric([endpoint], stats_now.running)
+                waiting.add_metric([endpoint], stats_now.waiting)
+                iterations.add_metric([endpoint], stats_now.iterations_total)
+            else:
+                running.add_metric([endpoint], scheduler.running)
+                waiting.add_metric([endpoint], scheduler.queued)
+                iterations.add_metric([endpoint], calls)
             for outcome, value in counts.items():
                 outcomes.add_metric([endpoint, outcome], value)
-        yield from (running, waiting, batches, outcomes)
+        yield from (running, waiting, iterations, outcomes)
 
-    def _kv_cache(self) -> Iterator[Any]:
-        for scheduler in self._schedulers.values():
-            kv_stats = getattr(scheduler, "kv_stats", None)
-            if kv_stats is None:
-                continue
-            kv = kv_stats()
-            used, total = kv.blocks_used, kv.blocks_total
-            yield GaugeMetricFamily(
-                PREFIX + "kv_cache_blocks_used", "KV-cache blocks held by sequences.", value=used
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "kv_cache_blocks_total", "KV-cache blocks in the pool.", value=total
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "kv_cache_usage_ratio",
-                "Share of the KV-cache pool in use (0-1).",
-                value=used / total if total else 0.0,
-            )
-            yield CounterMetricFamily(
-                PREFIX + "preemptions",
-                "Sequences preempted (recomputed later) because the KV cache ran out.",
-                value=kv.preemptions,
-            )
+
+def _kv_cache(kv: KvStats) -> Iterator[Any]:
+    yield GaugeMetricFamily(
+        PREFIX + "kv_cache_blocks_used", "KV-cache blocks held by sequences.", value=kv.blocks_used
+    )
+    yield GaugeMetricFamily(
+        PREFIX + "kv_cache_blocks_total", "KV-cache blocks in the pool.", value=kv.blocks_total
+    )
+    yield GaugeMetricFamily(
+        PREFIX + "kv_cache_usage_ratio",
+        "Share of the KV-cache pool's blocks in use (0-1).",
+        value=kv.usage_ratio,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "preemptions",
+        "Running sequences evicted (to be recomputed) because the KV cache ran out.",
+        value=kv.preemptions_total,
+    )
 
 
 def metrics_endpoint(
