@@ -144,7 +144,7 @@ class NumpyTokenGenerator:
     (decode) are stacked into one matrix, so each weight matrix is read once per
     iteration however many sequences run or join (what an accelerator's packed,
     "mixed" batches do). Keys and values live in ``kv_blocks`` blocks of
-    ``kv_block_size`` positions (``kv[layer, 0]`` keys, ``kv[layer, 1]`` values); a
+    ``kv_block_size`` positions (``kv[layer, slot]`` holds a key and a value); a
     sequence's block table says which. Attention is batched: every sequence's newest
     token attends to its history, gathered through its block table, in one masked,
     batched product; only a newcomer's earlier prompt tokens attend among themselves,
@@ -184,7 +184,9 @@ class NumpyTokenGenerator:
         self.unembed[:, EOS_TOKEN] = 0.0
         self.unembed[:, BOS_TOKEN] = 0.0
         self._pool = BlockPool(kv_blocks, kv_block_size)
-        shape = (layers, 2, kv_blocks, kv_block_size, d)
+        # [layers, slots, 2 (key, value), width]: block b holds slots b*size..(b+1)*size-1;
+        # a slot's key and value side by side, so one gather fetches both
+        shape = (layers, kv_blocks * kv_block_size, 2, d)
         self.kv: FloatArray = np.zeros(shape, dtype=np.float32)
 
     @property
@@ -207,16 +209,15 @@ class NumpyTokenGenerator:
         plan = pack_iteration(states, self._pool, self._max_context)
         x = self.table[np.asarray(plan.tokens) % self.vocab_size] + self.positions[plan.positions]
         lengths = np.asarray(plan.lengths)
-        slots, tables, newest = np.asarray(plan.slots), np.asarray(plan.tables), plan.newest
-        by_slot = self.kv.reshape(len(self.layers), 2, -1, self.hidden_size)  # a view
+        slots, history, newest = np.asarray(plan.slots), plan.history, plan.newest
         scale = np.float32(1.0 / np.sqrt(self.hidden_size))
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = np.split(_layer_norm(x) @ qkv_w, 3, axis=1)
-            by_slot[layer, 0, slots] = k
-            by_slot[layer, 1, slots] = v
+            self.kv[layer, slots, 0] = k
+            self.kv[layer, slots, 1] = v
             mixed = np.empty_like(q)
-            history = self.kv[layer][:, tables].reshape(2, len(states), -1, self.hidden_size)
-            mixed[newest] = _attend_newest(q[newest], history, lengths, scale)
+            past = self.kv[layer][history]  # [sequences, positions, 2, width]
+            mixed[newest] = _attend_newest(q[newest], past[:, :, 0], past[:, :, 1], lengths, scale)
             for begin, end in plan.prefills:  # a prompt's earlier tokens, among themselves
                 early = slice(begin, end - 1)
                 mixed[early] = _causal_attention(q[early], k[early], v[early], scale)
@@ -232,15 +233,19 @@ class NumpyTokenGenerator:
 
 
 def _attend_newest(
-    queries: FloatArray, kv: FloatArray, lengths: npt.NDArray[np.int_], scale: np.float32
+    queries: FloatArray,
+    keys: FloatArray,
+    values: FloatArray,
+    lengths: npt.NDArray[np.int_],
+    scale: np.float32,
 ) -> FloatArray:
     """Every sequence's newest token (``queries[i]``) over the first ``lengths[i]``
-    positions of its row of ``kv`` (keys and values gathered through the block tables,
-    ``[2, rows, positions, width]``), all sequences in one batched product; whatever
-    lies past a row's length (the rest of its last block, padding blocks) is masked."""
-    scores = np.matmul(kv[0], queries[:, :, None])[:, :, 0] * scale
+    positions of its row of ``keys`` and ``values`` (gathered through the block tables,
+    ``[sequences, positions, width]``), all sequences in one batched product; whatever
+    lies past a row's length (the rest of its last block, padding) is masked."""
+    scores = np.matmul(keys, queries[:, :, None])[:, :, 0] * scale
     scores[np.arange(scores.shape[1]) >= lengths[:, None]] = -np.inf
-    result: FloatArray = np.matmul(_softmax(scores)[:, None, :], kv[1])[:, 0, :]
+    result: FloatArray = np.matmul(_softmax(scores)[:, None, :], values)[:, 0, :]
     return result
 
 

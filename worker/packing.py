@@ -4,13 +4,17 @@ key/value cache: what both backends' generators compute from (no compute here).
 A sequence contributes the tokens its cache lacks: its whole prompt on prefill (or,
 after a preemption, its prompt and everything generated so far), its last token on
 decode. Each token gets the storage slot its keys and values go to; each sequence
-gets its block table, padded to the longest, for attention to read its history.
+gets the slots of its history, read through its block table and padded to the
+longest, for attention to gather its keys and values in one indexing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
 
 from gpuscope.worker.kv_cache import BlockPool, KvCacheFull, SequenceState
 
@@ -22,8 +26,10 @@ class IterationPlan:
     slots: list[int]  # per token: the cache slot its key and value go to
     newest: list[int]  # per sequence: the row of its newest token in the packed matrix
     lengths: list[int]  # per sequence: its length after this iteration
-    tables: list[list[int]]  # per sequence: its block table, padded to the longest
     prefills: list[tuple[int, int]]  # rows [begin, end) of each run of 2+ new tokens
+    # [sequences, longest]: the slot of each position of each sequence's history
+    # (past a sequence's length: slots attention masks)
+    history: npt.NDArray[np.int64]
 
 
 def pack_iteration(
@@ -31,7 +37,7 @@ def pack_iteration(
 ) -> IterationPlan:
     """The plan of one step over ``states``; reserves the blocks their new tokens need
     (a no-op where the scheduler already did), ``KvCacheFull`` if the pool is short."""
-    plan = IterationPlan([], [], [], [], [], [], [])
+    plan = IterationPlan([], [], [], [], [], [], np.empty(0, dtype=np.int64))
     for state in states:
         if not pool.reserve(state):
             raise KvCacheFull(f"no free block for a sequence of {len(state.tokens)} tokens")
@@ -46,8 +52,19 @@ def pack_iteration(
         plan.lengths.append(end)
         if len(new) > 1:
             plan.prefills.append((first, len(plan.tokens)))
-    plan.tables.extend(pool.tables(states, max(plan.lengths, default=0)))
-    return plan
+    longest = max(plan.lengths, default=0)
+    return replace(plan, history=history_slots(pool, states, longest))
+
+
+def history_slots(
+    pool: BlockPool, states: Sequence[SequenceState], positions: int
+) -> npt.NDArray[np.int64]:
+    """``[len(states), positions]``: the storage slot of each position of each state,
+    through its block table (padded with block 0 where the table is shorter)."""
+    tables = np.asarray(pool.tables(states, positions), dtype=np.int64)
+    per_block = np.arange(pool.block_size, dtype=np.int64)
+    slots = (tables[:, :, None] * pool.block_size + per_block).reshape(len(states), -1)
+    return np.ascontiguousarray(slots[:, :positions])
 
 
 def advance(states: Sequence[SequenceState], chosen: Sequence[int]) -> None:

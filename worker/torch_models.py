@@ -115,16 +115,15 @@ class TorchTokenGenerator:
         x = x + self.positions[self._tensor(plan.positions)]
         lengths = self._tensor(plan.lengths)
         slots, newest = self._tensor(plan.slots), self._tensor(plan.newest)
-        tables = self._tensor(plan.tables)
-        by_slot = self.kv.view(len(self.layers), 2, -1, self.hidden_size)
+        history = torch.as_tensor(plan.history, device=self.device)
         scale = 1.0 / self.hidden_size**0.5
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = (_layer_norm(x) @ qkv_w).chunk(3, dim=1)
-            by_slot[layer, 0, slots] = k
-            by_slot[layer, 1, slots] = v
+            self.kv[layer, slots, 0] = k
+            self.kv[layer, slots, 1] = v
             mixed = torch.empty_like(q)
-            history = self.kv[layer][:, tables].reshape(2, len(states), -1, self.hidden_size)
-            mixed[newest] = _attend_newest(q[newest], history, lengths, scale)
+            past = self.kv[layer][history]  # [sequences, positions, 2, width]
+            mixed[newest] = _attend_newest(q[newest], past[:, :, 0], past[:, :, 1], lengths, scale)
             for begin, end in plan.prefills:  # a prompt's earlier tokens, among themselves
                 early = slice(begin, end - 1)
                 mixed[early] = _causal_attention(q[early], k[early], v[early], scale)
@@ -140,12 +139,12 @@ class TorchTokenGenerator:
         return torch.as_tensor(values, device=self.device)
 
 
-def _attend_newest(queries: Any, kv: Any, lengths: Any, scale: float) -> Any:
+def _attend_newest(queries: Any, keys: Any, values: Any, lengths: Any, scale: float) -> Any:
     """``models._attend_newest``: every sequence's newest token over its gathered history."""
-    scores = torch.matmul(kv[0], queries.unsqueeze(2)).squeeze(2) * scale
+    scores = torch.matmul(keys, queries.unsqueeze(2)).squeeze(2) * scale
     padding = torch.arange(scores.shape[1], device=scores.device) >= lengths.unsqueeze(1)
     probs = torch.softmax(scores.masked_fill(padding, float("-inf")), dim=-1)
-    return torch.matmul(probs.unsqueeze(1), kv[1]).squeeze(1)
+    return torch.matmul(probs.unsqueeze(1), values).squeeze(1)
 
 
 def _causal_attention(queries: Any, keys: Any, values: Any, scale: float) -> Any:
