@@ -43,7 +43,9 @@ def error_event(exc: SchedulerError) -> bytes:
 
 async def _invalid(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, InvalidRequest)
-    return error_response(exc.status, str(exc), kind=exc.kind, param=exc.param, code=exc.code)
+    return error_response(
+        exc.status, str(exc), kind=exc.kind, param=exc.param, code=exc.code, headers=exc.headers
+    )
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

@@ -36,12 +36,14 @@ class InvalidRequest(Exception):
         status: int = 400,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.param = param
         self.status = status
         self.code = code
         self.kind = kind
+        self.headers = headers
 
 
 def error_body(

@@ -1,9 +1,10 @@
 """Request bodies: JSON read under a size limit as it arrives, parsed so no input breaks it.
 
 A body over the limit is refused with 413 as soon as its declared length or the
-bytes read so far show it, before it is buffered; what the client still sends is
-never read. JSON the parser cannot take (an integer of more than 4,300 digits,
-nesting deep enough to exhaust the recursion limit) is a 400 like any other bad JSON.
+bytes read so far show it, before it is buffered; the connection is then closed, so
+what the client still sends is never read. JSON the parser cannot take (an integer
+of more than 4,300 digits, nesting that exhausts the recursion limit) is a 400 like
+any other bad JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def too_large(limit: int) -> InvalidRequest:
         f"the request body exceeds {limit} bytes (--max-body-bytes)",
         status=413,
         code="request_too_large",
+        # Close rather than read and discard the rest (what the server would do otherwise).
+        headers={"connection": "close"},
     )
 
 
