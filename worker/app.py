@@ -108,49 +108,48 @@ class Handlers:
         return JSONResponse(protocol.embeddings_body(parsed, vectors, worker.config.model_name))
 
     async def completions(self, request: Request) -> Response:
-        timeline = _timeline()
-        timeline.set_operation("text_completion")
-        scheduler = self._generation()
         worker = self.worker
+        timeline = self._generation_timeline("text_completion")
         parsed = protocol.parse_completion(
             await self._body(request), worker.limits, worker.tokenizer.encode
         )
         bodies = protocol.CompletionBodies(
             CompletionIds(worker.config.model_name), parsed.options.include_usage
         )
-        return await self._generate(request, scheduler, parsed.prompts, parsed.options, bodies)
+        return await self._generate(request, timeline, parsed.prompts, parsed.options, bodies)
 
     async def chat_completions(self, request: Request) -> Response:
-        timeline = _timeline()
-        timeline.set_operation("chat")
-        scheduler = self._generation()
         worker = self.worker
+        timeline = self._generation_timeline("chat")
         parsed = chat.parse_chat(await self._body(request), worker.limits, worker.tokenizer.encode)
         bodies = chat.ChatBodies(
             CompletionIds(worker.config.model_name, prefix="chatcmpl"),
             parsed.options.include_usage,
         )
-        return await self._generate(request, scheduler, (parsed.prompt,), parsed.options, bodies)
+        return await self._generate(request, timeline, (parsed.prompt,), parsed.options, bodies)
 
-    def _generation(self) -> GenerationScheduler:
+    def _generation_timeline(self, operation: str) -> RequestTimeline:
+        """This request's timeline, named after ``operation``; 404 without generation."""
+        timeline = _timeline()
+        timeline.set_operation(operation)
         if self.worker.completions is None:
             raise _not_served("completions")
-        return self.worker.completions
+        return timeline
 
     async def _generate(
         self,
         request: Request,
-        scheduler: GenerationScheduler,
+        timeline: RequestTimeline,
         prompts: tuple[tuple[int, ...], ...],
         options: GenerationOptions,
         bodies: Bodies,
     ) -> Response:
         worker = self.worker
-        timeline = _timeline()
+        assert worker.completions is not None  # checked by ``_generation_timeline``
         timeline.set_model(worker.config.model_name)
         timeline.set_tokens(input_tokens=sum(len(prompt) for prompt in prompts))
         run = GenerationRun(
-            scheduler,
+            worker.completions,
             prompts,
             options,
             worker.tokenizer.decode_token,
