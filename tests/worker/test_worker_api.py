@@ -94,6 +94,7 @@ def test_worker_chat_with_the_sync_client() -> None:
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
             )
         )
+        several = client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=3)
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2
@@ -103,6 +104,7 @@ def test_worker_chat_with_the_sync_client() -> None:
     assert text == answer.choices[0].message.content and len(text) == 5
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage field at all
     assert refused.value.status_code == 400 and "n=1" in str(refused.value)
+    assert [len(choice.text) for choice in several.choices] == [3, 3]
 
 
 async def _reference(client: openai.AsyncOpenAI, max_tokens: int) -> str:
@@ -152,7 +154,7 @@ async def test_worker_stop_strings_end_generation_exactly_there(
     assert all("gpuscope.compute.duration" in found for found in stopped)
 
 
-@pytest.mark.parametrize("mode", ["dynamic", "continuous"])
+@pytest.mark.parametrize("mode", MODES)
 async def test_worker_several_prompts_are_choices_batched_together(
     mode: str, worker_spans: WorkerSpans
 ) -> None:
@@ -188,7 +190,10 @@ async def test_worker_several_prompts_are_choices_batched_together(
     assert all(u is None for u in usages[:-1])
     worker_spans.wait_for(lambda s: len(s.servers("/v1/completions")) == 5)
     sizes = {attrs(s)["gpuscope.batch.size"] for s in worker_spans.batches()}
-    assert max(sizes) >= 2  # the prompts of one request shared a batch
+    if mode == "none":
+        assert sizes == {1}
+    else:
+        assert max(sizes) >= 2  # the prompts of one request shared a batch
 
 
 async def test_worker_models_health_version_and_unknown_paths() -> None:
