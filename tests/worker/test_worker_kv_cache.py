@@ -203,3 +203,28 @@ async def test_worker_http_answers_400_for_a_request_the_cache_cannot_hold() -> 
     assert error["code"] == "context_length_exceeded"
     assert "--kv-cache-blocks" in error["message"]
     assert fits.status_code == 200
+
+
+async def test_worker_preempted_requests_cancelled_free_everything(
+    worker_spans: WorkerSpans,
+) -> None:
+    """Cancelled while some sequences wait preempted and others run: every block
+    comes back, and the scheduler goes idle."""
+    checked = CheckedGenerator(_generator(16, 4))
+    scheduler = _scheduler(checked, worker_spans)
+    scheduler.start()
+    streams = [scheduler.generate(p, 40, RequestTimeline(), timeout_s=60) for p in PROMPTS]
+    seen = None
+    async for _ in streams[0]:  # the oldest runs on: one token per iteration
+        stats = scheduler.kv_stats()
+        if stats.preemptions_total and stats.waiting:
+            seen = stats
+            break
+    assert seen is not None, "never preempted"
+    assert seen.running + seen.waiting == len(PROMPTS) and seen.blocks_used <= 16
+    for stream in streams:
+        stream.cancel()
+    await scheduler.close(5.0)
+    assert scheduler.counters.cancelled == len(PROMPTS)
+    assert scheduler.kv_stats().waiting == 0
+    _assert_conserved(checked.kv_pool)
