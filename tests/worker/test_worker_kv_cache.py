@@ -228,3 +228,17 @@ async def test_worker_preempted_requests_cancelled_free_everything(
     assert scheduler.counters.cancelled == len(PROMPTS)
     assert scheduler.kv_stats().waiting == 0
     _assert_conserved(checked.kv_pool)
+
+
+async def test_worker_torch_paged_cache_preempts_to_numpy_tokens(worker_spans: WorkerSpans) -> None:
+    """The torch generator reads the same block tables: under a pool that preempts, it
+    gives the NumPy generator's tokens (skipped without torch)."""
+    torch = pytest.importorskip("torch")
+    from gpuscope.worker.torch_models import TorchTokenGenerator
+
+    expected = await _generate(_scheduler(_generator(256, 4), worker_spans))
+    on_torch = CheckedGenerator(TorchTokenGenerator(_generator(12, 4), torch.device("cpu")))
+    scheduler = _scheduler(on_torch, worker_spans)
+    assert await _generate(scheduler) == expected
+    assert scheduler.kv_stats().preemptions_total > 0
+    _assert_conserved(on_torch.kv_pool)
