@@ -13,6 +13,7 @@ import pytest
 
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker.backends import numpy_models
+from gpuscope.worker.config import ConfigError, parse_config
 from gpuscope.worker.generation import CacheTooSmall, GenerationScheduler, TokenStream
 from gpuscope.worker.kv_cache import BlockPool, KvCacheFull, SequenceState
 from gpuscope.worker.models import Generator, NumpyTokenGenerator
@@ -242,3 +243,13 @@ async def test_worker_torch_paged_cache_preempts_to_numpy_tokens(worker_spans: W
     assert await _generate(scheduler) == expected
     assert scheduler.kv_stats().preemptions_total > 0
     _assert_conserved(on_torch.kv_pool)
+
+
+def test_worker_kv_flags_have_env_twins_and_name_themselves() -> None:
+    config = parse_config(["--kv-block-size", "8"], {"GPUSCOPE_KV_CACHE_BLOCKS": "64"})
+    assert (config.kv_cache_blocks, config.kv_block_size) == (64, 8)
+    generator = numpy_models(config)[1]
+    assert (generator.kv_pool.total, generator.kv_pool.block_size) == (64, 8)
+    for flag in ("--kv-cache-blocks", "--kv-block-size"):
+        with pytest.raises(ConfigError, match=flag):
+            parse_config([flag, "0"], {})
