@@ -2,7 +2,7 @@
 
 No weights are downloaded: every weight is drawn from a seeded generator, so two
 workers with the same seed and sizes compute the same numbers. The compute is real
-(dense matrix products, attention over a per-sequence key/value cache) and grows
+(dense matrix products, attention over a paged key/value cache) and grows
 with batch size the way an accelerator's does: the weights are read once per
 batch, so a bigger batch costs more in total and less per request.
 
