@@ -9,6 +9,12 @@
    the max sustainable throughput.
 2. Streamed completions, ``static`` against ``continuous`` at the same offered rates, for
    equal output lengths and for variable ones (p50/p99 end to end, TTFT p99).
+3. The key/value cache under continuous batching: the paged cache of this tree (the
+   default pool, and a pool small enough to preempt) against the previous worker's
+   padded, doubling cache (``--padded-pythonpath``: a tree whose ``gpuscope`` package
+   holds that worker), at the same offered loads, repeats interleaved across the
+   three workers; throughput, p50/p99, TTFT p99, and the memory each worker held
+   (resident set at ready and at its peak).
 
 Fairness on a small machine: the worker (``gpuscope worker``, no tracing) is a
 subprocess pinned to one core (``taskset``) with one BLAS/OpenMP thread, and this
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -90,15 +97,24 @@ def _pinned(core: int, command: list[str]) -> list[str]:
 
 @contextmanager
 def worker(setup: Setup, flags: Sequence[str]) -> Iterator[str]:
+    with worker_process(setup, flags) as (url, _):
+        yield url
+
+
+@contextmanager
+def worker_process(
+    setup: Setup, flags: Sequence[str], pythonpath: str | None = None
+) -> Iterator[tuple[str, int]]:
+    """A pinned worker (its ``gpuscope`` from ``pythonpath`` if given): URL and pid."""
     port = _free_port()
     command = [sys.executable, "-m", "gpuscope", "worker", "--port", str(port), "--no-tracing"]
     command += ["--log-level", "warning", *flags]
-    env = os.environ | ONE_THREAD
+    env = os.environ | ONE_THREAD | ({"PYTHONPATH": pythonpath} if pythonpath else {})
     process = subprocess.Popen(_pinned(setup.worker_core, command), cwd="/", env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(_wait_ready(url, process))
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -329,6 +345,72 @@ def _completion_bodies(max_tokens: list[int]) -> list[dict[str, object]]:
     ]
 
 
+# -- 3. paged vs padded key/value cache -------------------------------------------------
+
+
+def kv_cache(setup: Setup, args: argparse.Namespace) -> None:
+    """Continuous batching with each cache at the same offered loads; the three workers
+    run side by side (idle ones cost nothing) so that their repeats interleave."""
+    if not args.padded_pythonpath:
+        raise SystemExit("--only kv needs --padded-pythonpath (see docs/benchmarks.md)")
+    base = ["--batching", "continuous", "--max-batch-size", str(args.gen_batch_size)]
+    base += ["--max-queue", "1024", "--serve", "completions", *setup.gen_size]
+    small_pool = ["--kv-cache-blocks", str(args.small_pool_blocks)]
+    configs = {
+        "padded (previous worker)": (base, args.padded_pythonpath),
+        "paged, default pool": (base, None),
+        f"paged, {args.small_pool_blocks} blocks": (base + small_pool, None),
+    }
+    rng = random.Random(7)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    with contextlib.ExitStack() as stack:
+        workers = {
+            name: stack.enter_context(worker_process(setup, flags, path))
+            for name, (flags, path) in configs.items()
+        }
+        idle_rss = {name: _memory_kib(pid)[0] for name, (_, pid) in workers.items()}
+        for url, _ in workers.values():
+            asyncio.run(offer(f"{url}/v1/completions", _completion_bodies([16] * 20), 20, 0))
+        for rate in [float(r) for r in args.completion_rates.split(",")]:
+            count = int(rate * args.completion_seconds)
+            bodies = _completion_bodies([rng.choice(lengths) for _ in range(count)])
+            runs: dict[str, list[Run]] = {name: [] for name in workers}
+            for seed in range(args.repeats):  # interleaved: one repeat of each in turn
+                for name, (url, _) in workers.items():
+                    runs[name].append(
+                        asyncio.run(offer(f"{url}/v1/completions", bodies, rate, seed))
+                    )
+            for name, name_runs in runs.items():
+                _print_row(f"kv {name}, variable {args.lengths}", name_runs)
+        for name, (url, pid) in workers.items():
+            rss, peak = _memory_kib(pid)
+            memory = {"config": f"kv {name}", "rss_at_ready_mib": round(idle_rss[name] / 1024, 1)}
+            memory |= {"rss_now_mib": round(rss / 1024, 1), "rss_peak_mib": round(peak / 1024, 1)}
+            memory["preemptions_total"] = asyncio.run(_preemptions(url))
+            print(json.dumps(memory, ensure_ascii=False), flush=True)
+
+
+def _memory_kib(pid: int) -> tuple[int, int]:
+    """Resident set now and at its peak (VmRSS, VmHWM), in KiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            fields[key] = value
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+async def _preemptions(url: str) -> float | None:
+    """``gpuscope_worker_preemptions_total`` from the worker's /metrics, if it has one."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        if response.status != 200:
+            return None
+        for line in (await response.text()).splitlines():
+            if line.startswith("gpuscope_worker_preemptions_total"):
+                return float(line.split()[-1])
+    return None
+
+
 def _print_row(name: str, runs: list[Run], passed: int | None = None) -> None:
     row: dict[str, object] = {
         "config": name,
@@ -368,7 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lengths", default="8,16,32,64,128")
     parser.add_argument("--worker-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
-    parser.add_argument("--only", choices=["cost", "embeddings", "completions"])
+    parser.add_argument("--padded-pythonpath", help="kv: a tree holding the previous worker")
+    parser.add_argument("--small-pool-blocks", type=int, default=48, help="kv: blocks of 16")
+    parser.add_argument("--only", choices=["cost", "embeddings", "completions", "kv"])
     args = parser.parse_args(argv)
     setup = Setup(
         args.worker_core,
@@ -383,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         embeddings(setup, args)
     if args.only in (None, "completions"):
         completions(setup, args)
+    if args.only == "kv" or (args.only is None and args.padded_pythonpath):
+        kv_cache(setup, args)
     return 0
 
 

@@ -1,55 +1,51 @@
 """``create_app``: the worker's OpenAI-compatible Starlette app, wrapped by the middleware.
 
-Endpoints: ``POST /v1/embeddings``, ``POST /v1/completions`` (``stream`` as SSE),
-``GET /v1/models``, ``GET /healthz`` (counters), ``GET /readyz``. Handlers parse and
-validate, hand the request to a scheduler and render what comes back; the
-schedulers mark the phases. Errors use OpenAI's body: ``{"error": {...}}``.
+Endpoints: ``POST /v1/embeddings``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (``stream`` as SSE), ``GET /v1/models`` and
+``/v1/models/{model}``; operations: ``/health``, ``/healthz`` (counters), ``/readyz``,
+``/version``, ``/metrics``. Handlers parse and validate, hand the request to a
+scheduler and render what comes back; the schedulers mark the phases. Every error is
+an exception rendered once, in OpenAI's shape, by ``errors.EXCEPTION_HANDLERS``.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import trace
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpuscope import __version__
 from gpuscope.middleware import BatchRecorder, GpuscopeMiddleware, RequestTimeline
 from gpuscope.middleware import current_timeline as _current_timeline
-from gpuscope.worker import protocol
+from gpuscope.worker import chat, protocol
 from gpuscope.worker.backends import load_backend
 from gpuscope.worker.config import WorkerConfig
-from gpuscope.worker.generation import GenerationScheduler, TokenStream
+from gpuscope.worker.errors import EXCEPTION_HANDLERS
+from gpuscope.worker.generation import GenerationScheduler
+from gpuscope.worker.metrics import WorkerCollector, metrics_endpoint
 from gpuscope.worker.models import ByteTokenizer, EmbeddingModel, Generator
-from gpuscope.worker.protocol import CompletionIds, InvalidRequest, Limits, error_body
-from gpuscope.worker.scheduler import (
-    BatchPolicy,
-    DeviceThread,
-    EmbeddingScheduler,
-    QueueFull,
-    SchedulerError,
-)
-from gpuscope.worker.streaming import (
-    ClientDisconnected,
-    EventStreamResponse,
-    NoResponse,
-    sse_event,
-    unless_disconnected,
-)
+from gpuscope.worker.protocol import CompletionIds, GenerationOptions, InvalidRequest, Limits
+from gpuscope.worker.request_body import read_json
+from gpuscope.worker.scheduler import BatchPolicy, DeviceThread, EmbeddingScheduler
+from gpuscope.worker.streaming import unless_disconnected
+from gpuscope.worker.text_generation import Bodies, GenerationRun
 
 logger = logging.getLogger("gpuscope.worker")
 
-HEALTH_PATHS = ("/healthz", "/readyz")
+# Operational endpoints are not traced: probes and scrapes would drown the requests.
+UNTRACED_PATHS: Final = ("/health", "/healthz", "/readyz", "/version", "/metrics")
 
 
 @dataclass
@@ -57,6 +53,7 @@ class Worker:
     """What the handlers share: configuration, schedulers and the tokenizer."""
 
     config: WorkerConfig
+    policy: BatchPolicy
     limits: Limits
     tokenizer: ByteTokenizer
     device: DeviceThread
@@ -67,44 +64,14 @@ class Worker:
     def schedulers(self) -> list[EmbeddingScheduler | GenerationScheduler]:
         return [s for s in (self.embeddings, self.completions) if s is not None]
 
+    @property
+    def serving(self) -> bool:
+        return all(s.accepting for s in self.schedulers())
 
-def _error(
-    status: int,
-    message: str,
-    *,
-    kind: str,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    body = error_body(message, kind=kind, param=param, code=code)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _invalid(exc: InvalidRequest) -> JSONResponse:
-    return _error(exc.status, str(exc), kind=exc.kind, param=exc.param, code=exc.code)
-
-
-def _refused(exc: SchedulerError) -> JSONResponse:
-    headers = None
-    if isinstance(exc, QueueFull):
-        headers = {"retry-after": str(math.ceil(exc.retry_after_s))}
-    kinds = {429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
-    return _error(
-        exc.status,
-        str(exc),
-        kind=kinds.get(exc.status, "server_error"),
-        code=exc.code,
-        headers=headers,
-    )
-
-
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
+    async def drain(self) -> None:
+        """Stop admitting (new requests get 503), give running ones
+        ``--shutdown-timeout-s`` to finish, then fail the rest with 503."""
+        await asyncio.gather(*(s.close(self.config.shutdown_timeout_s) for s in self.schedulers()))
 
 
 def _timeline() -> RequestTimeline:
@@ -112,141 +79,108 @@ def _timeline() -> RequestTimeline:
     return _current_timeline() or RequestTimeline()
 
 
+def _not_served(what: str) -> InvalidRequest:
+    return InvalidRequest(f"this worker does not serve {what}", status=404)
+
+
 class Handlers:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
+    async def _body(self, request: Request) -> Any:
+        return await read_json(request, self.worker.config.max_body_bytes)
+
     async def embeddings(self, request: Request) -> Response:
         worker = self.worker
         if worker.embeddings is None:
-            return _error(
-                404, "this worker does not serve embeddings", kind="invalid_request_error"
-            )
+            raise _not_served("embeddings")
         timeline = _timeline()
         timeline.set_operation("embeddings")
-        try:
-            parsed = protocol.parse_embeddings(
-                await _json_body(request), worker.limits, worker.tokenizer.encode
-            )
-            timeline.set_model(worker.config.model_name)
-            timeline.set_tokens(input_tokens=parsed.input_tokens)
-            work = worker.embeddings.embed(
-                parsed.inputs, timeline, timeout_s=worker.config.request_timeout_s
-            )
-            vectors = await unless_disconnected(request, work)
-        except InvalidRequest as exc:
-            return _invalid(exc)
-        except SchedulerError as exc:
-            return _refused(exc)
-        except ClientDisconnected:
-            return NoResponse()
+        parsed = protocol.parse_embeddings(
+            await self._body(request), worker.limits, worker.tokenizer.encode
+        )
+        timeline.set_model(worker.config.model_name)
+        timeline.set_tokens(input_tokens=parsed.input_tokens)
+        work = worker.embeddings.embed(
+            parsed.inputs, timeline, timeout_s=worker.config.request_timeout_s
+        )
+        vectors = await unless_disconnected(request, work)
         return JSONResponse(protocol.embeddings_body(parsed, vectors, worker.config.model_name))
 
     async def completions(self, request: Request) -> Response:
         worker = self.worker
-        if worker.completions is None:
-            return _error(
-                404, "this worker does not serve completions", kind="invalid_request_error"
-            )
-        timeline = _timeline()
-        timeline.set_operation("text_completion")
-        try:
-            parsed = protocol.parse_completion(
-                await _json_body(request), worker.limits, worker.tokenizer.encode
-            )
-            timeline.set_model(worker.config.model_name)
-            timeline.set_tokens(input_tokens=len(parsed.prompt))
-            stream = worker.completions.generate(
-                list(parsed.prompt),
-                parsed.max_tokens,
-                timeline,
-                timeout_s=worker.config.request_timeout_s,
-            )
-        except InvalidRequest as exc:
-            return _invalid(exc)
-        except SchedulerError as exc:
-            return _refused(exc)
-        try:
-            # Wait for the first token before answering, so that a timeout is still a 504.
-            first = await unless_disconnected(request, anext(stream))
-        except SchedulerError as exc:
-            stream.cancel()
-            return _refused(exc)
-        except ClientDisconnected:
-            stream.cancel()
-            return NoResponse()
-        except BaseException:
-            stream.cancel()
-            raise
-        timeline.add_output_tokens(1)
-        ids = CompletionIds(worker.config.model_name)
-        if parsed.stream:
-            events = self._events(stream, first, ids, parsed, timeline)
-            return EventStreamResponse(events, timeline, stream.cancel)
-        return await self._whole(request, stream, first, ids, parsed, timeline)
+        timeline = self._generation_timeline("text_completion")
+        parsed = protocol.parse_completion(
+            await self._body(request), worker.limits, worker.tokenizer.encode
+        )
+        bodies = protocol.CompletionBodies(
+            CompletionIds(worker.config.model_name), parsed.options.include_usage
+        )
+        return await self._generate(request, timeline, parsed.prompts, parsed.options, bodies)
 
-    async def _whole(
+    async def chat_completions(self, request: Request) -> Response:
+        worker = self.worker
+        timeline = self._generation_timeline("chat")
+        parsed = chat.parse_chat(await self._body(request), worker.limits, worker.tokenizer.encode)
+        bodies = chat.ChatBodies(
+            CompletionIds(worker.config.model_name, prefix="chatcmpl"),
+            parsed.options.include_usage,
+        )
+        return await self._generate(request, timeline, (parsed.prompt,), parsed.options, bodies)
+
+    def _generation_timeline(self, operation: str) -> RequestTimeline:
+        """This request's timeline, named after ``operation``; 404 without generation."""
+        timeline = _timeline()
+        timeline.set_operation(operation)
+        if self.worker.completions is None:
+            raise _not_served("completions")
+        return timeline
+
+    async def _generate(
         self,
         request: Request,
-        stream: TokenStream,
-        first: int,
-        ids: CompletionIds,
-        parsed: protocol.CompletionRequest,
         timeline: RequestTimeline,
+        prompts: tuple[tuple[int, ...], ...],
+        options: GenerationOptions,
+        bodies: Bodies,
     ) -> Response:
-        decode = self.worker.tokenizer.decode_token
-
-        async def collect() -> list[int]:
-            tokens = [first]
-            async for token in stream:
-                timeline.add_output_tokens(1)
-                tokens.append(token)
-            return tokens
-
-        try:
-            tokens = await unless_disconnected(request, collect())
-        except SchedulerError as exc:
-            return _refused(exc)
-        except ClientDisconnected:
-            return NoResponse()
-        finally:
-            stream.cancel()
-        text = "".join(decode(token) for token in tokens)
-        body = ids.body(
-            text, finish_reason="length", usage=protocol.usage(len(parsed.prompt), len(tokens))
+        worker = self.worker
+        assert worker.completions is not None  # checked by ``_generation_timeline``
+        timeline.set_model(worker.config.model_name)
+        timeline.set_tokens(input_tokens=sum(len(prompt) for prompt in prompts))
+        run = GenerationRun(
+            worker.completions,
+            prompts,
+            options,
+            worker.tokenizer.decode_token,
+            timeline,
+            worker.config.request_timeout_s,
         )
-        return JSONResponse(body)
+        return await run.answer(request, bodies)
 
-    async def _events(
-        self,
-        stream: TokenStream,
-        first: int,
-        ids: CompletionIds,
-        parsed: protocol.CompletionRequest,
-        timeline: RequestTimeline,
-    ) -> AsyncIterator[bytes]:
-        decode = self.worker.tokenizer.decode_token
-        produced = 1
-        pending = first
-        try:
-            async for token in stream:
-                yield sse_event(ids.body(decode(pending)))
-                timeline.add_output_tokens(1)
-                produced += 1
-                pending = token
-        except SchedulerError as exc:  # too late for a status code: an error event
-            yield sse_event(error_body(str(exc), kind="server_error", code=exc.code))
-            return
-        finally:
-            stream.cancel()
-        yield sse_event(ids.body(decode(pending), finish_reason="length"))
-        if parsed.include_usage:
-            yield sse_event(ids.body(None, usage=protocol.usage(len(parsed.prompt), produced)))
-        yield sse_event("[DONE]")
+    def _card(self) -> dict[str, Any]:
+        worker = self.worker
+        return protocol.model_card(
+            worker.config.model_name, worker.created, worker.limits.max_context
+        )
 
     async def models(self, request: Request) -> Response:
-        worker = self.worker
-        return JSONResponse(protocol.models_body([worker.config.model_name], worker.created))
+        return JSONResponse(protocol.models_body([self._card()]))
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        if name != self.worker.config.model_name:
+            raise InvalidRequest(
+                f"the model '{name}' does not exist",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
+        return JSONResponse(self._card())
+
+    async def health(self, request: Request) -> Response:
+        """vLLM's probe: 200 while serving, 503 once shutting down (or a scheduler died)."""
+        return Response(status_code=200 if self.worker.serving else 503)
 
     async def healthz(self, request: Request) -> Response:
         body: dict[str, Any] = {"status": "ok"}
@@ -259,15 +193,13 @@ class Handlers:
         return JSONResponse(body)
 
     async def readyz(self, request: Request) -> Response:
-        ready = all(s.accepting for s in self.worker.schedulers())
+        ready = self.worker.serving
         return JSONResponse(
             {"status": "ready" if ready else "not ready"}, status_code=200 if ready else 503
         )
 
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return _error(exc.status_code, exc.detail, kind="invalid_request_error")
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__})
 
 
 def _build_worker(
@@ -308,6 +240,7 @@ def _build_worker(
     )
     return Worker(
         config=config,
+        policy=policy,
         limits=limits,
         tokenizer=ByteTokenizer(),
         device=device,
@@ -321,6 +254,54 @@ def _build_worker(
     )
 
 
+def _registry(worker: Worker) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    schedulers = {
+        name: scheduler
+        for name, scheduler in (
+            ("embeddings", worker.embeddings),
+            ("completions", worker.completions),
+        )
+        if scheduler is not None
+    }
+    kv_stats = None if worker.completions is None else ("completions", worker.completions.kv_stats)
+    registry.register(
+        WorkerCollector(
+            schedulers, worker.policy, model_name=worker.config.model_name, kv_stats=kv_stats
+        )
+    )
+    return registry
+
+
+def _routes(handlers: Handlers, worker: Worker) -> list[Route]:
+    return [
+        Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
+        Route("/v1/completions", handlers.completions, methods=["POST"]),
+        Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/healthz", handlers.healthz, methods=["GET"]),
+        Route("/readyz", handlers.readyz, methods=["GET"]),
+        Route("/version", handlers.version, methods=["GET"]),
+        Route("/metrics", metrics_endpoint(_registry(worker)), methods=["GET"]),
+    ]
+
+
+class WorkerApp:
+    """The served ASGI app (the middleware around the worker), with ``drain()`` for shutdown."""
+
+    def __init__(self, asgi: ASGIApp, worker: Worker) -> None:
+        self._asgi = asgi
+        self.worker = worker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._asgi(scope, receive, send)
+
+    async def drain(self) -> None:
+        await self.worker.drain()
+
+
 def create_app(
     config: WorkerConfig,
     *,
@@ -328,16 +309,16 @@ def create_app(
     embedding_model: EmbeddingModel | None = None,
     generator: Generator | None = None,
     on_shutdown: Callable[[], None] | None = None,
-) -> GpuscopeMiddleware:
+) -> WorkerApp:
     """The worker as an ASGI app; serve it with uvicorn (lifespan on).
 
     ``embedding_model`` / ``generator`` replace the synthetic models (your own
     ``Model`` with the same schedulers); ``tracer_provider`` defaults to the global
-    one. On lifespan shutdown the schedulers stop accepting, finish what they hold
-    within ``config.shutdown_timeout_s``, cancel the rest, then ``on_shutdown`` runs.
+    one. ``drain()`` (called on SIGTERM by ``gpuscope worker``) and lifespan shutdown
+    both stop admitting, finish what the schedulers hold within
+    ``config.shutdown_timeout_s`` and fail the rest with 503; then ``on_shutdown`` runs.
     """
     worker = _build_worker(config, tracer_provider, embedding_model, generator)
-    handlers = Handlers(worker)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -346,25 +327,17 @@ def create_app(
         try:
             yield
         finally:
-            for scheduler in worker.schedulers():
-                await scheduler.close(config.shutdown_timeout_s)
+            await worker.drain()
             worker.device.close()
             if on_shutdown is not None:
                 on_shutdown()
 
-    routes = [
-        Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
-        Route("/v1/completions", handlers.completions, methods=["POST"]),
-        Route("/v1/models", handlers.models, methods=["GET"]),
-        Route("/healthz", handlers.healthz, methods=["GET"]),
-        Route("/readyz", handlers.readyz, methods=["GET"]),
-    ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+        routes=_routes(Handlers(worker), worker),
+        lifespan=lifespan,
+        exception_handlers=dict(EXCEPTION_HANDLERS),
     )
-    return GpuscopeMiddleware(
-        app,
-        tracer_provider=tracer_provider,
-        service_name=None,
-        excluded_paths=HEALTH_PATHS,
+    traced = GpuscopeMiddleware(
+        app, tracer_provider=tracer_provider, service_name=None, excluded_paths=UNTRACED_PATHS
     )
+    return WorkerApp(traced, worker)

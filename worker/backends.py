@@ -52,6 +52,8 @@ def numpy_models(config: WorkerConfig) -> tuple[NumpyEmbeddingMLP, NumpyTokenGen
         vocab_size=config.vocab_size,
         max_context=config.max_context,
         seed=config.seed,
+        kv_blocks=config.kv_cache_blocks,
+        kv_block_size=config.kv_block_size,
     )
     return embedding, generator
 

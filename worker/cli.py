@@ -1,21 +1,84 @@
 """``gpuscope worker``: parse the configuration once, wire tracing, serve with uvicorn.
 
-Shutdown order on SIGINT/SIGTERM (uvicorn's, then the app's lifespan): stop
-accepting connections, let open requests finish for ``--shutdown-timeout-s``,
-then the schedulers cancel what is left, and the tracer provider flushes its spans
-within another ``--shutdown-timeout-s`` (what it cannot deliver by then is dropped
-and counted).
+Shutdown order on SIGTERM/SIGINT: the listening socket stays open while the app
+drains (new requests get 503, ``/readyz`` and ``/health`` answer 503), requests
+already admitted get ``--shutdown-timeout-s`` to finish, and what is left is ended
+with 503 (or an error event on a stream). Only then does uvicorn stop accepting
+connections and close them; the device thread is joined, the tracer provider
+flushes its spans within another ``--shutdown-timeout-s`` (what it cannot deliver
+by then is dropped and counted), and the command exits 0. A second signal skips
+what is left of the drain.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from types import FrameType
 
 import uvicorn
 
-from gpuscope.worker.config import ConfigError, parse_config
+from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+
+logger = logging.getLogger("gpuscope.worker")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM/SIGINT drains the app before it stops.
+
+    uvicorn's own handling closes the socket at once and, past its timeout, cancels
+    what still runs (a 500 and a traceback), then re-raises the signal (exit 143).
+    """
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: only hand the work to the event loop.
+        if self._loop is None or self._draining is not None:
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._draining is None:
+            logger.info("draining: new requests get 503, running ones may finish")
+            self._draining = asyncio.get_running_loop().create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self._drain()
+        finally:
+            self.should_exit = True
+
+
+def serve(
+    config: WorkerConfig, app: Callable[..., Awaitable[None]], drain: Callable[[], Awaitable[None]]
+) -> None:
+    """Serve ``app`` on ``config.host:config.port`` until a signal has drained it."""
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            # After the drain only finished answers are still being written.
+            timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
+            lifespan="on",
+        ),
+        drain,
+    )
+    server.run()
 
 
 def main(argv: list[str]) -> int:
@@ -48,12 +111,5 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"gpuscope worker: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
-        lifespan="on",
-    )
+    serve(config, app, app.drain)
     return 0

@@ -45,6 +45,8 @@ class WorkerConfig:
     vocab_size: int = 512
     max_context: int = 512
     max_new_tokens: int = 256
+    kv_cache_blocks: int = 512
+    kv_block_size: int = 16
     seed: int = 0
     gpu_uuid: str | None = None
     otlp_endpoint: str | None = None
@@ -52,6 +54,7 @@ class WorkerConfig:
     no_tracing: bool = False
     log_level: str = "info"
     shutdown_timeout_s: float = 10.0
+    max_body_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         check_choice("--batching", self.batching, BATCHING_MODES)
@@ -70,6 +73,9 @@ class WorkerConfig:
             ("--hidden-size", self.hidden_size),
             ("--layers", self.layers),
             ("--max-new-tokens", self.max_new_tokens),
+            ("--max-body-bytes", self.max_body_bytes),
+            ("--kv-cache-blocks", self.kv_cache_blocks),
+            ("--kv-block-size", self.kv_block_size),
         ):
             check_range(flag, value, 1)
         check_range("--vocab-size", self.vocab_size, 300)  # bytes + specials
@@ -102,6 +108,9 @@ _HELP: Final = {
     "vocab_size": "vocabulary of the synthetic token generator (at least 300)",
     "max_context": "longest prompt + generation, in tokens",
     "max_new_tokens": "largest max_tokens a completion request may ask for",
+    "kv_cache_blocks": "blocks in the paged key/value cache (its size: blocks × block size "
+    "positions; the default holds 16 full contexts of 512)",
+    "kv_block_size": "positions (tokens) per key/value cache block",
     "seed": "seed of the synthetic models' weights",
     "gpu_uuid": "UUID of a simulated GPU to report where no real one exists",
     "otlp_endpoint": "OTLP/HTTP traces URL (default: the local gpuscope exporter)",
@@ -109,6 +118,7 @@ _HELP: Final = {
     "no_tracing": "do not export spans",
     "log_level": "uvicorn and worker log level",
     "shutdown_timeout_s": "on shutdown, how long in-flight requests may take to finish",
+    "max_body_bytes": "largest request body accepted; a larger one gets 413 unread",
 }
 
 

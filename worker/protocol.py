@@ -20,6 +20,8 @@ import numpy as np
 from gpuscope.worker.models import FloatArray
 
 MAX_EMBEDDING_INPUTS: Final = 64
+MAX_PROMPTS: Final = 16
+MAX_STOP_SEQUENCES: Final = 4
 DEFAULT_MAX_TOKENS: Final = 16
 
 
@@ -34,12 +36,14 @@ class InvalidRequest(Exception):
         status: int = 400,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.param = param
         self.status = status
         self.code = code
         self.kind = kind
+        self.headers = headers
 
 
 def error_body(
@@ -71,23 +75,31 @@ class EmbeddingsRequest:
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
-    prompt: tuple[int, ...]
+class GenerationOptions:
+    """What completions and chat completions share: how much to generate and how to answer."""
+
     max_tokens: int
     stream: bool
     include_usage: bool
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompts: tuple[tuple[int, ...], ...]  # each its own choice
+    options: GenerationOptions
 
 
 Encoder = Callable[[str], list[int]]
 
 
-def _require_object(body: Any) -> dict[str, Any]:
+def require_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     return body
 
 
-def _check_model(body: dict[str, Any], limits: Limits) -> None:
+def check_model(body: dict[str, Any], limits: Limits) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a string", param="model")
@@ -126,7 +138,7 @@ def _token_list(value: list[Any], param: str, limits: Limits) -> tuple[int, ...]
     return tuple(value)
 
 
-def _tokens(value: Any, param: str, limits: Limits, encode: Encoder) -> tuple[int, ...]:
+def tokenize(value: Any, param: str, limits: Limits, encode: Encoder) -> tuple[int, ...]:
     """One text (string or token ids) as token ids, non-empty and within the context."""
     if isinstance(value, str):
         tokens = tuple(encode(value))
@@ -159,15 +171,15 @@ def _texts(value: Any, param: str) -> list[Any]:
 
 
 def parse_embeddings(body: Any, limits: Limits, encode: Encoder) -> EmbeddingsRequest:
-    body = _require_object(body)
-    _check_model(body, limits)
+    body = require_object(body)
+    check_model(body, limits)
     texts = _texts(body.get("input"), "input")
     if len(texts) > MAX_EMBEDDING_INPUTS:
         raise InvalidRequest(
             f"'input' holds {len(texts)} texts; at most {MAX_EMBEDDING_INPUTS} per request",
             param="input",
         )
-    inputs = tuple(_tokens(text, "input", limits, encode) for text in texts)
+    inputs = tuple(tokenize(text, "input", limits, encode) for text in texts)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise InvalidRequest(
@@ -184,49 +196,15 @@ def parse_embeddings(body: Any, limits: Limits, encode: Encoder) -> EmbeddingsRe
 
 
 def parse_completion(body: Any, limits: Limits, encode: Encoder) -> CompletionRequest:
-    body = _require_object(body)
-    _check_model(body, limits)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one prompt
-    elif isinstance(prompt, list) and prompt and not all(_is_int(v) for v in prompt):
-        raise InvalidRequest("only one prompt per request is supported", param="prompt")
-    tokens = _tokens(prompt, "prompt", limits, encode)
-    max_tokens = body.get("max_tokens")
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    if not _is_int(max_tokens) or not 1 <= max_tokens <= limits.max_new_tokens:
+    body = require_object(body)
+    check_model(body, limits)
+    texts = _texts(body.get("prompt"), "prompt")
+    if len(texts) > MAX_PROMPTS:
         raise InvalidRequest(
-            f"'max_tokens' must be an integer in 1..{limits.max_new_tokens}", param="max_tokens"
+            f"'prompt' holds {len(texts)} prompts; at most {MAX_PROMPTS} per request",
+            param="prompt",
         )
-    if len(tokens) + 1 + max_tokens > limits.max_context:
-        raise InvalidRequest(
-            f"prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceed this "
-            f"model's context of {limits.max_context} tokens",
-            param="max_tokens",
-        )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be true or false", param="stream")
-    _check_unsupported(body)
-    _number(body, "temperature", 0, 2)
-    _number(body, "top_p", 0, 1)
-    _number(body, "presence_penalty", -2, 2)
-    _number(body, "frequency_penalty", -2, 2)
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict) or not isinstance(
-            options.get("include_usage", False), bool
-        ):
-            raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-        include_usage = bool(options.get("include_usage", False))
-    return CompletionRequest(tokens, max_tokens, stream, include_usage)
-
-
-def _check_unsupported(body: dict[str, Any]) -> None:
-    n = body.get("n", 1)
-    if n != 1 or not _is_int(n):
-        raise InvalidRequest("only n=1 is supported", param="n")
+    prompts = tuple(tokenize(text, "prompt", limits, encode) for text in texts)
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise InvalidRequest("only best_of=1 is supported", param="best_of")
@@ -235,6 +213,79 @@ def _check_unsupported(body: dict[str, Any]) -> None:
             raise InvalidRequest(f"'{name}' is not supported by this worker", param=name)
     if body.get("echo", False) is not False:
         raise InvalidRequest("'echo' is not supported by this worker", param="echo")
+    max_tokens = body.get("max_tokens")
+    options = generation_options(body, limits, max(map(len, prompts)), max_tokens, "max_tokens")
+    return CompletionRequest(prompts, options)
+
+
+def generation_options(
+    body: dict[str, Any], limits: Limits, longest_prompt: int, max_tokens: Any, param: str
+) -> GenerationOptions:
+    """The options both generation endpoints share; ``max_tokens`` was read as ``param``."""
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= limits.max_new_tokens:
+        raise InvalidRequest(
+            f"'{param}' must be an integer in 1..{limits.max_new_tokens}", param=param
+        )
+    if longest_prompt + 1 + max_tokens > limits.max_context:
+        raise InvalidRequest(
+            f"prompt ({longest_prompt} tokens) plus {param} ({max_tokens}) exceed this "
+            f"model's context of {limits.max_context} tokens",
+            param=param,
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be true or false", param="stream")
+    _check_sampling(body)
+    return GenerationOptions(max_tokens, stream, _include_usage(body), _stop(body.get("stop")))
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """Decoding is greedy: accept only the settings under which greedy is what they ask for."""
+    n = body.get("n", 1)
+    if n is not None and (not _is_int(n) or n != 1):
+        raise InvalidRequest(
+            "only n=1 is supported: decoding is greedy, so every choice would be the same",
+            param="n",
+        )
+    _number(body, "temperature", 0, 2)
+    if body.get("temperature") not in (None, 0):
+        raise InvalidRequest(
+            "this worker decodes greedily: 'temperature' must be 0 or left out", param="temperature"
+        )
+    _number(body, "top_p", 0, 1)  # greedy keeps the top token, inside any nucleus
+    for name in ("presence_penalty", "frequency_penalty"):
+        _number(body, name, -2, 2)
+        if body.get(name) not in (None, 0):
+            raise InvalidRequest(f"'{name}' is not supported by this worker", param=name)
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise InvalidRequest("'seed' must be an integer", param="seed")
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    return bool(options.get("include_usage", False))
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else value
+    if stops is None:
+        return ()
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP_SEQUENCES
+        or not all(isinstance(stop, str) and stop for stop in stops)
+    ):
+        raise InvalidRequest(
+            f"'stop' must be a non-empty string or a list of at most {MAX_STOP_SEQUENCES}",
+            param="stop",
+        )
+    return tuple(stops)
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -268,33 +319,54 @@ def embeddings_body(
 class CompletionIds:
     """The id and creation time every chunk of one completion shares."""
 
-    def __init__(self, model_name: str) -> None:
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+    def __init__(self, model_name: str, prefix: str = "cmpl") -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model_name = model_name
 
-    def body(
-        self,
-        text: str | None,
-        *,
-        finish_reason: str | None = None,
-        usage: dict[str, int] | None = None,
-    ) -> dict[str, Any]:
-        choices = (
-            []
-            if text is None
-            else [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]
-        )
-        body: dict[str, Any] = {
+    def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
             "id": self.id,
-            "object": "text_completion",
+            "object": kind,
             "created": self.created,
             "model": self.model_name,
             "choices": choices,
         }
-        if usage is not None:
-            body["usage"] = usage
+
+
+class CompletionBodies:
+    """``/v1/completions`` bodies: the whole answer, and the chunks of a stream."""
+
+    def __init__(self, ids: CompletionIds, include_usage: bool) -> None:
+        self.ids = ids
+        self.include_usage = include_usage
+
+    def whole(self, choices: Sequence[tuple[str, str]], usage: dict[str, int]) -> dict[str, Any]:
+        """``choices``: (text, finish_reason) per choice, in order."""
+        body = self.ids.envelope(
+            "text_completion",
+            [_text_choice(i, text, reason) for i, (text, reason) in enumerate(choices)],
+        )
+        body["usage"] = usage
         return body
+
+    def opening(self, index: int) -> list[dict[str, Any]]:
+        return []  # completions chunks carry text only
+
+    def chunk(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        body = self.ids.envelope("text_completion", [_text_choice(index, text, finish_reason)])
+        if self.include_usage:
+            body["usage"] = None  # as OpenAI: only the last chunk carries usage
+        return body
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        body = self.ids.envelope("text_completion", [])
+        body["usage"] = usage
+        return body
+
+
+def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -305,11 +377,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def models_body(model_names: Sequence[str], created: int) -> dict[str, Any]:
+def model_card(model_name: str, created: int, max_model_len: int) -> dict[str, Any]:
     return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "gpuscope"}
-            for name in model_names
-        ],
+        "id": model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "gpuscope",
+        "root": model_name,
+        "parent": None,
+        "max_model_len": max_model_len,
     }
+
+
+def models_body(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": list(cards)}

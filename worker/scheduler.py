@@ -83,13 +83,14 @@ class BatchPolicy:
 
 @dataclass
 class Counters:
-    """What the scheduler turned away or lost, for the health endpoint."""
+    """What the scheduler served, turned away or lost (health endpoint, /metrics)."""
 
     completed: int = 0
     rejected_queue_full: int = 0
     timed_out: int = 0
     cancelled: int = 0
     failed: int = 0
+    batches: int = 0  # model calls: a batch, or an iteration under continuous batching
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -147,6 +148,7 @@ class QueueingScheduler(Generic[P]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._recent_batch_s = 0.01
 
     @property
@@ -197,6 +199,18 @@ class QueueingScheduler(Generic[P]):
             self._queue.remove(item)
         self._note_idle()
 
+    def finish_early(self, item: WorkItem[P]) -> None:
+        """The request needs no more results (a stop sequence matched): count it complete;
+        like an abandoned one, it leaves the queue or its batch."""
+        if item.future.done():
+            return
+        self.counters.completed += 1
+        item.timeline.computed()
+        item.future.set_result(None)
+        with contextlib.suppress(ValueError):
+            self._queue.remove(item)
+        self._note_idle()
+
     async def _take(self, deadline: float | None) -> WorkItem[P] | None:
         """The next live queued item; waits for one until ``deadline`` (None: forever)."""
         while True:
@@ -239,6 +253,7 @@ class QueueingScheduler(Generic[P]):
 
     def _note_batch(self, seconds: float) -> None:
         self._recent_batch_s = seconds
+        self.counters.batches += 1
 
     def _note_idle(self) -> None:
         if not self._busy and not any(not item.abandoned for item in self._queue):
@@ -248,8 +263,18 @@ class QueueingScheduler(Generic[P]):
         self._busy = False
         self._note_idle()
 
+    def _fail(self, items: Sequence[WorkItem[P]], error: BaseException) -> None:
+        """Answer ``items`` with ``error`` (each scheduler delivers results its own way)."""
+        raise NotImplementedError
+
     async def close(self, timeout_s: float) -> None:
-        """Stop accepting, let queued and running work finish for ``timeout_s``, cancel the rest."""
+        """Stop accepting, let queued and running work finish for ``timeout_s``, fail the
+        rest with ``ShuttingDown``. Calling it again waits for the first call's end."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(timeout_s))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, timeout_s: float) -> None:
         self._accepting = False
         try:
             async with asyncio.timeout(timeout_s):
@@ -260,10 +285,9 @@ class QueueingScheduler(Generic[P]):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        while self._queue:
-            item = self._queue.popleft()
-            if not item.future.done():
-                item.future.set_exception(ShuttingDown())
+        leftover = list(self._queue)
+        self._queue.clear()
+        self._fail(leftover, ShuttingDown())
 
 
 class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
@@ -278,6 +302,12 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
     ) -> None:
         super().__init__(policy, recorder, device)
         self.model = model
+        self._in_batch = 0
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch on the device now."""
+        return self._in_batch
 
     async def embed(
         self, inputs: Sequence[Sequence[int]], timeline: RequestTimeline, *, timeout_s: float
@@ -298,12 +328,14 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
     async def _run(self) -> None:
         while True:
             items, trigger = await self._form_batch(self._batch_limit())
+            self._in_batch = len(items)
             try:
                 await self._compute(items, trigger)
             except asyncio.CancelledError:  # close() gave up on this batch
                 self._fail(items, ShuttingDown())
                 raise
             finally:
+                self._in_batch = 0
                 self._done_with_batch()
 
     async def _compute(self, items: list[WorkItem[Sequence[Sequence[int]]]], trigger: str) -> None:
@@ -337,8 +369,9 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
                 item.future.set_result(vectors[offset : offset + count])
             offset += count
 
-    @staticmethod
-    def _fail(items: list[WorkItem[Sequence[Sequence[int]]]], error: SchedulerError) -> None:
+    def _fail(
+        self, items: Sequence[WorkItem[Sequence[Sequence[int]]]], error: BaseException
+    ) -> None:
         for item in items:
             if not item.future.done():
                 item.future.set_exception(error)

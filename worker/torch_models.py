@@ -8,20 +8,14 @@ scheduler's ``computed`` mark is taken after the work, never after the launch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from gpuscope.worker.models import (
-    BOS_TOKEN,
-    FloatArray,
-    NumpyEmbeddingMLP,
-    NumpyTokenGenerator,
-    pack_iteration,
-    reuse_or_rebuild,
-)
+from gpuscope.worker.kv_cache import BlockPool, SequenceState
+from gpuscope.worker.models import FloatArray, NumpyEmbeddingMLP, NumpyTokenGenerator
+from gpuscope.worker.packing import advance, pack_iteration
 
 
 def _sync(device: Any) -> None:
@@ -80,37 +74,10 @@ class TorchEmbeddingMLP:
         return result
 
 
-@dataclass(eq=False)
-class TorchSequence:
-    """``NumpySequence`` on the device: its keys and values live in row ``row`` of the
-    cache of the batch it last ran in."""
-
-    prompt: list[int]
-    last_token: int = BOS_TOKEN
-    length: int = 0
-    cache: TorchBatchCache | None = None
-    row: int = 0
-
-
-class TorchBatchCache:
-    """``NumpyBatchCache`` on the device: ``kv`` is ``[layers, 2, rows, capacity, width]``."""
-
-    def __init__(self, layers: int, rows: int, capacity: int, width: int, device: Any) -> None:
-        self.kv = torch.zeros((layers, 2, rows, capacity, width), device=device)
-
-    @classmethod
-    def for_batch(
-        cls, states: Sequence[TorchSequence], longest: int, layers: int, width: int, device: Any
-    ) -> TorchBatchCache:
-        """The cache of ``states`` in this order, with room for ``longest`` positions."""
-        return reuse_or_rebuild(
-            states, longest, lambda rows, capacity: cls(layers, rows, capacity, width, device)
-        )
-
-
 class TorchTokenGenerator:
     """``NumpyTokenGenerator``'s decoder on a torch device: one packed pass per iteration,
-    attention batched over the sequences' padded key/value cache."""
+    attention batched over the sequences' histories gathered through their block tables
+    from a paged key/value cache of the same size as the reference's."""
 
     def __init__(self, reference: NumpyTokenGenerator, device: Any) -> None:
         self.device = device
@@ -124,38 +91,39 @@ class TorchTokenGenerator:
         ]
         self.unembed = torch.from_numpy(reference.unembed).to(device)
         self._reference = reference
+        self._pool = BlockPool(reference.kv_pool.total, reference.kv_pool.block_size)
+        self.kv = torch.zeros(reference.kv.shape, device=device)
 
     @property
     def max_context(self) -> int:
         return self._max_context
 
-    def start(self, prompt: Sequence[int]) -> TorchSequence:
-        self._reference.start(prompt)  # the same validation
-        return TorchSequence(prompt=[BOS_TOKEN, *prompt][: self._max_context - 1])
+    @property
+    def kv_pool(self) -> BlockPool:
+        return self._pool
+
+    def start(self, prompt: Sequence[int]) -> SequenceState:
+        return self._reference.start(prompt)  # the same validation, the same state
 
     @torch.inference_mode()  # type: ignore[untyped-decorator]
-    def step(self, sequences: Sequence[object]) -> list[int]:
-        states = [s for s in sequences if isinstance(s, TorchSequence)]
-        if len(states) != len(sequences):
-            raise TypeError("not a sequence of this model")
+    def step(self, sequences: Sequence[SequenceState]) -> list[int]:
+        states = list(sequences)
         if not states:
             return []
-        plan = pack_iteration(states, self._max_context)
+        plan = pack_iteration(states, self._pool, self._max_context)
         x = self.table[self._tensor(plan.tokens) % self.vocab_size]
         x = x + self.positions[self._tensor(plan.positions)]
-        lengths, longest = self._tensor(plan.lengths), max(plan.lengths)
-        cache = TorchBatchCache.for_batch(
-            states, longest, len(self.layers), self.hidden_size, self.device
-        )
-        rows, slots, newest = map(self._tensor, (plan.rows, plan.slots, plan.newest))
+        lengths = self._tensor(plan.lengths)
+        slots, newest = self._tensor(plan.slots), self._tensor(plan.newest)
+        history = torch.as_tensor(plan.history, device=self.device)
         scale = 1.0 / self.hidden_size**0.5
         for layer, (qkv_w, out_w, up, down) in enumerate(self.layers):
             q, k, v = (_layer_norm(x) @ qkv_w).chunk(3, dim=1)
-            cache.kv[layer, 0, rows, slots] = k
-            cache.kv[layer, 1, rows, slots] = v
+            self.kv[layer, slots, 0] = k
+            self.kv[layer, slots, 1] = v
             mixed = torch.empty_like(q)
-            history = cache.kv[layer, :, :, :longest]
-            mixed[newest] = _attend_newest(q[newest], history, lengths, scale)
+            past = self.kv[layer][history]  # [sequences, positions, 2, width]
+            mixed[newest] = _attend_newest(q[newest], past[:, :, 0], past[:, :, 1], lengths, scale)
             for begin, end in plan.prefills:  # a prompt's earlier tokens, among themselves
                 early = slice(begin, end - 1)
                 mixed[early] = _causal_attention(q[early], k[early], v[early], scale)
@@ -164,20 +132,19 @@ class TorchTokenGenerator:
         chosen = torch.argmax(_layer_norm(x[newest]) @ self.unembed, dim=1)
         _sync(self.device)
         tokens = [int(t) for t in chosen.cpu().tolist()]
-        for state, length, token in zip(states, plan.lengths, tokens, strict=True):
-            state.length, state.last_token = length, token
+        advance(states, tokens)
         return tokens
 
-    def _tensor(self, values: list[int]) -> Any:
+    def _tensor(self, values: Sequence[object]) -> Any:
         return torch.as_tensor(values, device=self.device)
 
 
-def _attend_newest(queries: Any, kv: Any, lengths: Any, scale: float) -> Any:
-    """``models._attend_newest``: every sequence's newest token over its row of ``kv``."""
-    scores = torch.matmul(kv[0], queries.unsqueeze(2)).squeeze(2) * scale
+def _attend_newest(queries: Any, keys: Any, values: Any, lengths: Any, scale: float) -> Any:
+    """``models._attend_newest``: every sequence's newest token over its gathered history."""
+    scores = torch.matmul(keys, queries.unsqueeze(2)).squeeze(2) * scale
     padding = torch.arange(scores.shape[1], device=scores.device) >= lengths.unsqueeze(1)
     probs = torch.softmax(scores.masked_fill(padding, float("-inf")), dim=-1)
-    return torch.matmul(probs.unsqueeze(1), kv[1]).squeeze(1)
+    return torch.matmul(probs.unsqueeze(1), values).squeeze(1)
 
 
 def _causal_attention(queries: Any, keys: Any, values: Any, scale: float) -> Any:

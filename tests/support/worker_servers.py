@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
+from gpuscope.worker.kv_cache import BlockPool, SequenceState
 from gpuscope.worker.models import EmbeddingModel, FloatArray, Generator
 from support.middleware_spans import EndNotifier
 from support.servers import run_uvicorn
@@ -126,9 +127,13 @@ class GatedGenerator:
     def max_context(self) -> int:
         return self.inner.max_context
 
-    def start(self, prompt: Sequence[int]) -> object:
+    @property
+    def kv_pool(self) -> BlockPool:
+        return self.inner.kv_pool
+
+    def start(self, prompt: Sequence[int]) -> SequenceState:
         return self.inner.start(prompt)
 
-    def step(self, sequences: Sequence[object]) -> list[int]:
+    def step(self, sequences: Sequence[SequenceState]) -> list[int]:
         self.gate.pass_through()
         return self.inner.step(sequences)

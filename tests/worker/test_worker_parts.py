@@ -14,6 +14,7 @@ from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker import protocol
 from gpuscope.worker.backends import load_backend, numpy_models
 from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.kv_cache import SequenceState
 from gpuscope.worker.models import EmbeddingModel, Generator
 from gpuscope.worker.scheduler import (
     BatchPolicy,
@@ -79,7 +80,7 @@ def test_worker_generator_packs_prefill_with_decode_and_grows_its_cache() -> Non
     for prompt in prompts:
         state = generator.start(prompt)
         alone.append([generator.step([state])[0] for _ in range(40)])
-    states: list[object] = []
+    states: list[SequenceState] = []
     together: list[list[int]] = [[] for _ in prompts]
     for iteration in range(40 + 2 * 5):
         if iteration % 5 == 0 and len(states) < len(prompts):  # a newcomer every 5 steps
@@ -88,29 +89,6 @@ def test_worker_generator_packs_prefill_with_decode_and_grows_its_cache() -> Non
         for i, token in zip(live, generator.step([states[i] for i in live]), strict=True):
             together[i].append(token)
     assert together == alone
-
-
-def test_worker_generator_batch_cache_is_reused_repacked_and_bounded() -> None:
-    """The same batch steps in place; a sequence leaving or joining repacks the padded
-    key/value cache, whose capacity stays within twice the longest sequence."""
-    _, generator = numpy_models(SMALL)
-    states = [generator.start([5, 6, 7]), generator.start(list(range(40, 70)))]
-    generator.step(states)
-    for _ in range(40):
-        before = states[0].cache
-        assert before is not None and all(s.cache is before for s in states)
-        generator.step(states)
-        cache, longest = states[0].cache, max(s.length for s in states)
-        assert cache is not None and cache.kv.shape[2] == 2  # a row per sequence
-        assert longest <= cache.kv.shape[3] <= 2 * longest
-        assert (cache is before) == (longest <= before.kv.shape[3])  # in place unless full
-    alone = [states[1]]  # the first sequence left
-    generator.step(alone)
-    assert alone[0].cache is not None and alone[0].cache.kv.shape[2] == 1
-    assert alone[0].row == 0
-    rejoined = [generator.start([9]), *alone]
-    generator.step(rejoined)
-    assert [s.row for s in rejoined] == [0, 1] and rejoined[0].cache is rejoined[1].cache
 
 
 def test_worker_embeddings_base64_matches_float() -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpuscope.worker.backends import cuda_available, load_backend, numpy_models
+from gpuscope.worker.kv_cache import SequenceState
 from gpuscope.worker.models import EmbeddingModel, Generator
 from support.worker_servers import SMALL, serve_worker
 
@@ -25,8 +26,8 @@ def _check_matches_numpy(device: Any) -> None:
     np.testing.assert_allclose(on_torch, embedding.embed(texts), rtol=1e-3, atol=1e-4)
     torch_generator = TorchTokenGenerator(generator, device)
     prompts = [[5, 6, 7], list(range(40, 70)), [9]]
-    numpy_states: list[object] = []
-    torch_states: list[object] = []
+    numpy_states: list[SequenceState] = []
+    torch_states: list[SequenceState] = []
     for iteration in range(40):  # newcomers join a running batch; the caches grow
         if iteration % 5 == 0 and len(numpy_states) < len(prompts):
             numpy_states.append(generator.start(prompts[len(numpy_states)]))

@@ -1,0 +1,53 @@
+"""Request bodies: JSON read under a size limit as it arrives, parsed so no input breaks it.
+
+A body over the limit is refused with 413 as soon as its declared length or the
+bytes read so far show it, before it is buffered; the connection is then closed, so
+what the client still sends is never read. JSON the parser cannot take (an integer
+of more than 4,300 digits, nesting that exhausts the recursion limit) is a 400 like
+any other bad JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from gpuscope.worker.protocol import InvalidRequest
+
+
+def too_large(limit: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"the request body exceeds {limit} bytes (--max-body-bytes)",
+        status=413,
+        code="request_too_large",
+        # Close rather than read and discard the rest (what the server would do otherwise).
+        headers={"connection": "close"},
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or ``InvalidRequest`` (413) once it is known to exceed ``limit``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(limit)
+    return bytes(body)
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest("the body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    return parse_json(await read_body(request, limit))
