@@ -10,7 +10,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from gpuscope import flags
 from gpuscope.loadgen import record
@@ -68,6 +68,11 @@ def write_outputs(
         plot_results(results, options.plot)
 
 
+def table_stream(options: LoadOptions) -> TextIO:
+    """Standard error when JSON or CSV go to standard output, so that it stays parseable."""
+    return sys.stderr if "-" in (options.json, options.csv) else sys.stdout
+
+
 def plot_unavailable(options: LoadOptions, prog: str) -> bool:
     """Say so (before any load runs) when --plot is asked for without matplotlib."""
     if options.plot is None:
@@ -98,7 +103,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpuscope loadgen: {exc}", file=sys.stderr)
         return 1
     env = record.environment()
-    print(table(results, env), end="", flush=True)
+    print(table(results, env), end="", file=table_stream(options), flush=True)
     write_outputs(options, results, env)
     if stopped:
         print("stopped by Ctrl-C; the table shows what was measured", file=sys.stderr)

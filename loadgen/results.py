@@ -48,11 +48,12 @@ class StepResult:
 
 
 def _cuts(values: Sequence[float], points: Sequence[str]) -> dict[str, float]:
+    if not values:
+        return {}
     cuts: dict[str, float] = {}
     for point in points:
-        value = max(values) if point == "max" and values else percentile(values, float(point[1:]))
-        if value is not None:
-            cuts[point] = value * 1000
+        value = max(values) if point == "max" else percentile(values, float(point[1:]))
+        cuts[point] = (value or 0.0) * 1000
     return cuts
 
 

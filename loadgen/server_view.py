@@ -82,7 +82,9 @@ def parse_snapshot(text: str, taken_s: float) -> Snapshot:
                 _add_sample(snapshot.batch_size, family.name, sample)
         elif family.name == DURATION_METRIC:
             snapshot.requests += sum(
-                s.value for s in family.samples if s.name == DURATION_METRIC + "_count"
+                s.value
+                for s in family.samples
+                if s.name == DURATION_METRIC + "_count" and _is_load_route(s.labels)
             )
         elif family.name.startswith("gpuscope_gpu_"):
             for sample in family.samples:
@@ -98,6 +100,11 @@ def parse_snapshot(text: str, taken_s: float) -> Snapshot:
     if clocks and maxima and sum(maxima) > 0:
         snapshot.clock_ratio = sum(clocks) / sum(maxima)
     return snapshot
+
+
+def _is_load_route(labels: dict[str, str]) -> bool:
+    """Not the model listing the load generator reads before it starts."""
+    return not labels.get("route", "").endswith("/models")
 
 
 def _add_sample(histogram: Histogram, base: str, sample: Sample) -> None:

@@ -20,7 +20,7 @@ from typing import Final
 from gpuscope import flags
 from gpuscope.flags import ConfigError
 from gpuscope.loadgen import record
-from gpuscope.loadgen.cli import plot_unavailable, run_with_ctrl_c, write_outputs
+from gpuscope.loadgen.cli import plot_unavailable, run_with_ctrl_c, table_stream, write_outputs
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose
 from gpuscope.loadgen.options import LOAD_HELP, LoadOptions, check_url
 from gpuscope.loadgen.output import Progress, table
@@ -176,9 +176,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpuscope tune: {exc}", file=sys.stderr)
         return 1
     steps = [step for config_steps in sweep.values() for step in config_steps]
-    print(table(steps, env), end="")
     verdict = choose(Objective.parse(options.objective), sweep)
-    print("\n".join(verdict.lines), flush=True)
+    stream = table_stream(options)
+    print(table(steps, env) + "\n".join(verdict.lines), file=stream, flush=True)
     write_outputs(options, steps, env, with_record=False)  # the record grew value by value
     if stopped:
         print("stopped by Ctrl-C; every process it started is stopped", file=sys.stderr)

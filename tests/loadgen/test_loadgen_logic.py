@@ -114,7 +114,10 @@ def _after(extra_requests: int, batches: int, batch_sum: int, occupancy: float) 
 def test_a_step_is_the_difference_of_two_scrapes() -> None:
     before = parse_snapshot(_exposition((0, 0, 0), (0, 0, 0), GPU_BEFORE), taken_s=100.0)
     # 10 requests: queue 9 under 1 ms and 1 above 10 ms; compute 10 within 1-10 ms
-    after_text = _exposition((9, 9, 10), (0, 10, 10), _after(10, 4, 10, 0.5))
+    after_text = _exposition((9, 9, 10), (0, 10, 10), _after(10, 4, 10, 0.5)).replace(
+        "# TYPE gpuscope_batch_size",  # the model listing loadgen reads is not a request
+        'gpuscope_request_duration_seconds_count{route="/v1/models"} 3\n# TYPE gpuscope_batch_size',
+    )
     after = parse_snapshot(after_text, taken_s=102.0)
     during = [parse_snapshot(_exposition((0, 0, 0), (0, 0, 0), _after(0, 0, 0, 0.3)), 101.0)]
     view = step_view(before, after, [*during, after])
