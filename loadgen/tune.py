@@ -83,8 +83,12 @@ class TuneOptions(LoadOptions):
         """The worker's arguments for one value; checked by the worker's own parser."""
         from gpuscope.worker.config import parse_config
 
+        extra = shlex.split(self.worker_args)
+        for flag in OWN_WORKER_FLAGS:
+            if flags.flag_name(flag) in extra:
+                raise ConfigError(f"--worker-args: {flags.flag_name(flag)} is set by the tuner")
         args = ["--host", "127.0.0.1", "--port", str(port), "--otlp-endpoint", otlp]
-        args += ["--log-level", "warning", *shlex.split(self.worker_args)]
+        args += ["--log-level", "warning", *extra]
         args += [f"--{self.flag}", value] + (["--gpu-uuid", gpu_uuid] if gpu_uuid else [])
         try:
             parse_config(args, environ={})

@@ -175,6 +175,7 @@ def test_tune_arguments_are_checked() -> None:
         ["--sweep", "warp-speed=1,2"],
         ["--objective", "min p99 at rate 50", "--rate", "10,20"],
         ["--worker-args", "--no-such-flag"],
+        ["--worker-args", "--port 8000"],  # the tuner picks the port
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})
