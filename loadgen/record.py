@@ -15,7 +15,7 @@ import platform
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict[str, str]:
-    when = when or datetime.now(UTC)
+    when = when or result.finished
     row = {
         "when": when.strftime("%Y-%m-%d %H:%M:%S"),
         "config": result.config or "-",
@@ -172,7 +172,7 @@ def csv_text(rows: Sequence[dict[str, str]]) -> str:
 
 def json_text(results: Sequence[StepResult], env: str) -> str:
     steps: list[dict[str, Any]] = [asdict(result) for result in results]
-    return json.dumps({"environment": env, "steps": steps}, indent=2) + "\n"
+    return json.dumps({"environment": env, "steps": steps}, indent=2, default=str) + "\n"
 
 
 def write_output(path: str, text: str) -> None:

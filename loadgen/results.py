@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from gpuscope.loadgen.client import Outcome
 from gpuscope.loadgen.server_view import ServerStep
@@ -41,6 +42,7 @@ class StepResult:
     interrupted: bool = False
     server: ServerStep | None = None
     notes: list[str] = field(default_factory=list)
+    finished: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
     def p99_ms(self) -> float | None:
