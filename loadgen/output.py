@@ -79,9 +79,13 @@ def table(results: Sequence[StepResult], env: str) -> str:
         text += _columns(
             [r for r, res in zip(rows, results, strict=True) if res.server], SERVER_COLUMNS
         )
-    notes = sorted({f"{res.load.label}: {note}" for res in results for note in res.notes})
+    notes = [f"{_name(res)}: {note}" for res in results for note in res.notes]
     text += "".join(f"note: {note}\n" for note in notes)
     return text
+
+
+def _name(result: StepResult) -> str:
+    return f"{result.config} {result.load.label}" if result.config else result.load.label
 
 
 def _columns(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> str:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from gpuscope.loadgen.client import Outcome
 from gpuscope.loadgen.server_view import ServerStep
 from gpuscope.loadgen.stats import percentile
+from gpuscope.loadgen.workload import PATHS
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def summarize(
     notes = []
     if any(error == "status 404" for error in errors):
         missing = sorted({o.label for o in outcomes if o.error == "status 404"})
-        notes.append(f"404 from {', '.join(missing)}: the server does not serve that endpoint")
+        paths = ", ".join(f"{label} ({PATHS[label.split('-')[0]]})" for label in missing)
+        notes.append(f"404 from {paths}: the server does not serve that endpoint")
     return StepResult(
         load=load,
         config=config,

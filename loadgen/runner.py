@@ -61,7 +61,12 @@ class Live:
     load: Load
     started_s: float
     outcomes: list[Outcome]
-    missed: int = 0
+    missed_late: int = 0  # the client fell more than late_ms behind its schedule
+    missed_full: int = 0  # max_in_flight requests were open
+
+    @property
+    def missed(self) -> int:
+        return self.missed_late + self.missed_full
 
 
 Tick = Callable[[Live], None]
@@ -142,6 +147,12 @@ class Runner:
             interrupted=self.stop.is_set(),
             server=server,
         )
+        if live.missed:
+            result.notes.append(
+                f"{live.missed} sends missed: {live.missed_late} late by more than "
+                f"{self.plan.late_ms:g} ms (the client fell behind its schedule), "
+                f"{live.missed_full} with --max-in-flight requests open"
+            )
         if server is not None and server.requests < _traced(live.outcomes):
             result.notes.append(
                 f"the exporter counted {server.requests} of {_traced(live.outcomes)} requests"
@@ -223,8 +234,10 @@ class Runner:
                 await asyncio.sleep(delay)
             scheduled += 1
             spec = next(self.specs)  # drawn even when missed, so the sequence stays the same
-            if len(open_tasks) >= self.plan.max_in_flight or time.monotonic() - due > late_s:
-                live.missed += 1
+            if len(open_tasks) >= self.plan.max_in_flight:
+                live.missed_full += 1
+            elif time.monotonic() - due > late_s:
+                live.missed_late += 1
             else:
                 task = asyncio.create_task(self._record(session, spec, live))
                 open_tasks.add(task)

@@ -103,7 +103,9 @@ async def test_chat_is_measured_when_served_and_a_404_is_reported_when_not(stack
     (result,) = await run(plan, Target(stack.openai_url), "chat-stream=1")
     assert result.sent == 4
     if result.errors == {"status 404": 4}:
-        assert result.notes == ["404 from chat-stream: the server does not serve that endpoint"]
+        assert result.notes == [
+            "404 from chat-stream (/chat/completions): the server does not serve that endpoint"
+        ]
     else:
         assert result.ok == 4, result.errors
         assert result.ttft_ms["p50"] > 0
@@ -171,6 +173,7 @@ async def test_open_loop_counts_missed_sends_under_overload() -> None:
         (result,) = await run(plan, Target(url + "/v1"), tick=open_once_overloaded)
         gate.open()
     assert result.missed >= 50
+    assert any("with --max-in-flight requests open" in note for note in result.notes)
     assert result.sent >= 2 and result.ok == result.sent
     # every arrival of the schedule was either sent or counted as missed
     assert 190 <= result.sent + result.missed <= 201
