@@ -3,8 +3,10 @@ objective, the record table, the workload and the flags."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,7 +16,9 @@ from gpuscope.loadgen import record
 from gpuscope.loadgen.client import Outcome
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose, phase_difference
 from gpuscope.loadgen.options import LoadgenOptions
+from gpuscope.loadgen.output import Progress
 from gpuscope.loadgen.results import Load, StepResult, summarize
+from gpuscope.loadgen.runner import Live
 from gpuscope.loadgen.server_view import ServerStep, parse_snapshot, shares, step_view
 from gpuscope.loadgen.stats import histogram_quantile, percentile
 from gpuscope.loadgen.workload import (
@@ -351,3 +355,35 @@ def test_loadgen_flags_have_environment_twins_and_are_checked() -> None:
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})
+
+
+# --- the progress line ----------------------------------------------------------------------
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_rewrites_one_line_on_a_terminal_and_prints_plain_lines_otherwise() -> None:
+    started = time.monotonic()
+    live = Live(0, 2, Load("concurrency", 4), started, [_outcome(10.0), _outcome(1, "timeout")])
+    terminal = _Stream(tty=True)
+    Progress(terminal)(live)
+    Progress(terminal).step_done(_step("", 4, 9, 100))
+    assert terminal.getvalue().startswith("\r\033[Kstep 1/2 c=4: ")
+    assert "1 ok, 1 errors, 0 missed, p99 10.0 ms" in terminal.getvalue()
+    assert "\r\033[Kdone c=4: 10 ok, 0 errors, 0 missed, 100.0 req/s, p99 9.0 ms\n" in (
+        terminal.getvalue()
+    )
+    plain = _Stream(tty=False)
+    progress = Progress(plain)
+    progress(live)  # a step that just began: nothing yet
+    live.started_s = started - 60
+    progress(live)
+    progress(live)  # within five seconds of the last line: nothing
+    assert plain.getvalue().count("\n") == 1 and "\r" not in plain.getvalue()
