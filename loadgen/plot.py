@@ -37,7 +37,7 @@ def plot_results(results: Sequence[StepResult], path: Path) -> None:
     for number, config in enumerate(configs):
         steps = [r for r in results if r.config == config and r.latency_ms]
         x = [r.load.value for r in steps]
-        points = ("p50", "p99") if len(configs) > 1 else ("p50", "p95", "p99")
+        points = ("p99",) if len(configs) > 1 else ("p50", "p95", "p99")  # one line each
         for point in points:
             style = "-" if point == "p99" else ":"
             name = f"{config} {point}" if config else point
@@ -46,20 +46,26 @@ def plot_results(results: Sequence[StepResult], path: Path) -> None:
     mode = results[0].load.mode
     latency.set_xlabel("clients (closed loop)" if mode == "concurrency" else "offered rate (req/s)")
     latency.set_ylabel("end-to-end latency (ms)")
+    latency.set_title("p99 per configuration" if len(configs) > 1 else "latency", fontsize=9)
     latency.set_xscale("log", base=2 if mode == "concurrency" else 10)
     latency.grid(alpha=0.3)
-    latency.legend(fontsize=7)
+    latency.legend(fontsize=6)
     _phase_bars(phases, results)
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, pil_kwargs={"optimize": True})
     plt.close(figure)
+
+
+def _short(config: str) -> str:
+    """``max-queue-delay-ms=0.5`` as ``0.5``: the flag's name is in the legend already."""
+    return config.partition("=")[2] or config
 
 
 def _phase_bars(axes: object, results: Sequence[StepResult]) -> None:
     from matplotlib.axes import Axes
 
     assert isinstance(axes, Axes)
-    labels = [f"{r.config}\n{r.load.label}" if r.config else r.load.label for r in results]
+    labels = [f"{_short(r.config)} {r.load.label}".strip() for r in results]
     bottoms = [0.0] * len(results)
     for phase in PHASES:
         heights = [r.server.phase_mean_ms.get(phase, 0.0) if r.server else 0.0 for r in results]
@@ -67,7 +73,9 @@ def _phase_bars(axes: object, results: Sequence[StepResult]) -> None:
             axes.bar(labels, heights, bottom=bottoms, label=phase, color=COLORS[phase])
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axes.set_ylabel("mean ms per request (exporter)")
-    axes.set_title("where the time went", fontsize=9)
+    flag = results[0].config.partition("=")[0]
+    by = f" (by {flag} and load)" if "=" in results[0].config else ""
+    axes.set_title("where the time went" + by, fontsize=9)
     axes.tick_params(axis="x", labelsize=6, rotation=90)
     if any(bottoms):
         axes.legend(fontsize=7)
