@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "exporter": ("gpuscope.exporter.cli", "Prometheus scrape target: OTLP spans in, metrics out"),
     "doctor": ("gpuscope.exporter.doctor", "show which GPU metrics this machine supports, and why"),
     "demo": ("gpuscope.loadgen.demo", "worker + exporter + load on 127.0.0.1, simulated GPU"),
+    "loadgen": ("gpuscope.loadgen.cli", "load ladder on an OpenAI endpoint; where the time went"),
+    "tune": ("gpuscope.loadgen.tune", "sweep one worker flag, run the ladder, name the best"),
 }
 
 

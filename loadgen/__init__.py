@@ -1,1 +1,1 @@
-"""Load generation, latency reports and the demo."""
+"""Load generation (``gpuscope loadgen``), tuning sweeps (``gpuscope tune``) and the demo."""

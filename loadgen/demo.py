@@ -1,32 +1,35 @@
 """``gpuscope demo``: exporter + worker + a short load on 127.0.0.1, then a report.
 
 Starts ``gpuscope exporter`` with a simulated GPU and ``gpuscope worker`` told that
-GPU's UUID and sending its spans to the exporter, as child processes; puts a mix of
-embedding and streamed completion requests on the worker; then prints where the
-time went (client-side percentiles, the exporter's per-phase breakdown and what the
-simulated GPU saw) and, unless ``--exit``, keeps both running for Prometheus to scrape
-until Ctrl-C.
+GPU's UUID and sending its spans to the exporter, as child processes; runs one
+``gpuscope loadgen`` step (embeddings and streamed completions) against them; prints
+the client's percentiles next to the exporter's phase breakdown and what the simulated
+GPU saw; unless ``--exit``, keeps both running for Prometheus to scrape until Ctrl-C.
+
+It refuses to start when either port is already taken (it would otherwise measure
+whatever listens there) and exits non-zero when anything fails: a child that does not
+start, a failed request, or an exporter that did not count the requests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import httpx
-
 from gpuscope import flags
-from gpuscope.loadgen.report import LoadResult, format_report, run_load, scrape_summary
+from gpuscope.loadgen import record
+from gpuscope.loadgen.cli import run_with_ctrl_c
+from gpuscope.loadgen.output import table
+from gpuscope.loadgen.processes import ChildFailed, Children, free_port, port_taken, wait_ready
+from gpuscope.loadgen.results import Load, StepResult
+from gpuscope.loadgen.runner import Plan, Runner, Target
+from gpuscope.loadgen.workload import Lengths, synthetic_requests
 
 ENV_PREFIX = "GPUSCOPE_DEMO_"
 BATCHING = ("none", "static", "dynamic", "continuous")
+MIX = {"embeddings": 1.0, "completions-stream": 1.0}
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ _HELP = {
 }
 
 
+class DemoFailed(RuntimeError):
+    pass
+
+
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> DemoOptions:
     parser = flags.build_parser(
         DemoOptions,
@@ -79,100 +86,87 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def check_ports(options: DemoOptions) -> None:
+    for name, flag, port in (
+        ("exporter", "--exporter-port", options.exporter_port),
+        ("worker", "--worker-port", options.worker_port),
+    ):
+        if port_taken(port):
+            raise DemoFailed(
+                f"127.0.0.1:{port} is already in use, so the {name} cannot listen there "
+                f"(is another demo, worker or exporter running?); stop it or pass {flag} 0"
+            )
 
 
-@contextlib.contextmanager
-def child(name: str, args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    """A ``gpuscope`` subcommand as a child process, terminated (then killed) on exit."""
-    process = subprocess.Popen([sys.executable, "-m", "gpuscope", *args])
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            print(f"gpuscope demo: {name} did not stop within 15 s, killing it", file=sys.stderr)
-            process.kill()
-            process.wait()
-
-
-def wait_ready(
-    name: str, url: str, process: subprocess.Popen[bytes], timeout_s: float = 60
-) -> None:
-    """Poll ``url`` until it answers 200; fail early if the process died."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with status {process.returncode} while starting")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)  # a child process gives no readiness event to wait on
-    raise RuntimeError(f"{name} not ready at {url} after {timeout_s:.0f} s")
-
-
-def run_demo(options: DemoOptions) -> tuple[LoadResult, str]:
+def _child_args(options: DemoOptions) -> tuple[list[str], list[str]]:
     from gpuscope.exporter.gpu.simulated import simulated_uuid
 
+    exporter = ["exporter", "--listen", f"127.0.0.1:{options.exporter_port}"]
+    exporter += ["--gpu-source", "simulated", "--gpu-interval", "0.5", "--log-level", "warning"]
+    worker = ["worker", "--host", "127.0.0.1", "--port", str(options.worker_port)]
+    worker += ["--batching", options.batching, "--gpu-uuid", simulated_uuid(0)]
+    worker += ["--otlp-endpoint", f"http://127.0.0.1:{options.exporter_port}/v1/traces"]
+    return exporter, [*worker, "--log-level", "warning"]
+
+
+async def _demo(options: DemoOptions, children: Children, stop: asyncio.Event) -> StepResult:
     exporter_url = f"http://127.0.0.1:{options.exporter_port}"
     worker_url = f"http://127.0.0.1:{options.worker_port}"
-    exporter_args = [
-        "exporter",
-        "--listen",
-        f"127.0.0.1:{options.exporter_port}",
-        "--gpu-source",
-        "simulated",
-        "--gpu-interval",
-        "0.5",
-        "--log-level",
-        "warning",
-    ]
-    worker_args = [
-        "worker",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(options.worker_port),
-        "--batching",
-        options.batching,
-        "--gpu-uuid",
-        simulated_uuid(0),
-        "--otlp-endpoint",
-        f"{exporter_url}/v1/traces",
-        "--log-level",
-        "warning",
-    ]
-    with child("exporter", exporter_args) as exporter, child("worker", worker_args) as worker:
-        wait_ready("exporter", f"{exporter_url}/readyz", exporter)
-        wait_ready("worker", f"{worker_url}/readyz", worker)
-        print(f"exporter: {exporter_url}/metrics   worker: {worker_url}/v1 (OpenAI-compatible)")
-        print(
-            f"load: {options.concurrency} clients for {options.duration_s:g} s, "
-            f"batching={options.batching} ...",
-            flush=True,
-        )
-        result = asyncio.run(run_load(worker_url, options.duration_s, options.concurrency))
-        summary = asyncio.run(scrape_summary(exporter_url, expected_requests=result.completed))
-        report = format_report(result, summary)
-        print(report, flush=True)
+    exporter_args, worker_args = _child_args(options)
+    exporter = children.start("exporter", exporter_args)
+    worker = children.start("worker", worker_args)
+    await wait_ready("exporter", f"{exporter_url}/readyz", exporter, stop)
+    await wait_ready("worker", f"{worker_url}/readyz", worker, stop)
+    print(f"exporter: {exporter_url}/metrics   worker: {worker_url}/v1 (OpenAI-compatible)")
+    print(
+        f"load: {options.concurrency} clients for {options.duration_s:g} s, "
+        f"batching={options.batching} ...",
+        flush=True,
+    )
+    plan = Plan((Load("concurrency", options.concurrency),), options.duration_s, warmup_s=0.5)
+    specs = synthetic_requests(MIX, Lengths("uniform", (4, 16)), Lengths("fixed", (16,)), 0)
+    results = await Runner(plan, Target(f"{worker_url}/v1", exporter_url), specs, stop).run()
+    if not results:
+        raise DemoFailed("stopped before the load ran")
+    return results[0]
+
+
+def check_result(result: StepResult) -> list[str]:
+    """What went wrong in the demo's one step (empty when nothing did)."""
+    problems = []
+    if result.ok == 0:
+        problems.append("no request succeeded")
+    if result.errors:
+        problems.append(f"requests failed: {result.errors}")
+    if result.server is None or result.server.requests < result.ok:
+        counted = 0 if result.server is None else result.server.requests
+        problems.append(f"the exporter counted {counted} of {result.ok} requests")
+    elif not result.server.phase_mean_ms:
+        problems.append("the exporter saw no phases")
+    return problems
+
+
+def run_demo(options: DemoOptions) -> StepResult:
+    """Run the demo; raises ``DemoFailed`` (or ``ChildFailed``) on any failure."""
+    check_ports(options)
+    with Children(quiet=False) as children:
+        result, stopped = run_with_ctrl_c(lambda stop: _demo(options, children, stop))
+        print(table([result], record.environment()), end="", flush=True)
+        if stopped:
+            raise DemoFailed("stopped by Ctrl-C")
+        if problems := check_result(result):
+            raise DemoFailed("; ".join(problems))
         if options.keep_running:
             print("serving on; point Prometheus at the exporter. Ctrl-C stops both.", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                worker.wait()
-        return result, report
+            run_with_ctrl_c(lambda stop: stop.wait())
+    return result
 
 
 def main(argv: Sequence[str]) -> int:
     options = parse_args(argv)
     try:
-        result, _ = run_demo(options)
-    except RuntimeError as exc:
+        run_demo(options)
+    except (DemoFailed, ChildFailed, RuntimeError) as exc:
         print(f"gpuscope demo: {exc}", file=sys.stderr)
         return 1
-    return 0 if result.completed > 0 else 1
+    return 0

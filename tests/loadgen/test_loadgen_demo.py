@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
+import socket
 
 import pytest
 
-from gpuscope.loadgen.demo import DemoOptions, free_port, parse_args, run_demo
-from gpuscope.loadgen.report import summarize_metrics
+from gpuscope.loadgen.demo import DemoFailed, DemoOptions, main, parse_args, run_demo
+from gpuscope.loadgen.processes import free_port
 from gpuscope.middleware.attributes import PHASES
 
 
@@ -20,16 +20,31 @@ def test_the_demo_shows_where_the_time_went(capsys: pytest.CaptureFixture[str]) 
         worker_port=free_port(),
         exit=True,
     )
-    result, report = run_demo(options)
-    assert result.completed > 0
-    assert set(result.statuses) == {"200"}
-    assert {"embeddings", "completions (stream)"} <= set(result.latencies_s)
+    result = run_demo(options)
+    assert result.ok > 0 and not result.errors
+    assert set(result.by_kind) == {"embeddings", "completions-stream"}
+    assert result.ttft_ms["p50"] > 0
     # every phase of the worker's requests reached the exporter's histograms
-    for phase in PHASES:
-        assert re.search(rf"^  {phase} +\d+\.\d+ ms", report, re.MULTILINE), phase
-    assert "mean batch size" in report
-    assert "gpuscope_gpu_sm_occupancy_ratio" in report
-    assert "exporter: http://127.0.0.1:" in capsys.readouterr().out
+    assert result.server is not None
+    assert result.server.requests >= result.ok
+    assert set(result.server.phase_mean_ms) == set(PHASES)
+    assert result.server.batch_size_mean is not None and result.server.batch_size_mean >= 1
+    assert result.server.sm_occupancy is not None
+    out = capsys.readouterr().out
+    assert "exporter: http://127.0.0.1:" in out
+    assert "where the time went" in out and "compute ms" in out
+
+
+def test_the_demo_refuses_ports_that_are_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        options = DemoOptions(exporter_port=free_port(), worker_port=port, exit=True)
+        with pytest.raises(DemoFailed, match=f"127.0.0.1:{port} is already in use.*--worker-port"):
+            run_demo(options)
+        assert main(["--exporter-port", str(port), "--exit"]) == 1
+    assert "already in use" in capsys.readouterr().err
 
 
 def test_demo_arguments_are_checked() -> None:
@@ -40,23 +55,3 @@ def test_demo_arguments_are_checked() -> None:
     options = parse_args(["--exporter-port", "0", "--worker-port", "0", "--exit"], {})
     assert options.exporter_port > 0
     assert not options.keep_running
-
-
-def test_summaries_sum_phases_across_label_sets() -> None:
-    text = "\n".join(
-        [
-            "# TYPE gpuscope_request_phase_seconds histogram",
-            'gpuscope_request_phase_seconds_sum{phase="queue",model="a"} 3.0',
-            'gpuscope_request_phase_seconds_count{phase="queue",model="a"} 2',
-            'gpuscope_request_phase_seconds_sum{phase="queue",model="b"} 1.0',
-            'gpuscope_request_phase_seconds_count{phase="queue",model="b"} 2',
-            "# TYPE gpuscope_request_duration_seconds histogram",
-            'gpuscope_request_duration_seconds_count{model="a"} 2',
-            'gpuscope_request_duration_seconds_count{model="b"} 2',
-            "",
-        ]
-    )
-    summary = summarize_metrics(text)
-    assert summary.requests == 4
-    assert summary.phase_mean_s == {"queue": 1.0}
-    assert summary.batch_size_mean is None

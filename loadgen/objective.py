@@ -1,0 +1,143 @@
+"""Which configuration of a sweep is best under a stated objective, and why the others
+lose, free of I/O.
+
+Objectives: ``max throughput with p99 <= X ms`` (the highest throughput of any step
+whose P99 is at most X ms and that had no errors) and ``min p99 at rate R`` (the lowest
+P99 of the open-loop step at R requests per second). A losing configuration is
+explained by its step at the winner's load: its P99 against the winner's and the
+phase whose mean grew the most.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuscope.loadgen.results import StepResult
+
+_MAX_THROUGHPUT = re.compile(r"max\s+throughput\s+with\s+p99\s*(?:<=|≤)\s*([0-9.]+)\s*ms", re.I)
+_MIN_P99 = re.compile(r"min\s+p99\s+at\s+rate\s+([0-9.]+)(?:\s*/\s*s)?", re.I)
+
+
+class ObjectiveError(ValueError):
+    """An objective the tuner cannot read."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    kind: str  # "max-throughput" | "min-p99"
+    bound: float  # the P99 bound (ms) or the rate (requests/s)
+
+    @classmethod
+    def parse(cls, text: str) -> Objective:
+        if match := _MAX_THROUGHPUT.fullmatch(text.strip()):
+            return cls("max-throughput", _number(match.group(1), text))
+        if match := _MIN_P99.fullmatch(text.strip()):
+            return cls("min-p99", _number(match.group(1), text))
+        raise ObjectiveError(
+            f"--objective: expected 'max throughput with p99 <= X ms' or 'min p99 at rate R', "
+            f"got {text!r}"
+        )
+
+    def __str__(self) -> str:
+        if self.kind == "max-throughput":
+            return f"max throughput with p99 <= {self.bound:g} ms"
+        return f"min p99 at rate {self.bound:g}/s"
+
+    def candidate(self, steps: Sequence[StepResult]) -> StepResult | None:
+        """The step that scores this configuration; None when none qualifies."""
+        if self.kind == "max-throughput":
+            fitting = [
+                s for s in steps
+                if s.p99_ms is not None and s.p99_ms <= self.bound and not s.errors and s.ok
+            ]  # fmt: skip
+            return max(fitting, key=lambda s: s.throughput_rps, default=None)
+        at_rate = [
+            s for s in steps
+            if s.load.mode == "rate" and s.load.value == self.bound and s.p99_ms is not None
+        ]  # fmt: skip
+        return at_rate[0] if at_rate else None
+
+    def score(self, step: StepResult) -> float:
+        """Higher is better."""
+        if self.kind == "max-throughput":
+            return step.throughput_rps
+        return -(step.p99_ms or 0.0)
+
+    def describe(self, step: StepResult) -> str:
+        if self.kind == "max-throughput":
+            return (
+                f"{step.throughput_rps:.1f} req/s at {step.load.label} (p99 {step.p99_ms:.1f} ms)"
+            )
+        return f"p99 {step.p99_ms:.1f} ms at {step.load.label}"
+
+
+def _number(text: str, whole: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ObjectiveError(f"--objective: cannot read a number in {whole!r}") from None
+    if value <= 0:
+        raise ObjectiveError(f"--objective: the bound must be greater than 0 in {whole!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Verdict:
+    objective: Objective
+    best: str | None
+    lines: list[str]
+
+
+def choose(objective: Objective, sweep: Mapping[str, Sequence[StepResult]]) -> Verdict:
+    """The best configuration of ``sweep`` (configuration -> its steps) and one line each."""
+    candidates = {config: objective.candidate(steps) for config, steps in sweep.items()}
+    scored = {config: step for config, step in candidates.items() if step is not None}
+    if not scored:
+        return Verdict(objective, None, [f"no configuration meets '{objective}'"])
+    best = max(scored, key=lambda config: objective.score(scored[config]))
+    winner = scored[best]
+    lines = [f"best under '{objective}': {best}: {objective.describe(winner)}"]
+    for config, steps in sweep.items():
+        if config != best:
+            lines.append(_why_lost(objective, config, steps, candidates[config], winner))
+    return Verdict(objective, best, lines)
+
+
+def _why_lost(
+    objective: Objective,
+    config: str,
+    steps: Sequence[StepResult],
+    own: StepResult | None,
+    winner: StepResult,
+) -> str:
+    if own is not None:
+        head = f"  {config}: {objective.describe(own)}"
+    elif objective.kind == "max-throughput":
+        head = f"  {config}: no error-free step with p99 <= {objective.bound:g} ms"
+    else:
+        head = f"  {config}: no step at rate {objective.bound:g}/s"
+    same_load = next((s for s in steps if s.load == winner.load), None)
+    if same_load is None or same_load.p99_ms is None or winner.p99_ms is None:
+        return head
+    return head + f"; at {winner.load.label} " + phase_difference(same_load, winner)
+
+
+def phase_difference(loser: StepResult, winner: StepResult) -> str:
+    """P99s side by side and the phase whose mean grew the most, with its P99 share."""
+    text = f"p99 {loser.p99_ms:.1f} ms vs {winner.p99_ms:.1f} ms"
+    if loser.server is None or winner.server is None:
+        return text
+    growth = {
+        phase: ms - winner.server.phase_mean_ms.get(phase, 0.0)
+        for phase, ms in loser.server.phase_mean_ms.items()
+    }
+    if not growth:
+        return text
+    phase = max(growth, key=lambda name: growth[name])
+    own_share = loser.server.phase_p99_share.get(phase, 0.0)
+    best_share = winner.server.phase_p99_share.get(phase, 0.0)
+    return text + (
+        f"; {phase} {growth[phase]:+.2f} ms mean ({own_share:.0%} of the p99 vs {best_share:.0%})"
+    )

@@ -1,0 +1,183 @@
+"""One row per step: the record table (Markdown), CSV and JSON, free of I/O but the file writes.
+
+``step_row`` flattens a ``StepResult`` into text columns; the Markdown record appends
+those rows under one header so that a person can read the file and ``git diff`` it,
+and ``read_record`` parses it back.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuscope import __version__
+from gpuscope.loadgen.results import StepResult
+from gpuscope.middleware.attributes import PHASES
+
+PHASE_COLUMNS = tuple(f"{phase} ms" for phase in PHASES)
+COLUMNS = (
+    "when",
+    "config",
+    "load",
+    "sent",
+    "ok",
+    "errors",
+    "missed",
+    "req/s",
+    "tok/s",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "max ms",
+    "ttft p50 ms",
+    "tpot p50 ms",
+    "batch",
+    *PHASE_COLUMNS,
+    "p99 led by",
+    "sm occ",
+    "clock",
+    "pcie MB/s",
+    "env",
+)
+TITLE = (
+    "# gpuscope load record\n\nOne row per load step; phase columns: mean ms (share of the mean).\n"
+)
+
+
+def environment() -> str:
+    return (
+        f"{platform.node()} {os.cpu_count()}cpu py{sys.version_info.major}."
+        f"{sys.version_info.minor} gpuscope {__version__}"
+    )
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict[str, str]:
+    when = when or result.finished
+    row = {
+        "when": when.strftime("%Y-%m-%d %H:%M:%S"),
+        "config": result.config or "-",
+        "load": result.load.label + (" (stopped)" if result.interrupted else ""),
+        "sent": str(result.sent),
+        "ok": str(result.ok),
+        "errors": "; ".join(f"{kind}: {n}" for kind, n in result.errors.items()) or "0",
+        "missed": str(result.missed),
+        "req/s": _num(result.throughput_rps),
+        "tok/s": _num(result.tokens_per_s),
+        **{f"{p} ms": _num(result.latency_ms.get(p), 2) for p in ("p50", "p95", "p99", "max")},
+        "ttft p50 ms": _num(result.ttft_ms.get("p50"), 2),
+        "tpot p50 ms": _num(result.tpot_ms.get("p50"), 2),
+        "env": env,
+    }
+    row.update(_server_columns(result))
+    return {column: row.get(column, "").replace("|", "/") for column in COLUMNS}
+
+
+def _server_columns(result: StepResult) -> dict[str, str]:
+    server = result.server
+    if server is None:
+        return {}
+    columns = {
+        "batch": _num(server.batch_size_mean, 2),
+        "sm occ": _num(server.sm_occupancy, 2),
+        "clock": _num(server.clock_ratio, 2),
+        "pcie MB/s": _num(
+            None if server.pcie_bytes_per_s is None else server.pcie_bytes_per_s / 1e6
+        ),
+    }
+    for phase in PHASES:
+        if phase in server.phase_mean_ms:
+            share = server.phase_mean_share.get(phase, 0.0)
+            columns[f"{phase} ms"] = f"{server.phase_mean_ms[phase]:.2f} ({share:.0%})"
+    if server.phase_p99_share:
+        phase, share = max(server.phase_p99_share.items(), key=lambda item: item[1])
+        columns["p99 led by"] = f"{phase} {share:.0%}"
+    return columns
+
+
+def markdown_rows(rows: Iterable[dict[str, str]], header: bool) -> str:
+    lines = []
+    if header:
+        lines.append("| " + " | ".join(COLUMNS) + " |")
+        lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
+    lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def append_record(path: Path, rows: Sequence[dict[str, str]]) -> None:
+    """Append ``rows``; a new file gets a title, a file whose last table has other
+    columns gets a fresh table under it."""
+    existing = path.read_text() if path.exists() else ""
+    table_lines = [line for line in existing.splitlines() if line.startswith("| ")]
+    same_table = bool(table_lines) and _cells(_last_header(existing)) == list(COLUMNS)
+    text = ""
+    if not existing.strip():
+        text = TITLE + "\n"
+    elif not same_table:
+        text = "" if existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
+    elif not existing.endswith("\n"):
+        text = "\n"
+    text += markdown_rows(rows, header=not same_table)
+    with path.open("a") as handle:
+        handle.write(text)
+
+
+def _last_header(text: str) -> str:
+    lines = text.splitlines()
+    for index in range(len(lines) - 1, 0, -1):
+        if lines[index].startswith("|---") or lines[index].startswith("| ---"):
+            return lines[index - 1]
+    return ""
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def read_record(text: str) -> list[dict[str, str]]:
+    """Every row of every record table in ``text`` (tables with other columns skipped)."""
+    rows: list[dict[str, str]] = []
+    columns: list[str] | None = None
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|---"):
+            columns = _cells(previous) if _cells(previous) == list(COLUMNS) else None
+        elif line.startswith("| ") and columns is not None:
+            rows.append(dict(zip(columns, _cells(line), strict=True)))
+        elif not line.startswith("|"):
+            columns = None
+        previous = line
+    return rows
+
+
+def csv_text(rows: Sequence[dict[str, str]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def json_text(results: Sequence[StepResult], env: str) -> str:
+    steps: list[dict[str, Any]] = [asdict(result) for result in results]
+    return json.dumps({"environment": env, "steps": steps}, indent=2, default=str) + "\n"
+
+
+def write_output(path: str, text: str) -> None:
+    """``-`` is standard output."""
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        Path(path).write_text(text)

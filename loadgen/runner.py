@@ -1,0 +1,269 @@
+"""Run a ladder of load steps against one endpoint and summarise each step.
+
+Closed loop: ``concurrency`` clients, each sending its next request when the last one
+ends. Open loop: requests arrive at ``rate`` per second (constant gaps or Poisson); one
+that cannot start on time (the client is more than ``late_ms`` behind its schedule, or
+``max_in_flight`` requests are already open) is counted as missed and not sent, so an
+overloaded server shows up as missed sends instead of a quietly lower rate.
+A step ends after ``duration_s`` or ``requests`` requests, whichever comes first; open
+requests then finish (bounded by the request timeout). Setting ``stop`` (Ctrl-C)
+cancels what is open and returns the steps measured so far, the last one marked
+interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from gpuscope.loadgen.client import Outcome, discover_model, send
+from gpuscope.loadgen.probe import ExporterProbe
+from gpuscope.loadgen.results import Load, StepResult, summarize
+from gpuscope.loadgen.server_view import Snapshot
+from gpuscope.loadgen.workload import RequestSpec
+
+ARRIVALS = ("poisson", "constant")
+
+
+@dataclass(frozen=True)
+class Plan:
+    loads: tuple[Load, ...]
+    duration_s: float = 10.0
+    requests: int = 0  # per step; 0: no count bound
+    warmup_s: float = 1.0
+    arrival: str = "poisson"
+    seed: int = 0
+    timeout_s: float = 30.0
+    max_in_flight: int = 512
+    late_ms: float = 10.0
+    config: str = ""  # what the record calls this configuration
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str  # the OpenAI base URL, ending in /v1
+    exporter_url: str | None = None
+    model: str | None = None
+
+
+@dataclass
+class Live:
+    """What the progress line shows while a step runs."""
+
+    index: int
+    steps: int
+    load: Load
+    started_s: float
+    outcomes: list[Outcome]
+    missed_late: int = 0  # the client fell more than late_ms behind its schedule
+    missed_full: int = 0  # max_in_flight requests were open
+
+    @property
+    def missed(self) -> int:
+        return self.missed_late + self.missed_full
+
+
+Tick = Callable[[Live], None]
+
+
+class Runner:
+    def __init__(
+        self,
+        plan: Plan,
+        target: Target,
+        specs: Iterator[RequestSpec],
+        stop: asyncio.Event,
+        *,
+        tick: Tick | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> None:
+        self.plan, self.target, self.specs, self.stop = plan, target, specs, stop
+        self.tick = tick
+        self.on_step = on_step
+        self.model = target.model or ""
+        self.url = target.url.rstrip("/")
+
+    async def run(self) -> list[StepResult]:
+        timeout = aiohttp.ClientTimeout(total=self.plan.timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        results: list[StepResult] = []
+        async with (
+            aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as scrape,
+        ):
+            if not self.model:
+                self.model = await discover_model(session, self.url)
+            probe = (
+                ExporterProbe(scrape, self.target.exporter_url)
+                if self.target.exporter_url
+                else None
+            )
+            before = await probe.snapshot() if probe else None
+            if self.plan.warmup_s > 0 and self.plan.loads:
+                warm = await self._step(session, -1, self.plan.loads[0], warmup=True)
+                if probe and before:
+                    before = await probe.settle(before, _traced(warm.outcomes))
+            for index, load in enumerate(self.plan.loads):
+                if self.stop.is_set():
+                    break
+                result, before = await self._measured(session, probe, before, index, load)
+                results.append(result)
+                if self.on_step is not None:
+                    self.on_step(result)
+        return results
+
+    async def _measured(
+        self,
+        session: aiohttp.ClientSession,
+        probe: ExporterProbe | None,
+        before: Snapshot | None,
+        index: int,
+        load: Load,
+    ) -> tuple[StepResult, Snapshot | None]:
+        sampler = asyncio.create_task(probe.sample_gauges()) if probe else None
+        live = await self._step(session, index, load)
+        window = time.monotonic() - live.started_s
+        server = None
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+        if probe is not None and before is not None and not self.stop.is_set():
+            after = await probe.settle(before, _traced(live.outcomes))
+            server = probe.view(before, after)
+            before = after
+        result = summarize(
+            load,
+            live.outcomes,
+            window,
+            missed=live.missed,
+            config=self.plan.config,
+            interrupted=self.stop.is_set(),
+            server=server,
+        )
+        if live.missed:
+            result.notes.append(
+                f"{live.missed} sends missed: {live.missed_late} late by more than "
+                f"{self.plan.late_ms:g} ms (the client fell behind its schedule), "
+                f"{live.missed_full} with --max-in-flight requests open"
+            )
+        if server is not None and server.requests < _traced(live.outcomes):
+            result.notes.append(
+                f"the exporter counted {server.requests} of {_traced(live.outcomes)} requests"
+            )
+        return result, before
+
+    async def _step(
+        self, session: aiohttp.ClientSession, index: int, load: Load, *, warmup: bool = False
+    ) -> Live:
+        live = Live(index, len(self.plan.loads), load, time.monotonic(), [])
+        seconds = self.plan.warmup_s if warmup else self.plan.duration_s
+        count = 0 if warmup else self.plan.requests
+        deadline = live.started_s + seconds
+        if load.mode == "concurrency":
+            work: Awaitable[None] = self._closed(session, live, deadline, count)
+        else:
+            work = self._open(session, live, deadline, count, random.Random(self.plan.seed + index))
+        ticker = asyncio.create_task(self._ticks(live)) if self.tick and not warmup else None
+        try:
+            await _until_stopped(work, self.stop)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+        return live
+
+    async def _ticks(self, live: Live) -> None:
+        assert self.tick is not None
+        while True:
+            self.tick(live)
+            await asyncio.sleep(0.5)
+
+    async def _closed(
+        self, session: aiohttp.ClientSession, live: Live, deadline: float, count: int
+    ) -> None:
+        issued = 0
+
+        async def client() -> None:
+            nonlocal issued
+            while time.monotonic() < deadline and (not count or issued < count):
+                issued += 1
+                live.outcomes.append(await send(session, self.url, self.model, next(self.specs)))
+
+        await asyncio.gather(*(client() for _ in range(int(live.load.value))))
+
+    async def _open(
+        self,
+        session: aiohttp.ClientSession,
+        live: Live,
+        deadline: float,
+        count: int,
+        rng: random.Random,
+    ) -> None:
+        open_tasks: set[asyncio.Task[None]] = set()
+        try:
+            await self._arrivals(session, live, deadline, count, rng, open_tasks)
+            if open_tasks:
+                await asyncio.gather(*open_tasks)
+        finally:  # on Ctrl-C, the open requests are cancelled, not left running
+            for task in open_tasks:
+                task.cancel()
+            await asyncio.gather(*open_tasks, return_exceptions=True)
+
+    async def _arrivals(
+        self,
+        session: aiohttp.ClientSession,
+        live: Live,
+        deadline: float,
+        count: int,
+        rng: random.Random,
+        open_tasks: set[asyncio.Task[None]],
+    ) -> None:
+        rate = live.load.value
+        late_s = self.plan.late_ms / 1000
+        due = live.started_s
+        scheduled = 0
+        while due < deadline and (not count or scheduled < count):
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            scheduled += 1
+            spec = next(self.specs)  # drawn even when missed, so the sequence stays the same
+            if len(open_tasks) >= self.plan.max_in_flight:
+                live.missed_full += 1
+            elif time.monotonic() - due > late_s:
+                live.missed_late += 1
+            else:
+                task = asyncio.create_task(self._record(session, spec, live))
+                open_tasks.add(task)
+                task.add_done_callback(open_tasks.discard)
+            due += rng.expovariate(rate) if self.plan.arrival == "poisson" else 1 / rate
+
+    async def _record(self, session: aiohttp.ClientSession, spec: RequestSpec, live: Live) -> None:
+        live.outcomes.append(await send(session, self.url, self.model, spec))
+
+
+def _traced(outcomes: list[Outcome]) -> int:
+    """Requests the server answered with a status it traces (a 404 route may not be)."""
+    return sum(1 for o in outcomes if o.answered and o.error != "status 404")
+
+
+async def _until_stopped(work: Awaitable[None], stop: asyncio.Event) -> None:
+    """Run ``work``; if ``stop`` is set first, cancel it (open requests included)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, stopper):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+    if task.done() and not task.cancelled():
+        task.result()  # re-raise a failure of the load itself

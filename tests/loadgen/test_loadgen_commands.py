@@ -1,0 +1,181 @@
+"""``gpuscope loadgen`` and ``gpuscope tune`` as commands: real processes, real servers,
+their files, Ctrl-C, and no process left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gpuscope.loadgen import cli, record
+from support.worker_servers import serve_worker
+
+GPUSCOPE = [sys.executable, "-m", "gpuscope"]
+SMALL_WORKER = "--hidden-size 64 --layers 1"
+
+
+def gpuscope_processes() -> set[int]:
+    """Live ``python -m gpuscope ...`` processes of this interpreter."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # it ended while we looked
+        if [a.decode(errors="replace") for a in argv[:3]] == GPUSCOPE:
+            pids.add(int(entry.name))
+    return pids
+
+
+def wait_for(condition: object, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout_s:.0f} s")
+        time.sleep(0.1)  # another process's progress gives no event to wait on
+
+
+@pytest.fixture
+def worker_url() -> Iterator[str]:
+    with serve_worker() as url:
+        yield url
+
+
+def completed(worker_url: str) -> int:
+    async def read() -> int:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{worker_url}/healthz") as reply,
+        ):
+            body = await reply.json()
+        return int(body["embeddings"]["completed"] + body["completions"]["completed"])
+
+    return asyncio.run(read())
+
+
+def test_loadgen_writes_json_csv_record_and_plot(worker_url: str, tmp_path: Path) -> None:
+    argv = ["loadgen", "--url", f"{worker_url}/v1", "--concurrency", "1,3", "--requests", "6"]
+    argv += ["--warmup-s", "0", "--json", "-", "--csv", str(tmp_path / "steps.csv")]
+    argv += ["--record", str(tmp_path / "record.md"), "--plot", str(tmp_path / "steps.png")]
+    argv += ["--label", "defaults"]
+    done = subprocess.run([*GPUSCOPE, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)  # the table went to standard error
+    assert [(s["load"]["value"], s["sent"], s["ok"]) for s in report["steps"]] == [
+        (1, 6, 6),
+        (3, 6, 6),
+    ]
+    rows = record.read_record((tmp_path / "record.md").read_text())
+    steps = [(r["config"], r["load"], r["ok"]) for r in rows]
+    assert steps == [("defaults", "c=1", "6"), ("defaults", "c=3", "6")]
+    with (tmp_path / "steps.csv").open() as handle:
+        assert [r["p99 ms"] for r in csv.DictReader(handle)] == [r["p99 ms"] for r in rows]
+    assert (tmp_path / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "p99 ms" in done.stderr  # the end table
+
+
+def test_loadgen_ctrl_c_stops_and_prints_what_was_measured(worker_url: str) -> None:
+    before = completed(worker_url)
+    argv = ["loadgen", "--url", f"{worker_url}/v1", "--concurrency", "2,4", "--duration-s", "120"]
+    process = subprocess.Popen(
+        [*GPUSCOPE, *argv, "--warmup-s", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: completed(worker_url) - before >= 5, "five requests served")
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "stopped by Ctrl-C" in err
+    assert "c=2 (stopped)" in out  # the step it was in, with what it measured
+    assert "c=4" not in out
+
+
+def test_loadgen_unreachable_url_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuscope.loadgen.processes import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    assert cli.main(["--url", url, "--concurrency", "1", "--requests", "1"]) == 1
+    assert f"cannot read {url}/models" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_refused_before_any_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    assert cli.main(["--plot", str(tmp_path / "x.png"), "--url", "http://127.0.0.1:9/v1"]) == 2
+    assert "pip install 'gpuscope[plot]'" in capsys.readouterr().err
+
+
+def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: Path) -> None:
+    before = gpuscope_processes()
+    argv = ["tune", "--sweep", "max-batch-size=1,4", "--concurrency", "4", "--requests", "12"]
+    argv += ["--warmup-s", "0", "--record", str(tmp_path / "record.md")]
+    argv += ["--objective", "max throughput with p99 <= 60000 ms", "--worker-args", SMALL_WORKER]
+    done = subprocess.run([*GPUSCOPE, *argv], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "best under 'max throughput with p99 <= 60000 ms': max-batch-size=" in done.stdout
+    assert "where the time went" in done.stdout
+    rows = record.read_record((tmp_path / "record.md").read_text())
+    assert [(r["config"], r["ok"]) for r in rows] == [
+        ("max-batch-size=1", "12"), ("max-batch-size=4", "12")
+    ]  # fmt: skip
+    assert all(r["compute ms"] and r["batch"] for r in rows)  # the exporter's side is there
+    assert float(rows[0]["batch"]) == 1.0
+    assert gpuscope_processes() - before == set()
+
+
+def test_tune_ctrl_c_stops_every_process_it_started() -> None:
+    before = gpuscope_processes()
+    argv = ["tune", "--sweep", "max-queue-delay-ms=1,2", "--concurrency", "2"]
+    argv += ["--duration-s", "120", "--worker-args", SMALL_WORKER]
+    process = subprocess.Popen(
+        [*GPUSCOPE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # the tuner, its exporter and its first worker
+        wait_for(lambda: len(gpuscope_processes() - before) >= 3, "exporter and worker started")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert gpuscope_processes() - before == set()
+
+
+def test_tune_arguments_are_checked() -> None:
+    from gpuscope.loadgen.tune import parse_args
+
+    assert parse_args(["--sweep", "batching=none,dynamic"], {}).values() == ["none", "dynamic"]
+    env = {"GPUSCOPE_TUNE_SWEEP": "max-batch-size=2,8"}
+    assert parse_args([], env).label("8") == "max-batch-size=8"
+    for argv in (
+        ["--sweep", "port=1,2"],  # the tuner's own flag
+        ["--sweep", "max-batch-size=4"],  # nothing to compare
+        ["--sweep", "max-batch-size=0,4"],  # the worker refuses 0
+        ["--sweep", "warp-speed=1,2"],
+        ["--objective", "min p99 at rate 50", "--rate", "10,20"],
+        ["--worker-args", "--no-such-flag"],
+        ["--worker-args", "--port 8000"],  # the tuner picks the port
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(argv, {})
