@@ -71,8 +71,7 @@ def test_sigterm_exit_keeps_to_the_shutdown_timeout_with_the_exporter_unreachabl
             worker.wait()
         assert worker.stderr is not None
         worker.stderr.close()
-    # uvicorn re-raises the signal it handled once it has shut down cleanly.
-    assert code in (0, -signal.SIGTERM)
+    assert code == 0
     # The exporter's own retries would take 10 s, the SDK's default flush 30 s.
     assert elapsed < SHUTDOWN_TIMEOUT_S + 6, f"exit took {elapsed:.1f} s"
 
