@@ -2,6 +2,8 @@
 
 Subcommand modules are imported only when chosen, so ``gpuscope worker`` never
 pays for aiohttp and ``gpuscope exporter`` never imports the worker's models.
+Each subcommand needs an extra of the distribution; when one is not installed, the
+command says which to install instead of failing with an ``ImportError``.
 """
 
 from __future__ import annotations
@@ -9,15 +11,36 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from gpuscope import __version__
+from gpuscope import __version__, extras
 
-# name -> (module with ``main(argv) -> int``, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "worker": ("gpuscope.worker.cli", "reference inference worker (OpenAI-compatible)"),
-    "exporter": ("gpuscope.exporter.cli", "Prometheus scrape target: OTLP spans in, metrics out"),
-    "doctor": ("gpuscope.exporter.doctor", "show which GPU metrics this machine supports, and why"),
-    "demo": ("gpuscope.loadgen.demo", "worker + exporter + load on 127.0.0.1, simulated GPU"),
+
+class Subcommand(NamedTuple):
+    module: str  # has ``main(argv) -> int``
+    extras: tuple[str, ...]  # what ``pip install 'gpuscope[...]'`` it needs
+    help: str
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "worker": Subcommand(
+        "gpuscope.worker.cli", ("worker",), "reference inference worker (OpenAI-compatible)"
+    ),
+    "exporter": Subcommand(
+        "gpuscope.exporter.cli",
+        ("exporter",),
+        "Prometheus scrape target: OTLP spans in, metrics out",
+    ),
+    "doctor": Subcommand(
+        "gpuscope.exporter.doctor",
+        ("exporter",),
+        "show which GPU metrics this machine supports, and why",
+    ),
+    "demo": Subcommand(
+        "gpuscope.loadgen.demo",
+        ("exporter", "worker", "loadgen"),
+        "worker + exporter + load on 127.0.0.1, simulated GPU",
+    ),
 }
 
 
@@ -30,7 +53,7 @@ def usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name.ljust(width)}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += [f"  {name.ljust(width)}  {command.help}" for name, command in SUBCOMMANDS.items()]
     lines += ["", "Run 'gpuscope <command> --help' for the options of one command."]
     return "\n".join(lines)
 
@@ -43,13 +66,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] in ("-V", "--version"):
         print(f"gpuscope {__version__}")
         return 0
-    entry = SUBCOMMANDS.get(args[0])
-    if entry is None:
+    command = SUBCOMMANDS.get(args[0])
+    if command is None:
         print(f"gpuscope: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(entry[0])
+    absent = extras.missing(command.extras)
+    if absent:
+        return _not_installed(args[0], command, ", ".join(absent))
+    try:
+        module = importlib.import_module(command.module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] == "gpuscope":
+            raise
+        return _not_installed(args[0], command, exc.name)
     result: int = module.main(args[1:])
     return result
+
+
+def _not_installed(name: str, command: Subcommand, what: str) -> int:
+    quoted = ", ".join(f"'{extra}'" for extra in command.extras)
+    noun, pronoun = ("extra", "it") if len(command.extras) == 1 else ("extras", "them")
+    print(
+        f"gpuscope {name}: missing {what} from the {quoted} {noun}; "
+        f"install {pronoun} with: {extras.install_hint(command.extras)}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,16 +1,13 @@
-"""gpuscope.flags: flags, environment twins and conversion; the gpuscope command."""
+"""gpuscope.flags: flags, environment twins and conversion."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpuscope import __version__, flags
-from gpuscope.cli import SUBCOMMANDS, main
+from gpuscope import flags
 from gpuscope.flags import ConfigError
 
 
@@ -92,26 +89,3 @@ def test_an_unsupported_field_type_is_a_programming_error() -> None:
     parser = flags.build_parser(Odd, prog="t", description="d", help={"ratio": "r"})
     with pytest.raises(TypeError, match="no flag reader"):
         flags.parse_config(Odd, parser, ["--ratio", "2"], {})
-
-
-def test_the_gpuscope_command_lists_and_dispatches(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--help"]) == 0
-    listing = capsys.readouterr().out
-    assert all(name in listing for name in SUBCOMMANDS)
-    assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"gpuscope {__version__}"
-    assert main(["frobnicate"]) == 2
-    assert "unknown command 'frobnicate'" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
-def test_every_subcommand_explains_itself(command: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuscope", command, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"usage: gpuscope {command}" in result.stdout
