@@ -128,7 +128,7 @@ def run_demo(options: DemoOptions) -> tuple[LoadResult, str]:
         f"127.0.0.1:{options.exporter_port}",
         "--gpu-source",
         "simulated",
-        "--gpu-interval",
+        "--gpu-interval-s",
         "0.5",
         "--log-level",
         "warning",
