@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install system-deps bench clean
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,15 +27,21 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy runs from build/ so that the repository's own gpuscope/ folder does not
-# shadow the installed package (whose subpackages are mapped from other folders).
+# The package as installed (the editable install's tree of links), then the code that
+# uses it; mypy does not report errors of an installed package it only follows into.
 typecheck: install
-	cd build && ../$(BIN)/mypy --config-file ../pyproject.toml __editable__.gpuscope-*/gpuscope $(addprefix ../,$(wildcard tests/*.py tests/*/*.py benchmarks/*.py))
+	$(BIN)/mypy -p gpuscope
+	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py)
 
 unit: install system-deps
 	$(BIN)/pytest -q
 
-test: lint typecheck unit
+# Each extra alone in a fresh venv: installs, --help, a smoke test (about a minute).
+extras: install
+	$(BIN)/python scripts/check_extras.py
+
+# pytest last, so that its summary closes the output
+test: lint typecheck extras unit
 
 demo: install
 	$(BIN)/gpuscope demo

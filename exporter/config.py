@@ -36,14 +36,18 @@ class ExporterConfig:
     max_decompressed_bytes: int = 64 * MIB
     forward_otlp: str | None = None
     forward_queue: int = 256
-    forward_timeout: float = 10.0
+    forward_timeout: float = flags.option(
+        10.0, flag="--forward-timeout-s", deprecated=("--forward-timeout",)
+    )
     web_config_file: Path | None = None
     bearer_token_file: Path | None = None
     gpu_source: str = "auto"
-    gpu_interval: float = 1.0
+    gpu_interval: float = flags.option(1.0, flag="--gpu-interval-s", deprecated=("--gpu-interval",))
     gpu_scenario: Path | None = None
     simulated_gpus: int = 1
-    shutdown_timeout: float = 10.0
+    shutdown_timeout: float = flags.option(
+        10.0, flag="--shutdown-timeout-s", deprecated=("--shutdown-timeout",)
+    )
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -60,9 +64,9 @@ class ExporterConfig:
         ):
             check_range(flag, value, low)
         for flag, seconds in (
-            ("--gpu-interval", self.gpu_interval),
-            ("--forward-timeout", self.forward_timeout),
-            ("--shutdown-timeout", self.shutdown_timeout),
+            ("--gpu-interval-s", self.gpu_interval),
+            ("--forward-timeout-s", self.forward_timeout),
+            ("--shutdown-timeout-s", self.shutdown_timeout),
         ):
             check_positive(flag, seconds)
         if self.forward_otlp is not None:

@@ -8,7 +8,7 @@
     await exporter.stop()
 
 Shutdown order: ``/readyz`` turns 503, the listener closes, in-flight requests get
-up to ``--shutdown-timeout`` seconds, then the forwarder drains its queue (same
+up to ``--shutdown-timeout-s`` seconds, then the forwarder drains its queue (same
 bound) and the GPU poller thread is joined.
 """
 

@@ -102,7 +102,7 @@ def _child_args(options: DemoOptions) -> tuple[list[str], list[str]]:
     from gpuscope.exporter.gpu.simulated import simulated_uuid
 
     exporter = ["exporter", "--listen", f"127.0.0.1:{options.exporter_port}"]
-    exporter += ["--gpu-source", "simulated", "--gpu-interval", "0.5", "--log-level", "warning"]
+    exporter += ["--gpu-source", "simulated", "--gpu-interval-s", "0.5", "--log-level", "warning"]
     worker = ["worker", "--host", "127.0.0.1", "--port", str(options.worker_port)]
     worker += ["--batching", options.batching, "--gpu-uuid", simulated_uuid(0)]
     worker += ["--otlp-endpoint", f"http://127.0.0.1:{options.exporter_port}/v1/traces"]

@@ -161,7 +161,7 @@ async def run_sweep(
 async def _start_exporter(children: Children, stop: asyncio.Event) -> str:
     port = free_port()
     args = ["exporter", "--listen", f"127.0.0.1:{port}", "--gpu-source", "simulated"]
-    args += ["--gpu-interval", "0.5", "--log-level", "warning"]
+    args += ["--gpu-interval-s", "0.5", "--log-level", "warning"]
     exporter = children.start("exporter", args)
     url = f"http://127.0.0.1:{port}"
     await wait_ready("exporter", f"{url}/readyz", exporter, stop)

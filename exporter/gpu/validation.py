@@ -33,16 +33,18 @@ class GpuCheckConfig:
     output: Path
     gpu: int = 0
     copy_bytes: int = 2 * 2**30
-    load_seconds: float = 15.0
+    load_seconds: float = flags.option(
+        15.0, flag="--load-duration-s", deprecated=("--load-seconds",)
+    )
     pcie_tolerance: float = 0.05
-    gpu_interval: float = 0.5
+    gpu_interval: float = flags.option(0.5, flag="--gpu-interval-s", deprecated=("--gpu-interval",))
 
     def __post_init__(self) -> None:
         flags.check_range("--gpu", self.gpu, 0)
         flags.check_range("--copy-bytes", self.copy_bytes, 2**20)
-        flags.check_range("--load-seconds", self.load_seconds, 2.0)
+        flags.check_range("--load-duration-s", self.load_seconds, 2.0)
         flags.check_range("--pcie-tolerance", self.pcie_tolerance, 0.0)
-        flags.check_range("--gpu-interval", self.gpu_interval, 0.1)
+        flags.check_range("--gpu-interval-s", self.gpu_interval, 0.1)
 
 
 ENV_PREFIX = "GPUSCOPE_GPU_CHECK_"
@@ -52,7 +54,7 @@ _HELP = {
     "copy_bytes": "bytes of each host<->device copy",
     "load_seconds": "seconds of matmul load",
     "pcie_tolerance": "allowed relative difference between PCIe counters and the copies",
-    "gpu_interval": "the exporter's --gpu-interval during the check",
+    "gpu_interval": "the exporter's --gpu-interval-s during the check",
 }
 
 

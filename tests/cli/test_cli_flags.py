@@ -1,17 +1,31 @@
-"""gpuscope.flags: flags, environment twins and conversion; the gpuscope command."""
+"""gpuscope.flags: flags, environment twins, conversion by resolved type, renamed flags."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import enum
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpuscope import __version__, flags
+from gpuscope import flags
 from gpuscope.cli import SUBCOMMANDS, main
+from gpuscope.exporter.config import parse_config as parse_exporter
+from gpuscope.exporter.gpu.validation import parse_args as parse_gpu_check
 from gpuscope.flags import ConfigError
+from gpuscope.worker.config import parse_config as parse_worker
+
+
+class Mode(enum.StrEnum):
+    FAST = "fast"
+    SAFE = "safe"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,13 @@ class Settings:
     scenario: Path | None = None
     serve: tuple[str, ...] = ("a", "b")
     quiet: bool = False
+    workers: int | None = None
+    ratio: float | None = None
+    mode: Mode = Mode.FAST
+    level: Level = Level.LOW
+    sizes: tuple[int, ...] = (1, 2)
+    pair: tuple[str, float] = ("x", 1.0)
+    wait: float = flags.option(3.0, flag="--wait-s", deprecated=("--wait", "--pause"))
 
     def __post_init__(self) -> None:
         flags.check_range("--port", self.port, 0, 65535)
@@ -36,12 +57,22 @@ HELP = {
     "scenario": "scenario",
     "serve": "what to serve",
     "quiet": "say less",
+    "workers": "workers",
+    "ratio": "ratio",
+    "mode": "mode",
+    "level": "level",
+    "sizes": "sizes",
+    "pair": "pair",
+    "wait": "how long to wait",
 }
 
 
+def parser() -> Any:
+    return flags.build_parser(Settings, prog="t", description="test", help=HELP)
+
+
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> Settings:
-    parser = flags.build_parser(Settings, prog="t", description="test", help=HELP)
-    return flags.parse_config(Settings, parser, argv, environ or {})
+    return flags.parse_config(Settings, parser(), argv, environ or {})
 
 
 def test_defaults_then_twins_then_flags() -> None:
@@ -52,14 +83,21 @@ def test_defaults_then_twins_then_flags() -> None:
 
 
 def test_every_supported_type_converts() -> None:
-    settings = parse(
-        ["--delay", "2.5", "--token", "", "--scenario", "s.yaml", "--serve", " x, y ,,z"]
-    )
+    argv = ["--delay", "2.5", "--token", "", "--scenario", "s.yaml", "--serve", " x, y ,,z"]
+    argv += ["--workers", "4", "--ratio", "0.25", "--mode", "safe", "--level", "2"]
+    argv += ["--sizes", "3,5", "--pair", "y, 2.5"]
+    settings = parse(argv)
     assert settings.delay == 2.5
     assert settings.token is None  # empty text means unset
     assert settings.scenario == Path("s.yaml")
     assert settings.serve == ("x", "y", "z")
+    assert (settings.workers, settings.ratio) == (4, 0.25)
+    assert settings.mode is Mode.SAFE
+    assert settings.level is Level.HIGH
+    assert settings.sizes == (3, 5)
+    assert settings.pair == ("y", 2.5)
     assert parse([], {"GPUSCOPE_QUIET": "off"}).quiet is False
+    assert parse(["--workers", ""]).workers is None
 
 
 @pytest.mark.parametrize(
@@ -69,6 +107,12 @@ def test_every_supported_type_converts() -> None:
         ([], {"GPUSCOPE_DELAY": "soon"}, "--delay: cannot read 'soon' as float"),
         ([], {"GPUSCOPE_QUIET": "maybe"}, "--quiet: cannot read 'maybe' as bool"),
         (["--port", "70000"], {}, "--port: must be between 0 and 65535, got 70000"),
+        (["--workers", "many"], {}, "--workers: cannot read 'many' as int | None"),
+        (["--ratio", "half"], {}, "--ratio: cannot read 'half' as float | None"),
+        (["--mode", "quick"], {}, "--mode: cannot read 'quick' as one of fast, safe"),
+        (["--sizes", "1,two"], {}, "--sizes: cannot read '1,two' as tuple[int, ...]"),
+        (["--pair", "a"], {}, "--pair: cannot read 'a' as tuple[str, float]"),
+        ([], {"GPUSCOPE_WAIT_S": "later"}, "--wait-s: cannot read 'later' as float"),
     ],
 )
 def test_errors_name_the_flag(argv: list[str], environ: dict[str, str], message: str) -> None:
@@ -77,41 +121,148 @@ def test_errors_name_the_flag(argv: list[str], environ: dict[str, str], message:
     assert str(raised.value) == message
 
 
-def test_help_names_twins_and_defaults() -> None:
-    text = flags.build_parser(Settings, prog="t", description="d", help=HELP).format_help()
+def test_help_names_twins_defaults_choices_and_old_spellings() -> None:
+    text = " ".join(parser().format_help().split())  # argparse wraps lines
     assert "[GPUSCOPE_PORT] (default 8000)" in text
     assert "(default a,b)" in text
     assert "[GPUSCOPE_QUIET]" in text
+    assert "--mode {fast,safe}" in text
+    assert "(default fast)" in text
+    assert "--wait-s VALUE how long to wait [GPUSCOPE_WAIT_S] (default 3.0)" in text
+    assert "(formerly --wait, --pause)" in text
+    assert "--pause VALUE" not in text  # old spellings work but are not advertised
 
 
-def test_an_unsupported_field_type_is_a_programming_error() -> None:
-    @dataclass(frozen=True)
-    class Odd:
-        ratio: complex = 1j
-
-    parser = flags.build_parser(Odd, prog="t", description="d", help={"ratio": "r"})
-    with pytest.raises(TypeError, match="no flag reader"):
-        flags.parse_config(Odd, parser, ["--ratio", "2"], {})
+@dataclass(frozen=True)
+class Complex:
+    value: complex = 1j
 
 
-def test_the_gpuscope_command_lists_and_dispatches(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--help"]) == 0
-    listing = capsys.readouterr().out
-    assert all(name in listing for name in SUBCOMMANDS)
-    assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"gpuscope {__version__}"
-    assert main(["frobnicate"]) == 2
-    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+@dataclass(frozen=True)
+class Listed:
+    value: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class MaybeSwitch:
+    value: bool | None = None
+
+
+@dataclass(frozen=True)
+class Either:
+    value: int | str = 0
+
+
+@dataclass(frozen=True)
+class Unresolvable:
+    value: NotDefinedAnywhere = 0  # type: ignore[name-defined]  # noqa: F821
+
+
+@dataclass(frozen=True)
+class BadSpelling:
+    value: int = flags.option(0, flag="value-s")
+
+
+@pytest.mark.parametrize(
+    ("config_type", "message"),
+    [
+        (Complex, "Complex.value: no flag reader for type complex"),
+        (Listed, "Listed.value: no flag reader for type list"),
+        (MaybeSwitch, "MaybeSwitch.value: bool | None"),
+        (Either, "Either.value: no flag reader for type int | str"),
+        (Unresolvable, "Unresolvable: cannot resolve annotations"),
+        (BadSpelling, "BadSpelling.value: flag 'value-s'"),
+    ],
+)
+def test_a_field_no_flag_can_set_fails_when_the_parser_is_built(
+    config_type: type[Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=re.escape(message)):
+        flags.build_parser(config_type, prog="t", description="d", help={"value": "v"})
+
+
+def test_a_renamed_flag_keeps_its_old_spellings_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse(["--wait-s", "1"]).wait == 1.0
+    assert parse([], {"GPUSCOPE_WAIT_S": "2"}).wait == 2.0
+    assert capsys.readouterr().err == ""  # the new spellings are silent
+    assert parse(["--wait", "4"]).wait == 4.0
+    assert capsys.readouterr().err == "t: --wait is deprecated, use --wait-s\n"
+    assert parse(["--pause", "5"]).wait == 5.0
+    assert capsys.readouterr().err == "t: --pause is deprecated, use --wait-s\n"
+    assert parse([], {"GPUSCOPE_WAIT": "6"}).wait == 6.0
+    assert capsys.readouterr().err == "t: GPUSCOPE_WAIT is deprecated, use GPUSCOPE_WAIT_S\n"
+
+
+def test_new_spellings_win_over_old_ones_and_flags_over_twins(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse(["--wait", "4", "--wait-s", "7"]).wait == 7.0
+    assert parse(["--wait", "4"], {"GPUSCOPE_WAIT_S": "8"}).wait == 4.0
+    assert parse([], {"GPUSCOPE_WAIT": "6", "GPUSCOPE_WAIT_S": "9"}).wait == 9.0
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [
+        "t: --wait is deprecated, use --wait-s",
+        "t: --wait is deprecated, use --wait-s",
+        "t: GPUSCOPE_WAIT is deprecated, use GPUSCOPE_WAIT_S",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "field"),
+    [
+        ("--gpu-interval-s", "--gpu-interval", "gpu_interval"),
+        ("--shutdown-timeout-s", "--shutdown-timeout", "shutdown_timeout"),
+        ("--forward-timeout-s", "--forward-timeout", "forward_timeout"),
+    ],
+)
+def test_the_exporter_takes_both_spellings_of_its_renamed_flags(
+    new: str, old: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert getattr(parse_exporter([new, "0.5"], {}), field) == 0.5
+    assert capsys.readouterr().err == ""
+    assert getattr(parse_exporter([old, "0.25"], {}), field) == 0.25
+    assert f"{old} is deprecated, use {new}" in capsys.readouterr().err
+    new_twin = "GPUSCOPE_" + new[2:].replace("-", "_").upper()
+    old_twin = "GPUSCOPE_" + old[2:].replace("-", "_").upper()
+    assert getattr(parse_exporter([], {new_twin: "3"}), field) == 3.0
+    assert capsys.readouterr().err == ""
+    assert getattr(parse_exporter([], {old_twin: "4"}), field) == 4.0
+    assert f"{old_twin} is deprecated, use {new_twin}" in capsys.readouterr().err
+
+
+def test_gpu_check_takes_both_spellings_of_its_renamed_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["--output", "o.json"]
+    assert parse_gpu_check([*base, "--load-duration-s", "3", "--gpu-interval-s", "0.2"], {})
+    assert capsys.readouterr().err == ""
+    old = parse_gpu_check([*base, "--load-seconds", "4", "--gpu-interval", "0.3"], {})
+    assert (old.load_seconds, old.gpu_interval) == (4.0, 0.3)
+    warnings = capsys.readouterr().err
+    assert "--load-seconds is deprecated, use --load-duration-s" in warnings
+    assert "--gpu-interval is deprecated, use --gpu-interval-s" in warnings
+
+
+def test_the_worker_already_spells_its_units() -> None:
+    config = parse_worker(["--shutdown-timeout-s", "3", "--request-timeout-s", "4"], {})
+    assert (config.shutdown_timeout_s, config.request_timeout_s) == (3.0, 4.0)
+
+
+# A flag that holds a duration says its unit: --x-s, --x-ms (not --x, --x-seconds).
+_TIMING_WORDS = ("timeout", "interval", "delay", "duration", "period", "seconds", "wait")
 
 
 @pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
-def test_every_subcommand_explains_itself(command: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuscope", command, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"usage: gpuscope {command}" in result.stdout
+def test_every_command_builds_its_flags_and_spells_their_units(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])  # builds the parser: every field's type has a reader
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert f"usage: gpuscope {command}" in text
+    current = re.sub(r"\(formerly [^)]*\)", "", " ".join(text.split()))
+    for flag in set(re.findall(r"(--[a-z][a-z0-9-]+)", current)):
+        assert not flag.endswith(_TIMING_WORDS), f"gpuscope {command} {flag}: name its unit"

@@ -43,7 +43,7 @@ def test_every_flag_has_an_environment_twin_in_its_help() -> None:
         (["--max-series", "0"], "--max-series"),
         (["--max-series", "many"], "--max-series"),
         (["--gpu-source", "tpu"], "--gpu-source"),
-        (["--gpu-interval", "0"], "--gpu-interval"),
+        (["--gpu-interval-s", "0"], "--gpu-interval-s"),
         (["--forward-otlp", "tempo:4318"], "--forward-otlp"),
         (["--web-config-file", "/nonexistent/web.yml"], "--web-config-file"),
         (["--log-level", "loud"], "--log-level"),

@@ -44,7 +44,7 @@ async def start_stack(children: Children, *, tracing: bool = True) -> Stack:
         exporter = children.start(
             "exporter",
             ["exporter", "--listen", f"127.0.0.1:{exporter_port}", "--gpu-source", "simulated",
-             "--gpu-interval", "0.5", "--log-level", "warning"],
+             "--gpu-interval-s", "0.5", "--log-level", "warning"],
         )  # fmt: skip
         await wait_ready("exporter", f"{exporter_url}/readyz", exporter)
         worker += ["--otlp-endpoint", f"{exporter_url}/v1/traces", "--gpu-uuid", simulated_uuid(0)]
