@@ -246,16 +246,30 @@ def _flags(config_type: type[Any], env_prefix: str) -> list[_Flag]:
 
 def _help_text(record: _Flag, text: str) -> str:
     text = f"{text} [{record.env}]"
-    if record.kind is not bool:
-        text += " (required)" if record.required else f" (default {_shown(record.default)})"
+    if record.required:
+        text += " (required)"
+    elif record.kind is not bool and "(default" not in text and record.default not in _UNSET:
+        text += f" (default {_shown(record.default)})"
     if record.old_flags:
         text += f" (formerly {', '.join(record.old_flags)})"
     return text
 
 
-def _metavar(kind: object) -> str:
+# Defaults that mean "not set": saying "(default )" or "(default None)" tells nothing.
+_UNSET: tuple[object, ...] = ("", None, ())
+
+
+def _metavar(kind: object, flag: str) -> str:
+    """What the value looks like: the enum's choices, or a word from the type and unit."""
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return "{" + ",".join(str(member.value) for member in kind) + "}"
+    for suffix, word in (("-ms", "MS"), ("-s", "SECONDS"), ("-bytes", "BYTES"), ("url", "URL")):
+        if flag.endswith(suffix):
+            return word
+    if kind is int:
+        return "N"
+    if kind is Path or kind == Path | None:
+        return "PATH"
     return "VALUE"
 
 
@@ -276,7 +290,7 @@ def build_parser(
         if record.kind is bool:
             options: dict[str, Any] = {"action": "store_const", "const": "true"}
         else:
-            options = {"metavar": _metavar(record.kind)}
+            options = {"metavar": _metavar(record.kind, record.flag)}
         parser.add_argument(record.flag, dest=record.field, help=text, **options)
         for index, old in enumerate(record.old_flags):
             parser.add_argument(old, dest=record.old_dest(index), help=argparse.SUPPRESS, **options)

@@ -128,9 +128,11 @@ def test_help_names_twins_defaults_choices_and_old_spellings() -> None:
     assert "[GPUSCOPE_QUIET]" in text
     assert "--mode {fast,safe}" in text
     assert "(default fast)" in text
-    assert "--wait-s VALUE how long to wait [GPUSCOPE_WAIT_S] (default 3.0)" in text
+    assert "--wait-s SECONDS how long to wait [GPUSCOPE_WAIT_S] (default 3.0)" in text
+    assert "--port N" in text and "--scenario PATH" in text  # metavars say what to give
     assert "(formerly --wait, --pause)" in text
-    assert "--pause VALUE" not in text  # old spellings work but are not advertised
+    assert "--pause SECONDS" not in text  # old spellings work but are not advertised
+    assert "(default )" not in text and "(default None)" not in text
 
 
 @dataclass(frozen=True)
