@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install system-deps bench clean
+.PHONY: demo test lint typecheck unit install system-deps bench clean dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,16 @@ lint: install
 # shadow the installed package (whose subpackages are mapped from other folders).
 typecheck: install
 	cd build && ../$(BIN)/mypy --config-file ../pyproject.toml __editable__.gpuscope-*/gpuscope $(addprefix ../,$(wildcard tests/*.py tests/*/*.py benchmarks/*.py))
+	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
 
 unit: install system-deps
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
+dashboards: install
+	$(BIN)/python dashboards/build.py
 
 demo: install
 	$(BIN)/gpuscope demo
