@@ -229,13 +229,17 @@ def _errors(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "XID errors",
-            "XID errors per poll interval, by code (48: double-bit ECC, 79: fallen off the "
-            "bus, ...). No series until a GPU reports one.",
+            "XID errors per poll interval: all codes per GPU, and by code (48: double-bit "
+            "ECC, 79: fallen off the bus, ...).",
             [
+                query(
+                    f"sum by (gpu) (increase(gpuscope_gpu_xid_events_total{GPU}[{RATE}]))",
+                    "GPU {{gpu}} all codes",
+                ),
                 query(
                     f"sum by (gpu, xid) (increase(gpuscope_gpu_xid_errors_total{GPU}[{RATE}]))",
                     "GPU {{gpu}} XID {{xid}}",
-                )
+                ),
             ],
             "short",
         )
