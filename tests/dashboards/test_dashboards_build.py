@@ -80,9 +80,7 @@ def test_every_panel_queries_the_datasource_variable(name: str) -> None:
         "prometheus",
     )
     for panel in panels(BOARDS[name]):
-        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel[
-            "title"
-        ]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
     for variable in query_variables(BOARDS[name]):
         assert variable["datasource"]["uid"] == "${datasource}"
 
