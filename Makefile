@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install system-deps bench clean dashboards
+.PHONY: demo test lint typecheck unit install system-deps bench clean rules dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,7 @@ lint: install
 typecheck: install
 	cd build && ../$(BIN)/mypy --config-file ../pyproject.toml __editable__.gpuscope-*/gpuscope $(addprefix ../,$(wildcard tests/*.py tests/*/*.py benchmarks/*.py))
 	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
+	cd alerts && ../$(BIN)/mypy --config-file ../pyproject.toml build.py
 
 unit: install system-deps
 	$(BIN)/pytest -q
@@ -44,6 +45,10 @@ dashboards: install
 
 demo: install
 	$(BIN)/gpuscope demo
+
+# Regenerate alerts/rules/*.yml from the Settings table of alerts/build.py.
+rules: install
+	$(BIN)/python alerts/build.py
 
 # Every benchmark with its defaults (several minutes); see docs/benchmarks.md.
 bench: install

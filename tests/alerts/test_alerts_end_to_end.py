@@ -1,0 +1,154 @@
+"""The rules in a real Prometheus scraping the real exporter and worker, alerting to a real
+Alertmanager: a fast variant of the rules (1 s evaluation, 2 s ``for:``) from alerts/build.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from support.pack_stack import PackStack, run_pack_stack
+from support.prometheus_server import instant_query
+
+REPO = Path(__file__).parents[2]
+ALERTMANAGER_CONFIG = REPO / "alerts" / "alertmanager.yml"
+# alerts about the GPU hardware alone; none may fire on healthy simulated GPUs
+GPU_ALERTS = (
+    "GpuscopeGpuClockThrottled",
+    "GpuscopeGpuPcieSaturated",
+    "GpuscopeGpuMemoryNearlyFull",
+    "GpuscopeGpuXidErrors",
+    "GpuscopeGpuEccUncorrectedErrors",
+    "GpuscopeGpuLost",
+    "GpuscopeGpuCollectorFailing",
+)
+
+
+FAST = ("--interval", "1s", "--for", "2s", "--window", "10s")
+
+
+def fast_rules(out: Path) -> Path:
+    subprocess.run(
+        [sys.executable, str(REPO / "alerts" / "build.py"), "--out", str(out), *FAST],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def rules(path: Path, kind: str) -> list[dict[str, Any]]:
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if kind in rule]
+
+
+async def wait_until(check: Any, what: str, seen: object = None, timeout_s: float = 40) -> Any:
+    """Poll the coroutine function ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := await check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not seen within {timeout_s:.0f} s; seen: {seen}")
+        await asyncio.sleep(0.25)
+    return result
+
+
+async def alertmanager_alerts(session: aiohttp.ClientSession, stack: PackStack) -> set[str]:
+    async with session.get(stack.alertmanager_url + "/api/v2/alerts") as response:
+        listed = await response.json()
+    return {alert["labels"]["alertname"] for alert in listed}
+
+
+def served_metric_names(text: str) -> set[str]:
+    """The sample names in a text-format scrape."""
+    return {
+        re.split(r"[{ ]", line, maxsplit=1)[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def metrics_in_exprs(rules_dir: Path) -> set[str]:
+    """Exporter metrics the rule expressions select (recorded names excluded)."""
+    exprs = [rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")]
+    return set(re.findall(r"\bgpuscope_\w+", "\n".join(exprs))) - {
+        name.split(":")[1] for name in recorded_names(rules_dir)
+    }
+
+
+def recorded_names(rules_dir: Path) -> list[str]:
+    return sorted({rule["record"] for rule in rules(rules_dir / "recording.yml", "record")})
+
+
+async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
+    tmp_path: Path,
+) -> None:
+    rules_dir = fast_rules(tmp_path / "rules")
+    async with (
+        run_pack_stack(
+            tmp_path, rules_dir=rules_dir, alertmanager_config=ALERTMANAGER_CONFIG
+        ) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.get(stack.exporter_url + "/metrics") as response:
+            served = served_metric_names(await response.text())
+        missing = metrics_in_exprs(rules_dir) - served
+        assert missing == set(), "rules use metrics the exporter does not serve"
+        for record in recorded_names(rules_dir):
+            await wait_until(
+                lambda record=record: instant_query(session, stack.prometheus_url, record),
+                f"data for {record}",
+            )
+        verdicts = await instant_query(
+            session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
+        )
+        assert [v["metric"]["uuid"] for v in verdicts] == [stack.gpu_uuids[0]]
+        assert verdicts[0]["metric"]["cause"] in {
+            "queue",
+            "batch_wait",
+            "compute",
+            "underfed",
+            "none",
+        }
+        # Rules have evaluated for a while: no GPU alert pending, firing or sent.
+        firing = await instant_query(
+            session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(GPU_ALERTS)}"}}'
+        )
+        assert firing == []
+        assert (await alertmanager_alerts(session, stack)) & set(GPU_ALERTS) == set()
+
+
+async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
+    """Throttling and PCIe saturation from 61 s, XIDs at 120 s, GPU 1 lost at 150 s."""
+    rules_dir = fast_rules(tmp_path / "rules")
+    seen: set[str] = set()
+
+    async def arrived(*names: str) -> bool:
+        seen.update(await alertmanager_alerts(session, stack))
+        return set(names) <= seen
+
+    async with (
+        run_pack_stack(
+            tmp_path,
+            scenario="faults",
+            start_at_s=61,
+            rules_dir=rules_dir,
+            alertmanager_config=ALERTMANAGER_CONFIG,
+        ) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        await wait_until(
+            lambda: arrived("GpuscopeGpuClockThrottled", "GpuscopeGpuPcieSaturated"),
+            "throttling and PCIe alerts",
+            seen,
+        )
+        stack.jump_scenario_to(119)
+        await wait_until(lambda: arrived("GpuscopeGpuXidErrors"), "the XID alert", seen)
+        stack.jump_scenario_to(149)
+        await wait_until(lambda: arrived("GpuscopeGpuLost"), "the GPU-lost alert", seen)
