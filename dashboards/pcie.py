@@ -2,10 +2,11 @@
 
 Per-lane signalling rates and line codes are those of the PCI Express Base
 Specification revisions 1.0 to 6.0 (PCI-SIG): 2.5 and 5 GT/s with 8b/10b encoding
-(generations 1 and 2), 8, 16 and 32 GT/s with 128b/130b (3 to 5), 64 GT/s in FLIT
-mode without a line code (6). The figure is what the wire carries after line
-coding; packet overhead (TLP/DLLP headers, FLIT CRC and FEC) is not subtracted,
-so real transfers top out some 10-20 % lower. Generation 5 x16 comes to 63.0 GB/s.
+(generations 1 and 2), 8, 16 and 32 GT/s with 128b/130b (3 to 5), 64 GT/s with PAM4
+in FLIT mode (6), where each 256-byte FLIT carries 242 bytes past its FEC and CRC.
+The figure is what the link carries after that coding; transaction-layer overhead
+(TLP/DLLP headers) is not subtracted, so real transfers top out some 10-20 % lower.
+Generation 5 x16 comes to 63.0 GB/s per direction, generation 6 x16 to 121 GB/s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ LINK_GENERATIONS: dict[int, tuple[float, float]] = {
     3: (8.0, 128 / 130),
     4: (16.0, 128 / 130),
     5: (32.0, 128 / 130),
-    6: (64.0, 1.0),
+    6: (64.0, 242 / 256),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -136,3 +137,18 @@ def test_request_queries_aggregate_explicitly() -> None:
         for target in targets(name, board):
             if "gpuscope_request_" in target.expr or "gpuscope_batch_size" in target.expr:
                 assert re.search(r"\bsum (by \([^)]*\) )?\(", target.expr), target.expr
+
+
+@pytest.mark.parametrize(
+    ("generation", "x16_gb_per_s"),
+    # Per-direction x16 figures as PCI-SIG and vendors publish them.
+    [(1, 4.0), (2, 8.0), (3, 15.75), (4, 31.5), (5, 63.0), (6, 121.0)],
+)
+def test_pcie_capacity_table(generation: int, x16_gb_per_s: float) -> None:
+    spec = importlib.util.spec_from_file_location("pcie", REPO / "dashboards" / "pcie.py")
+    assert spec is not None and spec.loader is not None
+    pcie = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pcie)
+    assert 16 * pcie.lane_bytes_per_second(generation) / 1e9 == pytest.approx(
+        x16_gb_per_s, rel=0.002
+    )
