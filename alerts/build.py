@@ -200,7 +200,7 @@ def _sum_rate(selector: str, window: str) -> str:
 
 def gpu_rules(s: Settings) -> list[dict[str, Any]]:
     w = s.window
-    capacity = " + ".join(
+    capacity = "\n    + ".join(
         f"(gpuscope_gpu_pcie_link_generation{s.sel()} == bool {gen}) * {rate:g}"
         for gen, rate in PCIE_LANE_BYTES_PER_S.items()
     )
@@ -231,7 +231,7 @@ def gpu_rules(s: Settings) -> list[dict[str, Any]]:
         _rule(
             "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second",
             f"max by ({GPU}) (\n  gpuscope_gpu_pcie_link_width{s.sel()}\n"
-            f"  * on (job, instance, gpu, uuid)\n  ({capacity})\n)",
+            f"  * on (job, instance, gpu, uuid) (\n    {capacity}\n  )\n)",
         ),
         _rule(
             f"gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}",

@@ -116,7 +116,16 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             "underfed",
             "none",
         }
-        # Rules have evaluated for a while: no GPU alert pending, firing or sent.
+        # Let the rules evaluate for a while (for: is 2 s): then no GPU alert may be
+        # pending, firing or sent.
+        await wait_until(
+            lambda: instant_query(
+                session,
+                stack.prometheus_url,
+                "count_over_time(service_model_gpu:gpuscope_bottleneck:verdict[1m]) >= 6",
+            ),
+            "six rule evaluations",
+        )
         firing = await instant_query(
             session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(GPU_ALERTS)}"}}'
         )
