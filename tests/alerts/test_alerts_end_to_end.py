@@ -59,10 +59,13 @@ async def wait_until(check: Any, what: str, seen: object = None, timeout_s: floa
     return result
 
 
-async def alertmanager_alerts(session: aiohttp.ClientSession, stack: PackStack) -> set[str]:
+async def alertmanager_alerts(
+    session: aiohttp.ClientSession, stack: PackStack
+) -> set[tuple[str, str]]:
+    """(alertname, gpu label or "") of every alert Alertmanager holds."""
     async with session.get(stack.alertmanager_url + "/api/v2/alerts") as response:
         listed = await response.json()
-    return {alert["labels"]["alertname"] for alert in listed}
+    return {(a["labels"]["alertname"], a["labels"].get("gpu", "")) for a in listed}
 
 
 def served_metric_names(text: str) -> set[str]:
@@ -130,17 +133,18 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(GPU_ALERTS)}"}}'
         )
         assert firing == []
-        assert (await alertmanager_alerts(session, stack)) & set(GPU_ALERTS) == set()
+        sent = {name for name, _ in await alertmanager_alerts(session, stack)}
+        assert sent & set(GPU_ALERTS) == set()
 
 
 async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
-    """Throttling and PCIe saturation from 61 s, XIDs at 120 s, GPU 1 lost at 150 s."""
+    """GPU 0 throttled and both links saturated from 61 s; GPU 1: XIDs at 120 s, lost at 150 s."""
     rules_dir = fast_rules(tmp_path / "rules")
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
 
-    async def arrived(*names: str) -> bool:
+    async def arrived(*expected: tuple[str, str]) -> bool:
         seen.update(await alertmanager_alerts(session, stack))
-        return set(names) <= seen
+        return set(expected) <= seen
 
     async with (
         run_pack_stack(
@@ -153,11 +157,18 @@ async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
         aiohttp.ClientSession() as session,
     ):
         await wait_until(
-            lambda: arrived("GpuscopeGpuClockThrottled", "GpuscopeGpuPcieSaturated"),
+            lambda: arrived(
+                ("GpuscopeGpuClockThrottled", "0"),
+                ("GpuscopeGpuPcieSaturated", "0"),
+                ("GpuscopeGpuPcieSaturated", "1"),
+            ),
             "throttling and PCIe alerts",
             seen,
         )
         stack.jump_scenario_to(119)
-        await wait_until(lambda: arrived("GpuscopeGpuXidErrors"), "the XID alert", seen)
+        await wait_until(lambda: arrived(("GpuscopeGpuXidErrors", "1")), "the XID alert", seen)
         stack.jump_scenario_to(149)
-        await wait_until(lambda: arrived("GpuscopeGpuLost"), "the GPU-lost alert", seen)
+        await wait_until(lambda: arrived(("GpuscopeGpuLost", "1")), "the GPU-lost alert", seen)
+    # only the GPU the scenario throttles, only the GPU that had XIDs
+    assert ("GpuscopeGpuClockThrottled", "1") not in seen
+    assert ("GpuscopeGpuXidErrors", "0") not in seen
