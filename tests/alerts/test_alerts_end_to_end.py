@@ -85,6 +85,27 @@ def metrics_in_exprs(rules_dir: Path) -> set[str]:
     }
 
 
+def served_label_names(text: str) -> set[str]:
+    """Every label name in a text-format scrape, plus the target labels Prometheus adds."""
+    found = set(re.findall(r'[{,](\w+)="', text))
+    return found | {"job", "instance"}
+
+
+def labels_in_exprs(rules_dir: Path) -> set[str]:
+    """Label names the rule expressions match, group or join on, minus those rules create."""
+    text = "\n".join(
+        rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")
+    )
+    used = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", text))
+    for group in re.findall(
+        r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)", text
+    ):
+        used |= {name.strip() for name in group.split(",") if name.strip()}
+    # label_replace(v, "dst", "replacement", "src", "regex"): dst is created
+    created = set(re.findall(r'"(\w+)",\s*"[^"]*",\s*"[^"]*",\s*"[^"]*"\s*\)', text))
+    return used - created
+
+
 def recorded_names(rules_dir: Path) -> list[str]:
     return sorted({rule["record"] for rule in rules(rules_dir / "recording.yml", "record")})
 
@@ -100,9 +121,11 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
         aiohttp.ClientSession() as session,
     ):
         async with session.get(stack.exporter_url + "/metrics") as response:
-            served = served_metric_names(await response.text())
-        missing = metrics_in_exprs(rules_dir) - served
+            scrape = await response.text()
+        missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape)
         assert missing == set(), "rules use metrics the exporter does not serve"
+        missing = labels_in_exprs(rules_dir) - served_label_names(scrape)
+        assert missing == set(), "rules use labels the exporter does not serve"
         for record in recorded_names(rules_dir):
             await wait_until(
                 lambda record=record: instant_query(session, stack.prometheus_url, record),
