@@ -36,8 +36,22 @@ THROTTLE_REASONS = (
     "sw_thermal_slowdown",
     "sw_power_cap",
 )
-# Usable bytes per second per lane and direction, by PCIe generation (after encoding).
-PCIE_LANE_BYTES_PER_S = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969e6, 5: 3938e6, 6: 7877e6}
+# PCIe generation -> (GT/s per lane, payload bits per line bit): 8b/10b for 1-2,
+# 128b/130b for 3-5, 242 of every 256 FLIT bytes for 6 (PCI Express Base Spec 1.0-6.0).
+PCIE_SIGNALLING = {
+    1: (2.5, 8 / 10),
+    2: (5.0, 8 / 10),
+    3: (8.0, 128 / 130),
+    4: (16.0, 128 / 130),
+    5: (32.0, 128 / 130),
+    6: (64.0, 242 / 256),
+}
+
+
+def pcie_lane_bytes_per_second(generation: int) -> float:
+    """One lane's capacity in one direction."""
+    transfers, efficiency = PCIE_SIGNALLING[generation]
+    return transfers * 1e9 * efficiency / 8
 
 
 @dataclass(frozen=True)
@@ -201,8 +215,9 @@ def _sum_rate(selector: str, window: str) -> str:
 def gpu_rules(s: Settings) -> list[dict[str, Any]]:
     w = s.window
     capacity = "\n    + ".join(
-        f"(gpuscope_gpu_pcie_link_generation{s.sel()} == bool {gen}) * {rate:g}"
-        for gen, rate in PCIE_LANE_BYTES_PER_S.items()
+        f"(gpuscope_gpu_pcie_link_generation{s.sel()} == bool {gen})"
+        f" * {pcie_lane_bytes_per_second(gen):.6g}"
+        for gen in PCIE_SIGNALLING
     )
     throttling = s.sel(f'reason=~"{"|".join(THROTTLE_REASONS)}"')
     return [
