@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,8 @@ lint: install
 typecheck: install
 	$(BIN)/mypy -p gpuscope
 	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py)
+	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
+	cd alerts && ../$(BIN)/mypy --config-file ../pyproject.toml build.py
 
 unit: install system-deps
 	$(BIN)/pytest -q
@@ -43,8 +45,16 @@ extras: install
 # pytest last, so that its summary closes the output
 test: lint typecheck extras unit
 
+# Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
+dashboards: install
+	$(BIN)/python dashboards/build.py
+
 demo: install
 	$(BIN)/gpuscope demo
+
+# Regenerate alerts/rules/*.yml from the Settings table of alerts/build.py.
+rules: install
+	$(BIN)/python alerts/build.py
 
 # Every benchmark with its defaults (several minutes); see docs/benchmarks.md.
 bench: install

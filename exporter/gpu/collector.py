@@ -150,9 +150,14 @@ class GpuCollector(Collector):
             "1 while the clock event reason holds clocks down (or idle), else 0.",
             labels=[*GPU_LABELS, "reason"],
         )
+        xid_events = CounterMetricFamily(
+            "gpuscope_gpu_xid_events",
+            "XID errors of any code seen since the exporter started (0 until the first).",
+            labels=GPU_LABELS,
+        )
         xids = CounterMetricFamily(
             "gpuscope_gpu_xid_errors",
-            "XID errors seen since the exporter started.",
+            "XID errors seen since the exporter started, by XID code.",
             labels=[*GPU_LABELS, "xid"],
         )
         ecc = CounterMetricFamily(
@@ -163,11 +168,14 @@ class GpuCollector(Collector):
         for reading in live:
             for reason, active in sorted((reading.clock_event_reasons or {}).items()):
                 reasons.add_metric([*_labels(reading), reason], 1.0 if active else 0.0)
+            # present from the first scrape, so increase() sees the first burst
+            xid_events.add_metric(_labels(reading), float(sum(reading.xid_errors_total.values())))
             for xid, count in sorted(reading.xid_errors_total.items()):
                 xids.add_metric([*_labels(reading), str(xid)], float(count))
             for kind, count in sorted((reading.ecc_errors_total or {}).items()):
                 ecc.add_metric([*_labels(reading), kind], float(count))
         yield reasons
+        yield xid_events
         yield xids
         yield ecc
 

@@ -100,6 +100,29 @@ def test_every_gpu_family_is_served_and_promtool_accepts_it() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_xid_and_ecc_totals_exist_at_zero_before_the_first_error() -> None:
+    """A counter born at its first error hides that error from increase(); these are not."""
+    clock = ManualClock()
+    scenario = parse_scenario(
+        {"events": [{"at": 5, "gpu": 1, "fault": "xid", "xid": 48, "count": 2}]}
+    )
+    poller = GpuPoller(SimulatedSource(2, scenario, clock=clock), 1.0)
+    poller.poll_once()
+    registry = registry_for(poller)
+    for index in (0, 1):
+        assert registry.get_sample_value("gpuscope_gpu_xid_events_total", labels(index)) == 0.0
+        for kind in ("volatile_corrected", "volatile_uncorrected"):
+            ecc = {**labels(index), "type": kind}
+            assert registry.get_sample_value("gpuscope_gpu_ecc_errors_total", ecc) == 0.0
+    xid_48 = {**labels(1), "xid": "48"}
+    assert registry.get_sample_value("gpuscope_gpu_xid_errors_total", xid_48) is None
+    clock.now += 6
+    poller.poll_once()
+    assert registry.get_sample_value("gpuscope_gpu_xid_events_total", labels(1)) == 2.0
+    assert registry.get_sample_value("gpuscope_gpu_xid_events_total", labels(0)) == 0.0
+    assert registry.get_sample_value("gpuscope_gpu_xid_errors_total", xid_48) == 2.0
+
+
 def test_lost_gpu_keeps_only_up_and_info_and_unsupported_metrics_are_absent() -> None:
     clock = ManualClock()
     scenario = parse_scenario(

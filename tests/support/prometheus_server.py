@@ -1,12 +1,16 @@
-"""A real Prometheus (Debian's binary) on a free loopback port, scraping given targets."""
+"""A real Prometheus and a real Alertmanager (Debian's binaries) on free loopback ports.
+
+Neither binary can bind port 0 and report the port back, so a free port is picked
+and handed over; when another process takes it in between, the daemon exits with
+"address already in use" and is started again on a fresh port (a few tries).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
-from asyncio.subprocess import DEVNULL
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,13 @@ from typing import Any
 import aiohttp
 
 from support.binaries import require_binary
+
+START_TRIES = 5
+READY_TIMEOUT_S = 20.0
+
+
+class PortTaken(Exception):
+    """The daemon lost the race for its port; try another one."""
 
 
 def _free_port() -> int:
@@ -23,48 +34,150 @@ def _free_port() -> int:
         return port
 
 
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:]
+
+
+async def _wait_ready(process: asyncio.subprocess.Process, base: str, name: str, log: Path) -> None:
+    """Poll ``/-/ready`` (another process: nothing else to wait on) until 200 or exit."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if process.returncode is not None:
+                text = _tail(log)
+                if "address already in use" in text:
+                    raise PortTaken(base)
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{text}")
+            try:
+                async with session.get(base + "/-/ready") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not become ready within {READY_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def run_daemon(
+    name: str, args_for_port: Callable[[int], Sequence[str]], log: Path
+) -> AsyncIterator[str]:
+    """Run binary ``name`` with ``args_for_port(port)`` until ready; yields its base URL."""
+    binary = require_binary(name)
+    for _ in range(START_TRIES):
+        port = _free_port()
+        with log.open("wb") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                binary, *args_for_port(port), stdout=log_file, stderr=log_file
+            )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            await _wait_ready(process, base, name, log)
+        except PortTaken:
+            await process.wait()
+            continue
+        except BaseException:
+            await _stop(process)
+            raise
+        try:
+            yield base
+        finally:
+            await _stop(process)
+        return
+    raise RuntimeError(f"{name}: every port tried was taken ({START_TRIES} tries)")
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    await asyncio.wait_for(process.wait(), 10)
+
+
+def prometheus_config(
+    targets: Sequence[str],
+    *,
+    scrape_interval: str = "500ms",
+    evaluation_interval: str | None = None,
+    rule_files: Sequence[Path] = (),
+    alertmanager: str | None = None,
+    job: str = "gpuscope",
+) -> str:
+    """The text of a prometheus.yml scraping ``targets`` (``host:port``) as ``job``."""
+    listed = ", ".join(f"'{target}'" for target in targets)
+    lines = [
+        f"global: {{scrape_interval: {scrape_interval}, scrape_timeout: {scrape_interval}, "
+        f"evaluation_interval: {evaluation_interval or scrape_interval}}}",
+        "scrape_configs:",
+        f"  - job_name: {job}",
+        f"    static_configs: [{{targets: [{listed}]}}]",
+    ]
+    if rule_files:
+        lines += ["rule_files:", *(f"  - '{path}'" for path in rule_files)]
+    if alertmanager is not None:
+        host = alertmanager.removeprefix("http://")
+        lines += [
+            "alerting:",
+            f"  alertmanagers: [{{static_configs: [{{targets: ['{host}']}}]}}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 @asynccontextmanager
 async def run_prometheus(
-    targets: Sequence[str], workdir: Path, scrape_interval: str = "500ms"
+    targets: Sequence[str],
+    workdir: Path,
+    scrape_interval: str = "500ms",
+    *,
+    evaluation_interval: str | None = None,
+    rule_files: Sequence[Path] = (),
+    alertmanager: str | None = None,
+    job: str = "gpuscope",
 ) -> AsyncIterator[str]:
-    """Start Prometheus scraping ``targets`` (``host:port``); yields its base URL."""
-    prometheus = require_binary("prometheus")
+    """Start Prometheus scraping ``targets`` (``host:port``) as ``job``; yields its base URL.
+
+    ``rule_files`` are loaded and evaluated every ``evaluation_interval`` (default:
+    the scrape interval); alerts go to the Alertmanager at ``alertmanager`` (a URL).
+    Exemplar storage is on.
+    """
     config = workdir / "prometheus.yml"
-    listed = ", ".join(f"'{target}'" for target in targets)
     config.write_text(
-        f"global: {{scrape_interval: {scrape_interval}, scrape_timeout: {scrape_interval}}}\n"
-        "scrape_configs:\n"
-        "  - job_name: gpuscope\n"
-        f"    static_configs: [{{targets: [{listed}]}}]\n"
+        prometheus_config(
+            targets,
+            scrape_interval=scrape_interval,
+            evaluation_interval=evaluation_interval,
+            rule_files=rule_files,
+            alertmanager=alertmanager,
+            job=job,
+        )
     )
-    port = _free_port()
-    process = await asyncio.create_subprocess_exec(
-        prometheus,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--enable-feature=exemplar-storage",
-        stdout=DEVNULL,
-        stderr=DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            deadline = time.monotonic() + 15
-            while True:  # another process: nothing to wait on but its API
-                try:
-                    async with session.get(base + "/-/ready") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("Prometheus did not become ready within 15 s")
-                await asyncio.sleep(0.1)
+
+    def args(port: int) -> list[str]:
+        return [
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--enable-feature=exemplar-storage",
+        ]
+
+    async with run_daemon("prometheus", args, workdir / "prometheus.log") as base:
         yield base
-    finally:
-        process.kill()
-        await asyncio.wait_for(process.wait(), 10)
+
+
+@asynccontextmanager
+async def run_alertmanager(config: Path, workdir: Path) -> AsyncIterator[str]:
+    """Start Alertmanager with ``config``, clustering off, storage in ``workdir``."""
+
+    def args(port: int) -> list[str]:
+        return [
+            f"--config.file={config}",
+            f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ]
+
+    async with run_daemon("prometheus-alertmanager", args, workdir / "alertmanager.log") as base:
+        yield base
 
 
 async def instant_query(session: aiohttp.ClientSession, base: str, query: str) -> list[Any]:
@@ -74,6 +187,20 @@ async def instant_query(session: aiohttp.ClientSession, base: str, query: str) -
     assert body["status"] == "success", f"{query}\n{body}"
     result: list[Any] = body["data"]["result"]
     return result
+
+
+async def wait_for_result(
+    session: aiohttp.ClientSession, base: str, query: str, timeout_s: float = 30
+) -> list[Any]:
+    """Poll an instant query until it returns a non-empty vector; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await instant_query(session, base, query)
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no data after {timeout_s:.0f} s for:\n{query}")
+        await asyncio.sleep(0.2)
 
 
 async def scrapes_done(session: aiohttp.ClientSession, base: str) -> int:

@@ -1,0 +1,140 @@
+"""gpuscope exporter health: is it scraped, are spans arriving and accepted, is it capped?"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+from grafana_foundation_sdk.models.common import BigValueTextMode
+from panels import (
+    EXPORTER_CHAIN,
+    HALF,
+    QUARTER,
+    RATE,
+    THIRD,
+    new_dashboard,
+    query,
+    row,
+    selector,
+    stat_panel,
+    timeseries,
+)
+
+UID = "gpuscope-exporter-health"
+EXPORTER = selector("job", "instance")
+
+
+def per_second(metric: str, by: str) -> str:
+    return f"sum by ({by}) (rate({metric}{EXPORTER}[{RATE}]))"
+
+
+def build() -> Dashboard:
+    board = new_dashboard(
+        UID,
+        "gpuscope / Exporter health",
+        "The exporter itself: scrapes, spans in and rejected, OTLP requests refused, label "
+        "sets past --max-series, forwarding to --forward-otlp.",
+        EXPORTER_CHAIN,
+    )
+    board.with_row(row("Scrapes"))
+    board.with_panel(
+        stat_panel(
+            "Up",
+            "1 while Prometheus can scrape the exporter.",
+            [query(f"max by (instance) (up{EXPORTER})", "{{instance}}")],
+            "bool_yes_no",
+        )
+    )
+    board.with_panel(
+        stat_panel(
+            "Version",
+            "gpuscope version each exporter runs.",
+            [
+                query(
+                    f"max by (instance, version) (gpuscope_build_info{EXPORTER})",
+                    "{{instance}} {{version}}",
+                )
+            ],
+            "none",
+            text_mode=BigValueTextMode.NAME,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Scrape duration",
+            "How long Prometheus took to scrape /metrics.",
+            [query(f"max by (instance) (scrape_duration_seconds{EXPORTER})", "{{instance}}")],
+            "s",
+            QUARTER,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Samples per scrape",
+            "Samples in each scrape: grows with the label sets the request metrics hold.",
+            [query(f"max by (instance) (scrape_samples_scraped{EXPORTER})", "{{instance}}")],
+            "short",
+            QUARTER,
+        )
+    )
+    board.with_row(row("Spans"))
+    board.with_panel(
+        timeseries(
+            "Spans received",
+            "Spans per second in decoded OTLP export requests.",
+            [query(per_second("gpuscope_spans_received_total", "instance"), "{{instance}}")],
+            "short",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Spans rejected by reason",
+            "Spans per second dropped for breaking the span contract (bad ids, durations, "
+            "attribute types, over-long labels).",
+            [query(per_second("gpuscope_spans_rejected_total", "reason"), "{{reason}}")],
+            "short",
+            THIRD,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "OTLP requests rejected by reason",
+            "Export requests per second refused as a whole (too large, bad encoding, "
+            "unauthorized).",
+            [query(per_second("gpuscope_otlp_requests_rejected_total", "reason"), "{{reason}}")],
+            "reqps",
+            THIRD,
+            stacked=True,
+        )
+    )
+    board.with_row(row("Limits and forwarding"))
+    board.with_panel(
+        timeseries(
+            "Series overflow",
+            "Observations per second sent to a metric's overflow series because it hit "
+            "--max-series: raise the limit or find the sender with unbounded labels.",
+            [query(per_second("gpuscope_series_overflow_total", "metric"), "{{metric}}")],
+            "short",
+            HALF,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Forwarding",
+            "Spans per second forwarded to --forward-otlp (Tempo, Jaeger) and dropped, by "
+            "reason. Only exporters started with --forward-otlp have these series.",
+            [
+                query(
+                    per_second("gpuscope_forward_spans_sent_total", "instance"), "{{instance}} sent"
+                ),
+                query(
+                    per_second("gpuscope_forward_spans_dropped_total", "reason"),
+                    "dropped: {{reason}}",
+                ),
+            ],
+            "short",
+            HALF,
+        )
+    )
+    return board

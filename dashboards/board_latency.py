@@ -1,0 +1,182 @@
+"""Inference latency: traffic, end-to-end and per-phase latency, streaming, batching."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from panels import (
+    FULL,
+    HALF,
+    RATE,
+    REQUEST_CHAIN,
+    THIRD,
+    heatmap_panel,
+    new_dashboard,
+    query,
+    row,
+    selector,
+    timeseries,
+)
+
+UID = "gpuscope-inference-latency"
+QUANTILES = (0.5, 0.95, 0.99)
+
+# Request histograms carry route; phase, token-timing and batch histograms do not.
+REQUEST = selector("job", "instance", "service", "model", "route", "gpu")
+PHASE = selector("job", "instance", "service", "model", "gpu")
+TOKENS = selector("job", "instance", "service", "model")
+
+
+def rate(metric: str, sel: str, by: str = "") -> str:
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (rate({metric}{sel}[{RATE}]))"
+
+
+def quantile_targets(histogram: str, sel: str) -> list[Dataquery]:
+    return [
+        query(
+            f"histogram_quantile({q}, {rate(histogram + '_bucket', sel, 'le')})",
+            f"P{round(q * 100)}",
+            exemplar=True,
+        )
+        for q in QUANTILES
+    ]
+
+
+def phase_p99(by: str = "phase, le") -> str:
+    return f"histogram_quantile(0.99, {rate('gpuscope_request_phase_seconds_bucket', PHASE, by)})"
+
+
+def build() -> Dashboard:
+    board = new_dashboard(
+        UID,
+        "gpuscope / Inference latency",
+        "Where each request's milliseconds went: rate, latency quantiles, time per phase "
+        "(preprocess, queue, batch_wait, compute, postprocess), streaming and batching.",
+        REQUEST_CHAIN,
+    )
+    count = "gpuscope_request_duration_seconds_count"
+    board.with_row(row("Traffic"))
+    board.with_panel(
+        timeseries(
+            "Request rate by status",
+            "Requests finished per second, by HTTP status code.",
+            [query(rate(count, REQUEST, "code"), "{{code}}")],
+            "reqps",
+            THIRD,
+            stacked=True,
+        )
+    )
+    errors = rate(
+        count,
+        selector("job", "instance", "service", "model", "route", "gpu", extra=['code=~"5.."']),
+    )
+    board.with_panel(
+        timeseries(
+            "Error ratio",
+            "Share of requests answered with a 5xx status.",
+            [query(f"({errors} or vector(0))\n/\n{rate(count, REQUEST)}", "5xx share")],
+            "percentunit",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Tokens per second",
+            "Input (prompt) and output (generated) tokens processed per second.",
+            [query(rate("gpuscope_tokens_total", TOKENS, "direction"), "{{direction}}")],
+            "suffix: tokens/s",
+            THIRD,
+        )
+    )
+    board.with_row(row("Latency"))
+    board.with_panel(
+        timeseries(
+            "End-to-end latency",
+            "P50, P95 and P99 of the request duration, from arrival to the last body chunk. "
+            "Exemplars link to the trace of a request in that bucket.",
+            quantile_targets("gpuscope_request_duration_seconds", REQUEST),
+            "s",
+            FULL,
+        )
+    )
+    phase_sum = rate("gpuscope_request_phase_seconds_sum", PHASE, "phase")
+    phase_count = rate("gpuscope_request_phase_seconds_count", PHASE, "phase")
+    board.with_panel(
+        timeseries(
+            "Mean time per phase",
+            "Mean seconds a request spent in each phase; stacked, the phases add up to "
+            "the mean request duration.",
+            [query(f"{phase_sum}\n/\n{phase_count}", "{{phase}}", exemplar=True)],
+            "s",
+            HALF,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Time per phase at the tail (P99)",
+            "P99 of each phase, stacked. Quantiles do not add up exactly; the stack shows "
+            "which phase dominates the slowest requests.",
+            [query(phase_p99(), "{{phase}}", exemplar=True)],
+            "s",
+            HALF,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Phase share of P99",
+            "Each phase's P99 over the sum of the phases' P99s: queue dominating points at "
+            "capacity or scheduling, compute at the model or the hardware.",
+            [
+                query(
+                    f"{phase_p99()}\n/ ignoring (phase) group_left\nsum({phase_p99()})", "{{phase}}"
+                )
+            ],
+            "percentunit",
+            FULL,
+            stacked=True,
+            max_value=1,
+        )
+    )
+    board.with_row(row("Streaming"))
+    board.with_panel(
+        timeseries(
+            "Time to first token",
+            "P50, P95 and P99 from arrival to the first streamed chunk (streaming requests).",
+            quantile_targets("gpuscope_time_to_first_token_seconds", PHASE),
+            "s",
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Time per output token",
+            "P50, P95 and P99 of the time per generated token after the first one.",
+            quantile_targets("gpuscope_time_per_output_token_seconds", PHASE),
+            "s",
+        )
+    )
+    board.with_row(row("Batching"))
+    board.with_panel(
+        heatmap_panel(
+            "Batch size distribution",
+            "Batch executions per batch-size bucket over time.",
+            query(f"sum by (le) (increase(gpuscope_batch_size_bucket{PHASE}[{RATE}]))"),
+            "short",
+        )
+    )
+    batch_sum = rate("gpuscope_batch_size_sum", PHASE)
+    batch_count = rate("gpuscope_batch_size_count", PHASE)
+    board.with_panel(
+        timeseries(
+            "Mean batch size and batch rate",
+            "Mean requests per batch (left) and batches executed per second.",
+            [
+                query(f"{batch_sum}\n/\n{batch_count}", "mean batch size"),
+                query(batch_count, "batches/s"),
+            ],
+            "short",
+        )
+    )
+    return board

@@ -1,0 +1,259 @@
+"""What every gpuscope dashboard shares: data source, chained variables, panel factories.
+
+Panels are built with grafana-foundation-sdk's builders. A panel's queries all go
+to the ``$datasource`` Prometheus; every request-side query aggregates with an
+explicit ``sum by (...)`` so that a label the exporter adds later (an operation,
+say) cannot split a series the panel expects to be one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, statetimeline
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardLinkType,
+    DataSourceRef,
+    VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+TAGS = ["gpuscope"]
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+RATE = "$__rate_interval"
+
+# Variable sources: the exporter's own info series, then the request histogram whose
+# label set is the widest (it alone has ``route``).
+BUILD_INFO = "gpuscope_build_info"
+REQUESTS = "gpuscope_request_duration_seconds_count"
+GPU_INFO = "gpuscope_gpu_info"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A query variable: ``label`` values of ``metric``, filtered by the variables before."""
+
+    name: str
+    title: str
+    metric: str
+
+
+# The chains each dashboard uses; a dashboard's variables filter in this order.
+EXPORTER_CHAIN = (Variable("job", "Job", BUILD_INFO), Variable("instance", "Instance", BUILD_INFO))
+REQUEST_CHAIN = (
+    *EXPORTER_CHAIN,
+    Variable("service", "Service", REQUESTS),
+    Variable("model", "Model", REQUESTS),
+    Variable("route", "Route", REQUESTS),
+    Variable("gpu", "GPU", REQUESTS),
+)
+GPU_CHAIN = (*EXPORTER_CHAIN, Variable("gpu", "GPU", GPU_INFO))
+
+
+def selector(*names: str, extra: Sequence[str] = ()) -> str:
+    """``{a=~"$a", b=~"$b", ...extra}`` for variables ``names`` plus literal matchers."""
+    return "{" + ", ".join([*(f'{name}=~"${name}"' for name in names), *extra]) + "}"
+
+
+AnyVariable = dashboard.DatasourceVariable | dashboard.QueryVariable
+
+
+def variables(chain: Sequence[Variable]) -> list[AnyVariable]:
+    """The ``datasource`` variable, then ``chain`` with each filtered by those before it.
+
+    Every variable is multi-valued with an "All" of ``.*``, so a series whose label is
+    empty (a request that named no GPU) still matches "All".
+    """
+    built: list[AnyVariable] = [
+        dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+    ]
+    for index, variable in enumerate(chain):
+        before = [v.name for v in chain[:index]]
+        query = f"label_values({variable.metric}{selector(*before)}, {variable.name})"
+        built.append(
+            dashboard.QueryVariable(variable.name)
+            .label(variable.title)
+            .datasource(DATASOURCE)
+            .query(query)
+            .definition(query)
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.NATURAL_ASC)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+        )
+    return built
+
+
+def new_dashboard(
+    uid: str, title: str, description: str, chain: Sequence[Variable]
+) -> dashboard.Dashboard:
+    board = (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .link(
+            dashboard.DashboardLink("gpuscope")
+            .type(DashboardLinkType.DASHBOARDS)
+            .tags(TAGS)
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+    )
+    for variable in variables(chain):
+        board.with_variable(variable)
+    return board
+
+
+def query(expr: str, legend: str = "", *, exemplar: bool = False) -> prometheus.Dataquery:
+    target = prometheus.Dataquery().expr(expr).legend_format(legend or "__auto").range()
+    if exemplar:
+        target.exemplar(True)
+    return target
+
+
+@dataclass(frozen=True)
+class Size:
+    width: int = 12
+    height: int = 8
+
+
+HALF = Size()
+THIRD = Size(8, 8)
+QUARTER = Size(6, 6)
+FULL = Size(24, 8)
+
+
+def timeseries(
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    unit: str,
+    size: Size = HALF,
+    *,
+    stacked: bool = False,
+    max_value: float | None = None,
+) -> timeseries_builders.Panel:
+    panel = (
+        timeseries_builders.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .min(0)
+        .span(size.width)
+        .height(size.height)
+        .fill_opacity(30 if stacked else 10)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["mean", "max", "lastNotNull"])
+        )
+        .tooltip(
+            common_builders.VizTooltipOptions()
+            .mode(common.TooltipDisplayMode.MULTI)
+            .sort(common.SortOrder.DESCENDING)
+        )
+    )
+    if stacked:
+        panel.stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
+    if max_value is not None:
+        panel.max(max_value)
+    for target in targets:
+        panel.with_target(target)
+    return panel
+
+
+def stat_panel(
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    unit: str,
+    size: Size = QUARTER,
+    *,
+    text_mode: common.BigValueTextMode = common.BigValueTextMode.VALUE_AND_NAME,
+) -> stat.Panel:
+    panel = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(size.width)
+        .height(size.height)
+        .text_mode(text_mode)
+        .color_mode(common.BigValueColorMode.BACKGROUND)
+        .graph_mode(common.BigValueGraphMode.AREA)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    for target in targets:
+        panel.with_target(target.instant())
+    return panel
+
+
+def state_timeline(
+    title: str, description: str, targets: Sequence[prometheus.Dataquery], size: Size = HALF
+) -> statetimeline.Panel:
+    panel = (
+        statetimeline.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit("bool_on_off")
+        .span(size.width)
+        .height(size.height)
+        .show_value(common.VisibilityMode.NEVER)
+        .merge_values(True)
+    )
+    for target in targets:
+        panel.with_target(target)
+    return panel
+
+
+def heatmap_panel(
+    title: str, description: str, target: prometheus.Dataquery, unit: str, size: Size = HALF
+) -> heatmap.Panel:
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(size.width)
+        .height(size.height)
+        .calculate(False)
+        .y_axis(heatmap.YAxisConfig().unit(unit))
+        .with_target(target.format(PromQueryFormat.HEATMAP).legend_format("{{le}}"))
+    )
+
+
+def row(title: str, *, repeat: str | None = None) -> dashboard.Row:
+    built = dashboard.Row(title)
+    if repeat is not None:
+        built.repeat(repeat)
+    return built
+
+
+def render(board: dashboard.Dashboard) -> str:
+    """The dashboard as stable JSON: sorted keys, panel ids in reading order."""
+    model = board.build()
+    for number, panel in enumerate(model.panels or [], start=1):
+        panel.id_val = number
+        for ref_number, target in enumerate(getattr(panel, "targets", None) or []):
+            target.ref_id = chr(ord("A") + ref_number)
+    return json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,95 @@
+"""alerts/alertmanager.yml: amtool's checks and routes, and inhibitions in a real Alertmanager."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from support.binaries import require_binary
+from support.prometheus_server import run_alertmanager
+
+CONFIG = Path(__file__).parents[2] / "alerts" / "alertmanager.yml"
+
+
+def amtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require_binary("amtool"), *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_amtool_accepts_the_config() -> None:
+    result = amtool("check-config", str(CONFIG))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["alertname=GpuscopeGpuLost", "severity=critical", "uuid=GPU-1"], "page"),
+        (["alertname=GpuscopeLatencySLOBudgetBurnFast", "severity=critical"], "page"),
+        (["alertname=GpuscopeLatencySLOBudgetBurnSlow", "severity=warning"], "ticket"),
+        (["alertname=GpuscopeGpuXidErrors", "severity=warning"], "ticket"),
+        (["alertname=Something", "severity=info"], "ticket"),
+        (["alertname=NoSeverity"], "ticket"),
+    ],
+)
+def test_routes_by_severity(labels: list[str], receiver: str) -> None:
+    result = amtool(
+        "config", "routes", "test", f"--config.file={CONFIG}",
+        f"--verify.receivers={receiver}", *labels,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _alert(name: str, **labels: str) -> dict[str, Any]:
+    return {"labels": {"alertname": name, "severity": "warning", **labels}}
+
+
+async def _states(session: aiohttp.ClientSession, base: str) -> dict[tuple[str, str], bool]:
+    """(alertname, uuid or instance) -> whether Alertmanager lists it as inhibited."""
+    async with session.get(base + "/api/v2/alerts") as response:
+        listed = await response.json()
+    return {
+        (a["labels"]["alertname"], a["labels"].get("uuid") or a["labels"]["instance"]): bool(
+            a["status"]["inhibitedBy"]
+        )
+        for a in listed
+    }
+
+
+# what each sent alert's inhibition must be: only the explained ones are silenced
+EXPECTED = {
+    ("GpuscopeGpuLost", "GPU-1"): False,
+    ("GpuscopeGpuXidErrors", "GPU-1"): True,
+    ("GpuscopeGpuXidErrors", "GPU-2"): False,
+    ("GpuscopeExporterDown", "a:9420"): False,
+    ("GpuscopeSpansNotArriving", "a:9420"): True,
+    ("GpuscopeSpansNotArriving", "b:9420"): False,
+}
+
+
+async def test_lost_gpu_and_exporter_down_inhibit_what_they_explain(tmp_path: Path) -> None:
+    sent = [
+        _alert("GpuscopeGpuLost", uuid="GPU-1", severity="critical"),
+        _alert("GpuscopeGpuXidErrors", uuid="GPU-1"),
+        _alert("GpuscopeGpuXidErrors", uuid="GPU-2"),
+        _alert("GpuscopeExporterDown", job="gpuscope", instance="a:9420"),
+        _alert("GpuscopeSpansNotArriving", job="gpuscope", instance="a:9420"),
+        _alert("GpuscopeSpansNotArriving", job="gpuscope", instance="b:9420"),
+    ]
+    async with run_alertmanager(CONFIG, tmp_path) as base, aiohttp.ClientSession() as session:
+        async with session.post(base + "/api/v2/alerts", json=sent) as response:
+            assert response.status == 200, await response.text()
+        # inhibitions apply once the source alerts reach the inhibitor: poll for them
+        deadline = time.monotonic() + 20
+        while (states := await _states(session, base)) != EXPECTED:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert states == EXPECTED

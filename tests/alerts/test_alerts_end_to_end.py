@@ -1,0 +1,197 @@
+"""The rules in a real Prometheus scraping the real exporter and worker, alerting to a real
+Alertmanager: a fast variant of the rules (1 s evaluation, 2 s ``for:``) from alerts/build.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from support.pack_stack import PackStack, run_pack_stack
+from support.prometheus_server import instant_query
+
+REPO = Path(__file__).parents[2]
+ALERTMANAGER_CONFIG = REPO / "alerts" / "alertmanager.yml"
+# alerts about the GPU hardware alone; none may fire on healthy simulated GPUs
+GPU_ALERTS = (
+    "GpuscopeGpuClockThrottled",
+    "GpuscopeGpuPcieSaturated",
+    "GpuscopeGpuMemoryNearlyFull",
+    "GpuscopeGpuXidErrors",
+    "GpuscopeGpuEccUncorrectedErrors",
+    "GpuscopeGpuLost",
+    "GpuscopeGpuCollectorFailing",
+)
+
+
+FAST = ("--interval", "1s", "--for", "2s", "--window", "10s")
+
+
+def fast_rules(out: Path) -> Path:
+    subprocess.run(
+        [sys.executable, str(REPO / "alerts" / "build.py"), "--out", str(out), *FAST],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def rules(path: Path, kind: str) -> list[dict[str, Any]]:
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if kind in rule]
+
+
+async def wait_until(check: Any, what: str, seen: object = None, timeout_s: float = 40) -> Any:
+    """Poll the coroutine function ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := await check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not seen within {timeout_s:.0f} s; seen: {seen}")
+        await asyncio.sleep(0.25)
+    return result
+
+
+async def alertmanager_alerts(
+    session: aiohttp.ClientSession, stack: PackStack
+) -> set[tuple[str, str]]:
+    """(alertname, gpu label or "") of every alert Alertmanager holds."""
+    async with session.get(stack.alertmanager_url + "/api/v2/alerts") as response:
+        listed = await response.json()
+    return {(a["labels"]["alertname"], a["labels"].get("gpu", "")) for a in listed}
+
+
+def served_metric_names(text: str) -> set[str]:
+    """The sample names in a text-format scrape."""
+    return {
+        re.split(r"[{ ]", line, maxsplit=1)[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def metrics_in_exprs(rules_dir: Path) -> set[str]:
+    """Exporter metrics the rule expressions select (recorded names excluded)."""
+    exprs = [rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")]
+    return set(re.findall(r"\bgpuscope_\w+", "\n".join(exprs))) - {
+        name.split(":")[1] for name in recorded_names(rules_dir)
+    }
+
+
+def served_label_names(text: str) -> set[str]:
+    """Every label name in a text-format scrape, plus the target labels Prometheus adds."""
+    found = set(re.findall(r'[{,](\w+)="', text))
+    return found | {"job", "instance"}
+
+
+def labels_in_exprs(rules_dir: Path) -> set[str]:
+    """Label names the rule expressions match, group or join on, minus those rules create."""
+    text = "\n".join(
+        rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")
+    )
+    used = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", text))
+    for group in re.findall(
+        r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)", text
+    ):
+        used |= {name.strip() for name in group.split(",") if name.strip()}
+    # label_replace(v, "dst", "replacement", "src", "regex"): dst is created
+    created = set(re.findall(r'"(\w+)",\s*"[^"]*",\s*"[^"]*",\s*"[^"]*"\s*\)', text))
+    return used - created
+
+
+def recorded_names(rules_dir: Path) -> list[str]:
+    return sorted({rule["record"] for rule in rules(rules_dir / "recording.yml", "record")})
+
+
+async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
+    tmp_path: Path,
+) -> None:
+    rules_dir = fast_rules(tmp_path / "rules")
+    async with (
+        run_pack_stack(
+            tmp_path, rules_dir=rules_dir, alertmanager_config=ALERTMANAGER_CONFIG
+        ) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.get(stack.exporter_url + "/metrics") as response:
+            scrape = await response.text()
+        missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape)
+        assert missing == set(), "rules use metrics the exporter does not serve"
+        missing = labels_in_exprs(rules_dir) - served_label_names(scrape)
+        assert missing == set(), "rules use labels the exporter does not serve"
+        for record in recorded_names(rules_dir):
+            await wait_until(
+                lambda record=record: instant_query(session, stack.prometheus_url, record),
+                f"data for {record}",
+            )
+        verdicts = await instant_query(
+            session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
+        )
+        assert [v["metric"]["uuid"] for v in verdicts] == [stack.gpu_uuids[0]]
+        assert verdicts[0]["metric"]["cause"] in {
+            "queue",
+            "batch_wait",
+            "compute",
+            "underfed",
+            "none",
+        }
+        # Let the rules evaluate for a while (for: is 2 s): then no GPU alert may be
+        # pending, firing or sent.
+        await wait_until(
+            lambda: instant_query(
+                session,
+                stack.prometheus_url,
+                "count_over_time(service_model_gpu:gpuscope_bottleneck:verdict[1m]) >= 6",
+            ),
+            "six rule evaluations",
+        )
+        firing = await instant_query(
+            session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(GPU_ALERTS)}"}}'
+        )
+        assert firing == []
+        sent = {name for name, _ in await alertmanager_alerts(session, stack)}
+        assert sent & set(GPU_ALERTS) == set()
+
+
+async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
+    """GPU 0 throttled and both links saturated from 61 s; GPU 1: XIDs at 120 s, lost at 150 s."""
+    rules_dir = fast_rules(tmp_path / "rules")
+    seen: set[tuple[str, str]] = set()
+
+    async def arrived(*expected: tuple[str, str]) -> bool:
+        seen.update(await alertmanager_alerts(session, stack))
+        return set(expected) <= seen
+
+    async with (
+        run_pack_stack(
+            tmp_path,
+            scenario="faults",
+            start_at_s=61,
+            rules_dir=rules_dir,
+            alertmanager_config=ALERTMANAGER_CONFIG,
+        ) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        await wait_until(
+            lambda: arrived(
+                ("GpuscopeGpuClockThrottled", "0"),
+                ("GpuscopeGpuPcieSaturated", "0"),
+                ("GpuscopeGpuPcieSaturated", "1"),
+            ),
+            "throttling and PCIe alerts",
+            seen,
+        )
+        stack.jump_scenario_to(119)
+        await wait_until(lambda: arrived(("GpuscopeGpuXidErrors", "1")), "the XID alert", seen)
+        stack.jump_scenario_to(149)
+        await wait_until(lambda: arrived(("GpuscopeGpuLost", "1")), "the GPU-lost alert", seen)
+    # only the GPU the scenario throttles, only the GPU that had XIDs
+    assert ("GpuscopeGpuClockThrottled", "1") not in seen
+    assert ("GpuscopeGpuXidErrors", "0") not in seen

@@ -1,0 +1,118 @@
+"""The committed rule files: generated from alerts/build.py, valid, unit-tested by promtool."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from support.binaries import require_binary
+
+REPO = Path(__file__).parents[2]
+ALERTS = REPO / "alerts"
+RULES = sorted((ALERTS / "rules").glob("*.yml"))
+UNIT_TESTS = sorted((ALERTS / "tests").glob("*_test.yml"))
+CAUSES = {"queue", "batch_wait", "compute", "underfed", "throttled", "pcie", "none"}
+
+
+def build_rules(out: Path, *args: str) -> None:
+    """Run alerts/build.py as a user would."""
+    command = [sys.executable, str(ALERTS / "build.py"), "--out", str(out), *args]
+    subprocess.run(command, check=True, capture_output=True)
+
+
+def rules_of(path: Path) -> list[dict[str, Any]]:
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def alerts() -> list[dict[str, Any]]:
+    return rules_of(ALERTS / "rules" / "alerting.yml")
+
+
+def test_committed_rules_regenerate_byte_identically(tmp_path: Path) -> None:
+    build_rules(tmp_path)
+    generated = sorted(p.name for p in tmp_path.iterdir())
+    assert generated == [p.name for p in RULES]
+    for path in RULES:
+        assert (tmp_path / path.name).read_bytes() == path.read_bytes(), (
+            f"{path} is stale: run 'make rules'"
+        )
+
+
+def test_overrides_change_interval_and_every_for(tmp_path: Path) -> None:
+    build_rules(tmp_path, "--interval", "1s", "--for", "2s")
+    groups = yaml.safe_load((tmp_path / "alerting.yml").read_text())["groups"]
+    assert {group["interval"] for group in groups} == {"1s"}
+    assert {rule["for"] for group in groups for rule in group["rules"]} == {"2s"}
+
+
+@pytest.mark.parametrize("path", RULES, ids=lambda p: p.name)
+def test_promtool_accepts_the_rule_file(path: Path) -> None:
+    promtool = require_binary("promtool")
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", UNIT_TESTS, ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(path: Path) -> None:
+    promtool = require_binary("promtool")
+    result = subprocess.run(
+        [promtool, "test", "rules", path.name],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alerts_have_the_mixin_shape() -> None:
+    names = [rule["alert"] for rule in alerts()]
+    assert len(names) == len(set(names)) >= 18
+    for rule in alerts():
+        name, annotations = rule["alert"], rule["annotations"]
+        assert re.fullmatch(r"Gpuscope[A-Z][A-Za-z]+", name), name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"]
+        assert "{{" in annotations["description"], name
+        assert annotations["runbook_url"].endswith("runbook.md#" + name.lower()), name
+    for rule in rules_of(ALERTS / "rules" / "recording.yml"):
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+
+
+def _checks() -> list[dict[str, Any]]:
+    document = yaml.safe_load((ALERTS / "tests" / "alerting_test.yml").read_text())
+    return [check for test in document["tests"] for check in test["alert_rule_test"]]
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
+    firing = {c["alertname"] for c in _checks() if c["exp_alerts"]}
+    quiet = {c["alertname"] for c in _checks() if not c["exp_alerts"]}
+    names = {rule["alert"] for rule in alerts()}
+    assert names - firing == set(), "alerts never shown firing"
+    assert names - quiet == set(), "alerts never shown not firing (yet)"
+
+
+def test_every_verdict_cause_is_produced_by_a_case() -> None:
+    document = yaml.safe_load((ALERTS / "tests" / "verdict_test.yml").read_text())
+    produced = {
+        match
+        for test in document["tests"]
+        for check in test["promql_expr_test"]
+        for sample in check["exp_samples"]
+        for match in re.findall(r'cause="(\w+)"', sample["labels"])
+    }
+    assert produced == CAUSES
+
+
+def test_the_runbook_has_a_section_per_alert() -> None:
+    headings = re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M)
+    assert sorted(headings) == sorted(rule["alert"] for rule in alerts())

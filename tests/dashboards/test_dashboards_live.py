@@ -1,0 +1,206 @@
+"""Every dashboard query against the running pack: real exporter, worker, load, Prometheus.
+
+The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
+the error panels have series too. Grafana's variables are resolved the way Grafana
+does (``label_values`` through Prometheus' label-values API, each filtered by the
+ones before, set to their first value); panels are then queried in the dashboards'
+default state, every variable on "All".
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuscope.exporter.gpu.simulated import PCIE_GEN5_X16_BYTES_PER_S
+from support.dashboards_json import (
+    PROMETHEUS_SERIES,
+    REPO,
+    TARGET_LABELS,
+    Target,
+    load_dashboards,
+    parse_label_values,
+    query_variables,
+    selected_metrics,
+    substitute,
+    targets,
+)
+from support.pack_stack import PackStack, run_pack_stack
+from support.prometheus_server import instant_query, wait_for_result
+
+RULES_DIR = REPO / "alerts" / "rules"
+RULES_BUILD = REPO / "alerts" / "build.py"
+VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+# Scrapes every second: what Grafana would pick for $__rate_interval at a 1 s scrape
+# and a short step, with room for a loaded machine.
+TIME_VALUES = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "5s"}
+XID_AT_S = 120  # faults.yaml: XID 48 on GPU 1; GPU 1 falls off the bus at 150 s
+
+
+def recording_rules() -> set[str]:
+    names: set[str] = set()
+    for path in sorted(RULES_DIR.glob("*.yml")) if RULES_DIR.is_dir() else []:
+        for group in yaml.safe_load(path.read_text()).get("groups", []):
+            names.update(rule["record"] for rule in group["rules"] if "record" in rule)
+    return names
+
+
+def served_labels(metrics_text: str) -> dict[str, set[str]]:
+    """Sample name -> label names, from the exporter's /metrics."""
+    served: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            served.setdefault(sample.name, set()).update(sample.labels)
+    return served
+
+
+async def label_values(
+    session: aiohttp.ClientSession, base: str, series: str, label: str
+) -> list[str]:
+    url = f"{base}/api/v1/label/{label}/values"
+    async with session.get(url, params={"match[]": series}) as response:
+        body = await response.json()
+    assert body["status"] == "success", f"{series}: {body}"
+    return [value for value in body["data"] if value]
+
+
+def promql_regex(value: str) -> str:
+    """A label value as an anchored regex inside a PromQL string (Grafana escapes so)."""
+    escaped = "".join("\\" + c if c in ".+*?()[]{}|^$\\" else c for c in value)
+    return escaped.replace("\\", "\\\\")
+
+
+async def check_variable_chain(
+    session: aiohttp.ClientSession, base: str, name: str, board: dict[str, Any]
+) -> None:
+    """Each variable, filtered by the earlier ones set to their first value, has values."""
+    chosen: dict[str, str] = {}
+    for variable in query_variables(board):
+        series, label = parse_label_values(substitute(variable["query"], chosen, {}))
+        values = await label_values(session, base, series, label)
+        assert values, f"{name}: variable {variable['name']} has no values for {series}"
+        chosen[variable["name"]] = promql_regex(sorted(values)[0])
+
+
+async def failing_targets(session: aiohttp.ClientSession, base: str) -> list[str]:
+    failures = []
+    for name, board in load_dashboards().items():
+        await check_variable_chain(session, base, name, board)
+        everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+        for target in targets(name, board):
+            expr = substitute(target.expr, everything, TIME_VALUES)
+            if not await instant_query(session, base, expr):  # fails on a parse error
+                failures.append(f"{target.board} / {target.panel}: no data for\n{expr}")
+            elif (
+                target.exemplar and "_bucket{" in expr and not await exemplars(session, base, expr)
+            ):
+                failures.append(f"{target.board} / {target.panel}: no exemplars for\n{expr}")
+    return failures
+
+
+async def exemplars(session: aiohttp.ClientSession, base: str, expr: str) -> list[Any]:
+    now = time.time()
+    params = {"query": expr, "start": str(now - 300), "end": str(now)}
+    async with session.get(base + "/api/v1/query_exemplars", params=params) as response:
+        body = await response.json()
+    assert body["status"] == "success", f"{expr}\n{body}"
+    return [series for series in body["data"] if series["exemplars"]]
+
+
+async def wait_for_xid(session: aiohttp.ClientSession, stack: PackStack) -> None:
+    if stack.clock.scenario_time() < XID_AT_S:
+        stack.jump_scenario_to(XID_AT_S + 1)
+    # Two samples in the panels' window, so that increase() has something to work on.
+    window = TIME_VALUES["$__rate_interval"]
+    await wait_for_result(
+        session,
+        stack.prometheus_url,
+        f"count_over_time(gpuscope_gpu_xid_errors_total[{window}]) > 1",
+        30,
+    )
+
+
+def unknown_names(target: Target, served: dict[str, set[str]], rules: set[str]) -> list[str]:
+    problems = []
+    for metric, labels in selected_metrics(target.expr):
+        if metric in PROMETHEUS_SERIES:
+            continue
+        if ":" in metric:
+            if metric not in rules:
+                problems.append(f"{metric}: no recording rule of that name in {RULES_DIR}")
+            continue
+        if metric not in served:
+            problems.append(f"{metric}: not in the exporter's /metrics")
+            continue
+        missing = set(labels) - served[metric] - TARGET_LABELS
+        if missing:
+            problems.append(f"{metric}: the exporter serves no label {sorted(missing)}")
+    return [f"{target.board} / {target.panel}: {problem}" for problem in problems]
+
+
+def names_not_served(served: dict[str, set[str]]) -> list[str]:
+    """Metrics and matcher labels of panels and variables that nothing serves."""
+    rules = recording_rules()
+    problems = []
+    for name, board in load_dashboards().items():
+        for target in targets(name, board):
+            problems += unknown_names(target, served, rules)
+        for variable in query_variables(board):
+            series, label = parse_label_values(variable["query"])
+            fake = Target(name, f"variable {variable['name']}", "variable", None, series, False)
+            problems += unknown_names(fake, served, rules)
+            metric = series.partition("{")[0]
+            if metric in served and label not in served[metric] | TARGET_LABELS:
+                problems.append(f"{name}: variable {variable['name']}: {metric} has no {label}")
+    return problems
+
+
+async def pcie_capacities(session: aiohttp.ClientSession, base: str) -> list[float]:
+    """Per-GPU link capacity as the GPU dashboard's PCIe panel computes it."""
+    board = load_dashboards()["gpu.json"]
+    everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+    (expr,) = {
+        t.expr
+        for t in targets("gpu.json", board)
+        if t.panel.startswith("PCIe") and "link_width" in t.expr
+    }
+    result = await instant_query(session, base, substitute(expr, everything, TIME_VALUES))
+    return sorted(float(series["value"][1]) for series in result)
+
+
+def fast_rules(folder: Path) -> Path:
+    """The pack's rules as alerts/build.py writes them, evaluated every second."""
+    subprocess.run(
+        [sys.executable, str(RULES_BUILD), "--out", str(folder), "--interval", "1s"],
+        check=True,
+        capture_output=True,
+    )
+    return folder
+
+
+async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
+    """Every metric and label a dashboard names is served; every query returns data."""
+    rules = fast_rules(tmp_path / "rules")
+    async with (
+        run_pack_stack(tmp_path, scenario="faults", start_at_s=95, rules_dir=rules) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        await wait_for_xid(session, stack)
+        await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
+        async with session.get(stack.exporter_url + "/metrics") as response:
+            served = served_labels(await response.text())
+        not_served = names_not_served(served)
+        no_data = await failing_targets(session, stack.prometheus_url)
+        capacity = await pcie_capacities(session, stack.prometheus_url)
+    assert not no_data, "\n\n".join(no_data)
+    # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.
+    assert capacity == pytest.approx([PCIE_GEN5_X16_BYTES_PER_S] * 2, rel=1e-3)
+    assert not not_served, "\n".join(not_served)

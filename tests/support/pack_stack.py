@@ -1,0 +1,250 @@
+"""The whole pack on 127.0.0.1 for end-to-end tests of dashboards and alerts.
+
+``run_pack_stack`` starts, in this order, and stops in reverse:
+
+- a tiny OTLP sink that accepts whatever the exporter forwards (so the forwarding
+  metrics exist, as with Tempo behind ``--forward-otlp``);
+- the exporter, in this process, with ``gpus`` simulated GPUs running a scenario
+  (``"demo"`` or ``"faults"``, from ``exporter/gpu/scenarios/``, or a path), whose
+  clock the test can move (``stack.jump_scenario_to(seconds)``);
+- the reference worker (small synthetic models, dynamic batching) on uvicorn,
+  sending every span to the exporter, told GPU 0's UUID;
+- a bounded load (``gpuscope.loadgen``'s client loops: ``concurrency`` clients for at
+  most ``load_s`` seconds, stopped when the stack stops);
+- a real Alertmanager (clustering off, storage in ``workdir``) with
+  ``alertmanager_config`` (default: a single receiver that sends nowhere);
+- a real Prometheus scraping the exporter as job ``gpuscope`` every
+  ``scrape_interval``, exemplar storage on, loading every ``*.yml`` of ``rules_dir``
+  (if given) and evaluating them at the scrape interval, alerting to that Alertmanager.
+
+It yields a ``PackStack`` once Prometheus has seen request rates above zero, so
+``rate(...)`` panels and recording rules have data straight away::
+
+    async with run_pack_stack(tmp_path, rules_dir=REPO / "alerts" / "rules") as stack:
+        async with aiohttp.ClientSession() as session:
+            result = await instant_query(session, stack.prometheus_url, "up")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from gpuscope.exporter.gpu.scenario import load_scenario
+from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
+from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.loadgen.client import discover_model, send
+from gpuscope.loadgen.workload import Lengths, synthetic_requests
+from gpuscope.middleware import setup_tracing
+from gpuscope.worker.app import create_app
+from support.exporter_fixtures import loopback_config
+from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
+from support.servers import run_uvicorn
+from support.worker_servers import SMALL
+
+REPO = Path(__file__).parents[2]
+SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
+JOB = "gpuscope"
+SERVICE = "pack-worker"
+SILENT_ALERTMANAGER = (
+    "route: {receiver: none, group_wait: 1s, group_interval: 1s}\nreceivers: [{name: none}]\n"
+)
+
+
+class ScenarioClock:
+    """Wall-clock time plus an offset that ``jump_to`` moves (the simulated GPU's clock)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.origin = time.time()
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def scenario_time(self) -> float:
+        """Seconds into the scenario (the source started at ``origin``)."""
+        return self() - self.origin
+
+    def jump_to(self, seconds: float) -> None:
+        """Move the scenario to ``seconds`` from its start (forward only)."""
+        step = seconds - self.scenario_time()
+        if step < -1.0:
+            raise ValueError(f"the scenario clock only moves forward ({step:.1f} s asked)")
+        self.offset += max(step, 0.0)
+
+
+@dataclass
+class PackStack:
+    """URLs of the running stack (``http://127.0.0.1:PORT``) and the scenario's clock."""
+
+    exporter_url: str
+    worker_url: str
+    prometheus_url: str
+    alertmanager_url: str
+    exporter_instance: str  # the ``instance`` label Prometheus gives the exporter
+    gpu_uuids: tuple[str, ...]  # simulated GPU i has gpu_uuids[i]; requests run on GPU 0
+    service: str
+    model: str
+    clock: ScenarioClock
+
+    def jump_scenario_to(self, seconds: float) -> None:
+        """Make the simulated GPUs live ``seconds`` into their scenario from now on."""
+        self.clock.jump_to(seconds)
+
+
+def _scenario_path(scenario: str | Path) -> Path:
+    return scenario if isinstance(scenario, Path) else SCENARIOS / f"{scenario}.yaml"
+
+
+@asynccontextmanager
+async def _otlp_sink() -> AsyncIterator[str]:
+    """An OTLP/HTTP endpoint that accepts and discards: the exporter's forward target."""
+
+    async def accept(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", accept)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def _exporter(
+    scenario: str | Path, gpus: int, start_at_s: float, forward: str
+) -> AsyncIterator[tuple[RunningExporter, ScenarioClock]]:
+    clock = ScenarioClock()
+    source = SimulatedSource(gpus, load_scenario(_scenario_path(scenario)), clock=clock)
+    clock.origin = clock()
+    clock.jump_to(start_at_s)
+    config = loopback_config(
+        gpu_source="simulated", gpu_interval=0.25, forward_otlp=forward, shutdown_timeout=2.0
+    )
+    exporter = await start_exporter(config, gpu_source=source)
+    try:
+        yield exporter, clock
+    finally:
+        await exporter.stop()
+
+
+@asynccontextmanager
+async def _worker(exporter_url: str) -> AsyncIterator[str]:
+    """The worker in a uvicorn thread, its spans sent to the exporter every 200 ms."""
+    provider = setup_tracing(
+        exporter_url + "/v1/traces", SERVICE, schedule_delay_ms=200, set_global=False
+    )
+    config = replace(SMALL, gpu_uuid=simulated_uuid(0), max_new_tokens=32)
+    try:
+        with run_uvicorn(create_app(config, tracer_provider=provider)) as url:
+            yield url
+    finally:
+        await asyncio.to_thread(provider.shutdown)
+
+
+async def run_load(worker_url: str, load_s: float, concurrency: int) -> None:
+    """``concurrency`` closed-loop clients sending loadgen's default mix for ``load_s``."""
+    specs = synthetic_requests(
+        {"embeddings": 1, "completions-stream": 1},
+        Lengths.parse("prompt", "uniform:4:16"),
+        Lengths.parse("output", "16"),
+        seed=0,
+    )
+    base = worker_url.rstrip("/") + "/v1"
+    deadline = time.monotonic() + load_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        model = await discover_model(session, base)
+
+        async def client() -> None:
+            while time.monotonic() < deadline:
+                await send(session, base, model, next(specs))
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+
+
+@asynccontextmanager
+async def _load(worker_url: str, load_s: float, concurrency: int) -> AsyncIterator[None]:
+    task = asyncio.create_task(run_load(worker_url, load_s, concurrency))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _rule_files(rules_dir: Path | None) -> list[Path]:
+    return sorted(rules_dir.glob("*.yml")) if rules_dir is not None else []
+
+
+@asynccontextmanager
+async def run_pack_stack(
+    workdir: Path,
+    *,
+    scenario: str | Path = "demo",
+    rules_dir: Path | None = None,
+    alertmanager_config: Path | None = None,
+    gpus: int = 2,
+    start_at_s: float = 0.0,
+    load_s: float = 120.0,
+    concurrency: int = 2,
+    scrape_interval: str = "1s",
+    ready_timeout_s: float = 60.0,
+) -> AsyncIterator[PackStack]:
+    """Start the pack (see the module docstring); yields a ``PackStack``.
+
+    ``start_at_s`` starts the scenario that many seconds in. ``workdir`` holds the
+    Prometheus and Alertmanager configs, data and logs (``*.log``).
+    """
+    rule_files = _rule_files(rules_dir)
+    if alertmanager_config is None:
+        alertmanager_config = workdir / "alertmanager-silent.yml"
+        alertmanager_config.write_text(SILENT_ALERTMANAGER)
+    async with (
+        _otlp_sink() as sink,
+        _exporter(scenario, gpus, start_at_s, sink) as (exporter, clock),
+        _worker(exporter.url) as worker_url,
+        _load(worker_url, load_s, concurrency),
+        run_alertmanager(alertmanager_config, workdir) as alertmanager_url,
+        run_prometheus(
+            [f"127.0.0.1:{exporter.port}"],
+            workdir,
+            scrape_interval,
+            rule_files=rule_files,
+            alertmanager=alertmanager_url,
+            job=JOB,
+        ) as prometheus_url,
+    ):
+        async with aiohttp.ClientSession() as session:
+            await wait_for_result(
+                session,
+                prometheus_url,
+                "sum(rate(gpuscope_request_duration_seconds_count[1m])) > 0",
+                ready_timeout_s,
+            )
+        yield PackStack(
+            exporter_url=exporter.url,
+            worker_url=worker_url,
+            prometheus_url=prometheus_url,
+            alertmanager_url=alertmanager_url,
+            exporter_instance=f"127.0.0.1:{exporter.port}",
+            gpu_uuids=tuple(simulated_uuid(i) for i in range(gpus)),
+            service=SERVICE,
+            model=SMALL.model_name,
+            clock=clock,
+        )
