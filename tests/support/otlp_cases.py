@@ -245,9 +245,15 @@ def check_case(aggregator: SpanAggregator, case: Case) -> Outcome:
         data = otlp.decompress(case.body, case.encoding, LIMITS)
         request = otlp.decode_request(data, case.media)
     except otlp.OtlpError as exc:
-        assert exc.reason in otlp.REQUEST_REJECT_REASONS, exc.reason
-        assert 400 <= exc.status < 500, exc.status
-        return Outcome(rejected_reason=exc.reason, status=exc.status)
+        refused = Outcome(rejected_reason=exc.reason, status=exc.status)
+    else:
+        return _aggregate(aggregator, request)
+    assert refused.rejected_reason in otlp.REQUEST_REJECT_REASONS, refused
+    assert 400 <= refused.status < 500, refused
+    return refused
+
+
+def _aggregate(aggregator: SpanAggregator, request: Any) -> Outcome:
     spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
     result = aggregator.ingest(request)
     assert result.received == spans
