@@ -52,8 +52,10 @@ _JSON_LEAVES = (
 )
 _JSON_VALUES = st.recursive(
     _JSON_LEAVES,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=8) | _SURROGATES, inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=8) | _SURROGATES, inner, max_size=3)
+    ),
     max_leaves=12,
 )
 _SPAN_FIELDS = st.sampled_from(
@@ -110,8 +112,6 @@ async def test_fuzzed_requests_over_http_are_answered_and_every_refusal_counted(
         refused += expected.rejected_reason is not None
         received += expected.received
     scraped = samples(await scrape(exporter_http, running_exporter))
-    counted = sum(
-        s.value for s in scraped if s.name == "gpuscope_otlp_requests_rejected_total"
-    )
+    counted = sum(s.value for s in scraped if s.name == "gpuscope_otlp_requests_rejected_total")
     assert refused > 20 and counted == refused
     assert value(scraped, "gpuscope_spans_received_total") == received
