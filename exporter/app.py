@@ -29,6 +29,11 @@ from prometheus_client.registry import CollectorRegistry
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.connections import (
+    ConnectionCollector,
+    ConnectionGuard,
+    ConnectionLimits,
+)
 from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
@@ -53,6 +58,9 @@ class ExporterState:
     authenticator: Authenticator
     gpu_source: GpuSource | None
     limits: otlp.Limits
+    guard: ConnectionGuard
+    # Set when the shutdown timeout has passed: bodies still uploading get a 503.
+    drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
     forwarder: OtlpForwarder | None = None
     poller: GpuPoller | None = None
     started: bool = False
@@ -105,8 +113,15 @@ def create_app(
         authenticator=Authenticator(web_config.basic_auth_users, bearer_token),
         gpu_source=gpu_source,
         limits=otlp.Limits(config.max_body_bytes, config.max_decompressed_bytes),
+        guard=ConnectionGuard(
+            ConnectionLimits(config.max_connections, config.header_timeout, config.idle_timeout)
+        ),
     )
-    middlewares = [_auth_middleware(state)] if _needs_auth(state.authenticator) else []
+    registry.register(ConnectionCollector(state.guard))
+    # Connection tracking first, so that refused requests count as in flight too.
+    middlewares = [state.guard.request_middleware()]
+    if _needs_auth(state.authenticator):
+        middlewares.append(_auth_middleware(state))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
     app.router.add_post(TRACES_PATH, receive_traces)
@@ -170,13 +185,16 @@ async def receive_traces(request: web.Request) -> web.Response:
     reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
     try:
         media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
-        body = await _read_body(request, state.limits.max_body_bytes)
+        body = await _read_body(request, state)
         encoding = request.headers.get(hdrs.CONTENT_ENCODING)
         decoded = otlp.decode_request(otlp.decompress(body, encoding, state.limits), media)
     except otlp.OtlpError as exc:
         state.metrics.requests_rejected[exc.reason] += 1
         log.debug("rejected export request: %s", exc)
-        return otlp_error(reply_media, exc.status, str(exc))
+        response = otlp_error(reply_media, exc.status, str(exc))
+        if exc.status == 503:
+            response.headers[hdrs.RETRY_AFTER] = "1"
+        return response
     state.refresh_gpu_devices()
     result = state.aggregator.ingest(decoded)
     state.metrics.spans_received += result.received
@@ -187,15 +205,37 @@ async def receive_traces(request: web.Request) -> web.Response:
     return web.Response(body=answer, content_type=media)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, state: ExporterState) -> bytes:
+    limit = state.limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise otlp.OtlpError(
             413, otlp.BODY_TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}"
         )
-    try:
-        return await request.read()
+    try:  # at shutdown, a body still uploading may take until the shutdown timeout
+        return await _read_before(request, state.drain_expired)
     except web.HTTPRequestEntityTooLarge:
         raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
+
+
+async def _read_before(request: web.Request, deadline: asyncio.Event) -> bytes:
+    """The body, or a 503 ``OtlpError`` if ``deadline`` is set before it is all in."""
+    reading = asyncio.ensure_future(request.read())
+    expiry = asyncio.ensure_future(deadline.wait())
+    try:
+        await asyncio.wait((reading, expiry), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        expiry.cancel()
+    if reading.done():
+        try:
+            return reading.result()
+        except ConnectionResetError:  # the client went away mid-upload
+            raise otlp.OtlpError(
+                400, otlp.INCOMPLETE_BODY, "connection closed before the body was complete"
+            ) from None
+    reading.cancel()
+    raise otlp.OtlpError(
+        503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
+    )
 
 
 def otlp_error(media: str, status: int, message: str) -> web.Response:

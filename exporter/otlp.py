@@ -37,6 +37,8 @@ DECOMPRESSED_TOO_LARGE = "decompressed_too_large"
 INVALID_GZIP = "invalid_gzip"
 INVALID_PROTOBUF = "invalid_protobuf"
 INVALID_JSON = "invalid_json"
+SHUTTING_DOWN = "shutting_down"
+INCOMPLETE_BODY = "incomplete_body"
 REQUEST_REJECT_REASONS = (
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
@@ -46,13 +48,19 @@ REQUEST_REJECT_REASONS = (
     INVALID_GZIP,
     INVALID_PROTOBUF,
     INVALID_JSON,
+    SHUTTING_DOWN,
+    INCOMPLETE_BODY,
 )
 
 # Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
 MAX_JSON_DEPTH: Final = 64
 
 # google.rpc.Code of the Status body of error responses, by HTTP status.
-_RPC_CODE_FOR_HTTP = {401: code_pb2.UNAUTHENTICATED, 413: code_pb2.RESOURCE_EXHAUSTED}
+_RPC_CODE_FOR_HTTP = {
+    401: code_pb2.UNAUTHENTICATED,
+    413: code_pb2.RESOURCE_EXHAUSTED,
+    503: code_pb2.UNAVAILABLE,
+}
 
 
 class OtlpError(Exception):

@@ -111,8 +111,10 @@ def _random_span(rng: random.Random) -> Any:
         trace_id=rng.randbytes(rng.choice((16, 16, 16, 15, 0))),
         span_id=rng.randbytes(rng.choice((8, 8, 8, 9))),
         name=rng.choice(("POST /v1/completions", attr.BATCH_SPAN_NAME, "gpuscope.queue")),
-        kind=rng.choice((Span.SPAN_KIND_SERVER, Span.SPAN_KIND_INTERNAL, 7)),
     )
+    # an unknown enum value (7) is legal on the wire and must be skipped, not fail
+    kinds: tuple[Any, ...] = (Span.SPAN_KIND_SERVER, Span.SPAN_KIND_INTERNAL, 7)
+    span.kind = rng.choice(kinds)
     start = rng.choice((1_700_000_000_000_000_000, 0, 2**64 - 1))
     span.start_time_unix_nano = start
     span.end_time_unix_nano = min(2**64 - 1, start + rng.choice((0, 1, 10**7, 10**12)))
