@@ -5,8 +5,9 @@ Endpoints: ``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzipped)
 accepted), ``GET /healthz`` (serving), ``GET /readyz`` (started, first GPU poll
 done, not shutting down).
 
-Everything that touches the metric state runs on the event loop's thread, so ingest
-and scrape never interleave mid-update. The GPU source is polled by its own thread
+Everything that changes the metric state runs on the event loop's thread. A scrape
+copies the histograms there (``snapshot``) and renders the copy in a thread, so a
+large ``/metrics`` never holds up ingest. The GPU source is polled by its own thread
 (``GpuPoller``); a scrape only reads the poller's last snapshot.
 
 Serve the app with ``auto_decompress=False`` on the runner (``start_exporter`` does):
@@ -41,6 +42,7 @@ from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuSource
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.render import render_exposition
 from gpuscope.exporter.security import Authenticator, WebConfig
+from gpuscope.exporter.series import HistogramFamily
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class ExporterState:
     guard: ConnectionGuard
     # Set when the shutdown timeout has passed: bodies still uploading get a 503.
     drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
+    render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     forwarder: OtlpForwarder | None = None
     poller: GpuPoller | None = None
     started: bool = False
@@ -245,15 +248,27 @@ def otlp_error(media: str, status: int, message: str) -> web.Response:
 
 
 async def serve_metrics(request: web.Request) -> web.Response:
+    """The scrape: histograms copied on the loop (milliseconds), then rendered and
+    compressed in a thread, so that ingest goes on meanwhile. One render at a time."""
     state = request.app[STATE]
-    output, content_type = render_exposition(
-        state.registry, state.aggregator.histograms, request.headers.get(hdrs.ACCEPT, "")
-    )
+    accept = request.headers.get(hdrs.ACCEPT, "")
+    compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
+    async with state.render_lock:
+        snapshot = [family.snapshot() for family in state.aggregator.histograms]
+        output, content_type = await asyncio.to_thread(
+            _render, state.registry, snapshot, accept, compress
+        )
     headers = {hdrs.CONTENT_TYPE: content_type}
-    if gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, "")):
-        output = gzip.compress(output, compresslevel=6)
+    if compress:
         headers[hdrs.CONTENT_ENCODING] = "gzip"
     return web.Response(body=output, headers=headers)
+
+
+def _render(
+    registry: CollectorRegistry, histograms: list[HistogramFamily], accept: str, compress: bool
+) -> tuple[bytes, str]:
+    output, content_type = render_exposition(registry, histograms, accept)
+    return (gzip.compress(output, compresslevel=6) if compress else output), content_type
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -5,18 +5,28 @@ observation is a ``bisect`` into a list of per-bucket counts, plus two list stor
 for the bucket's latest exemplar. All updates happen on the event loop's thread, so
 no lock is needed, and a scrape (also on that thread) sees a consistent state.
 
-Past ``max_series`` label sets, a new label set goes to one overflow series whose
-every label value is ``OVERFLOW`` and the diverted observation is counted, so a
-sender with unbounded label values costs bounded memory and is visible.
+Past ``max_series`` label sets, a new label set goes to an overflow series and the
+diverted observation is counted, so a sender with unbounded label values costs
+bounded memory and is visible. The overflow series keeps the labels whose values the
+exporter itself defines (``BOUNDED_LABELS``: ``phase``, ``direction``, ``gpu``) and
+sets only the others (route, model, service, ...) to ``OVERFLOW``: per-phase and
+per-direction sums stay exact however many routes a sender invents. There are at
+most as many overflow series as combinations of bounded values (5 phases x GPUs).
+
+``snapshot()`` copies a family for a scrape: the copy is rendered in another thread
+while the event loop goes on updating the original.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 OVERFLOW = "__overflow__"
+# Labels whose values come from the exporter (phase names, input/output, NVML indices),
+# never from a sender: kept on overflow series.
+BOUNDED_LABELS: frozenset[str] = frozenset({"phase", "direction", "gpu"})
 
 # Batch waits live in the 100 µs range; model calls can take tens of seconds.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -40,6 +50,33 @@ class HistogramSeries:
         self.exemplar_spans: list[SpanRef | None] = [None] * size
         self.exemplar_values = [0.0] * size
 
+    def copy(self) -> HistogramSeries:
+        twin = HistogramSeries.__new__(HistogramSeries)
+        twin.counts = self.counts[:]
+        twin.sum = self.sum
+        twin.exemplar_spans = self.exemplar_spans[:]
+        twin.exemplar_values = self.exemplar_values[:]
+        return twin
+
+
+def overflow_key(
+    label_names: Sequence[str], bounded: Collection[str]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Positions of the kept labels, and the key with every other label ``OVERFLOW``."""
+    kept = tuple(i for i, name in enumerate(label_names) if name in bounded)
+    return kept, (OVERFLOW,) * len(label_names)
+
+
+def _overflow_labels(
+    labels: tuple[str, ...], kept: tuple[int, ...], template: tuple[str, ...]
+) -> tuple[str, ...]:
+    if not kept:
+        return template
+    folded = list(template)
+    for position in kept:
+        folded[position] = labels[position]
+    return tuple(folded)
+
 
 class HistogramFamily:
     """A histogram metric: label values -> series, at most ``max_series`` of them."""
@@ -51,6 +88,7 @@ class HistogramFamily:
         label_names: Sequence[str],
         buckets: Sequence[float],
         max_series: int,
+        bounded_labels: Collection[str] = BOUNDED_LABELS,
     ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets:
             raise ValueError(f"{name}: buckets must be distinct and in increasing order")
@@ -65,7 +103,7 @@ class HistogramFamily:
         self.max_series = max_series
         self.overflowed = 0
         self._series: dict[tuple[str, ...], HistogramSeries] = {}
-        self._overflow_key = (OVERFLOW,) * len(self.label_names)
+        self._kept, self._overflow_key = overflow_key(self.label_names, bounded_labels)
 
     def observe(self, labels: tuple[str, ...], value: float, span: SpanRef) -> None:
         series = self._series.get(labels)
@@ -82,7 +120,7 @@ class HistogramFamily:
             raise ValueError(f"{self.name}: expected labels {self.label_names}, got {labels}")
         if len(self._series) >= self.max_series:
             self.overflowed += 1
-            labels = self._overflow_key
+            labels = _overflow_labels(labels, self._kept, self._overflow_key)
             series = self._series.get(labels)
             if series is not None:
                 return series
@@ -93,6 +131,13 @@ class HistogramFamily:
     def items(self) -> Iterator[tuple[tuple[str, ...], HistogramSeries]]:
         return iter(self._series.items())
 
+    def snapshot(self) -> HistogramFamily:
+        """A copy that later observations do not change (for rendering off the loop)."""
+        twin = HistogramFamily.__new__(HistogramFamily)
+        twin.__dict__.update(self.__dict__)
+        twin._series = {labels: series.copy() for labels, series in self._series.items()}
+        return twin
+
     def __len__(self) -> int:
         return len(self._series)
 
@@ -101,7 +146,12 @@ class CounterFamily:
     """A counter metric with capped label sets; values are floats (token counts)."""
 
     def __init__(
-        self, name: str, documentation: str, label_names: Sequence[str], max_series: int
+        self,
+        name: str,
+        documentation: str,
+        label_names: Sequence[str],
+        max_series: int,
+        bounded_labels: Collection[str] = BOUNDED_LABELS,
     ) -> None:
         if max_series < 1:
             raise ValueError(f"{name}: max_series must be at least 1, got {max_series}")
@@ -111,7 +161,7 @@ class CounterFamily:
         self.max_series = max_series
         self.overflowed = 0
         self._values: dict[tuple[str, ...], float] = {}
-        self._overflow_key = (OVERFLOW,) * len(self.label_names)
+        self._kept, self._overflow_key = overflow_key(self.label_names, bounded_labels)
 
     def inc(self, labels: tuple[str, ...], amount: float) -> None:
         values = self._values
@@ -120,12 +170,13 @@ class CounterFamily:
                 raise ValueError(f"{self.name}: expected labels {self.label_names}, got {labels}")
             if len(values) >= self.max_series:
                 self.overflowed += 1
-                labels = self._overflow_key
+                labels = _overflow_labels(labels, self._kept, self._overflow_key)
             values.setdefault(labels, 0.0)
         values[labels] += amount
 
     def items(self) -> Iterator[tuple[tuple[str, ...], float]]:
-        return iter(self._values.items())
+        """A copy taken in one step, so a scrape in another thread can iterate it."""
+        return iter(list(self._values.items()))
 
     def __len__(self) -> int:
         return len(self._values)

@@ -9,6 +9,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.render import render_histograms
+from gpuscope.exporter.series import HistogramFamily
 from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import SpanFactory, encode, samples
 
@@ -54,3 +55,17 @@ def test_fast_renderer_matches_prometheus_client(openmetrics: bool) -> None:
     assert sorted(ours, key=key) == sorted(reference, key=key)
     if openmetrics:
         assert sum(s.exemplar is not None for s in ours) > 10
+
+
+def test_a_snapshot_renders_as_it_was_taken_while_the_original_moves_on() -> None:
+    family = HistogramFamily("x_seconds", "doc", ("phase",), (1.0,), max_series=10)
+    span = (b"\x01" * 16, b"\x02" * 8, 1)
+    family.observe(("queue",), 0.5, span)
+    snapshot = family.snapshot()
+    family.observe(("queue",), 2.0, span)
+    family.observe(("compute",), 0.5, span)
+    text = render_histograms([snapshot], openmetrics=False)
+    assert 'x_seconds_count{phase="queue"} 1\n' in text
+    assert 'x_seconds_bucket{phase="queue",le="+Inf"} 1\n' in text
+    assert "compute" not in text
+    assert 'x_seconds_count{phase="queue"} 2\n' in render_histograms([family], openmetrics=False)
