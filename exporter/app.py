@@ -6,8 +6,8 @@ accepted), ``GET /healthz`` (serving), ``GET /readyz`` (started, first GPU poll
 done, not shutting down).
 
 Everything that changes the metric state runs on the event loop's thread. A scrape
-copies the histograms there (``snapshot``) and renders the copy in a thread, so a
-large ``/metrics`` never holds up ingest. The GPU source is polled by its own thread
+renders in a worker thread (reading each series consistently, see ``series``), so a
+large ``/metrics`` does not hold up ingest. The GPU source is polled by its own thread
 (``GpuPoller``); a scrape only reads the poller's last snapshot.
 
 Serve the app with ``auto_decompress=False`` on the runner (``start_exporter`` does):
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import hdrs, web
@@ -248,15 +248,14 @@ def otlp_error(media: str, status: int, message: str) -> web.Response:
 
 
 async def serve_metrics(request: web.Request) -> web.Response:
-    """The scrape: histograms copied on the loop (milliseconds), then rendered and
-    compressed in a thread, so that ingest goes on meanwhile. One render at a time."""
+    """The scrape, rendered and compressed in a thread so that ingest goes on meanwhile
+    (each series is read consistently, see ``series``). One render at a time."""
     state = request.app[STATE]
     accept = request.headers.get(hdrs.ACCEPT, "")
     compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
     async with state.render_lock:
-        snapshot = [family.snapshot() for family in state.aggregator.histograms]
         output, content_type = await asyncio.to_thread(
-            _render, state.registry, snapshot, accept, compress
+            _render, state.registry, state.aggregator.histograms, accept, compress
         )
     headers = {hdrs.CONTENT_TYPE: content_type}
     if compress:
@@ -265,7 +264,10 @@ async def serve_metrics(request: web.Request) -> web.Response:
 
 
 def _render(
-    registry: CollectorRegistry, histograms: list[HistogramFamily], accept: str, compress: bool
+    registry: CollectorRegistry,
+    histograms: Sequence[HistogramFamily],
+    accept: str,
+    compress: bool,
 ) -> tuple[bytes, str]:
     output, content_type = render_exposition(registry, histograms, accept)
     return (gzip.compress(output, compresslevel=6) if compress else output), content_type

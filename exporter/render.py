@@ -6,6 +6,9 @@ series' label text is built once per scrape and every line is one f-string. The
 output is the same exposition as ``ExporterCollector`` yields through
 prometheus_client (a test parses both and compares them sample by sample); the
 other families (GPU, self metrics, tokens) still go through prometheus_client.
+
+The ``/metrics`` handler calls this in a worker thread while the event loop goes on
+ingesting; ``HistogramSeries.read`` gives it a consistent copy of each series.
 """
 
 from __future__ import annotations
@@ -53,10 +56,9 @@ def render_histograms(families: Iterable[HistogramFamily], *, openmetrics: bool)
         for labels, series in family.items():
             text = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, labels, strict=True))
             prefix = f"{name}_bucket{{{text},le=" if text else f"{name}_bucket{{le="
+            counts, total, spans, values = series.read()
             cumulative = 0
-            for bound, count, span, value in zip(
-                bounds, series.counts, series.exemplar_spans, series.exemplar_values, strict=True
-            ):
+            for bound, count, span, value in zip(bounds, counts, spans, values, strict=True):
                 cumulative += count
                 if openmetrics and span is not None:
                     trace_id, span_id, end_ns = span
@@ -67,5 +69,5 @@ def render_histograms(families: Iterable[HistogramFamily], *, openmetrics: bool)
                 else:
                     out.append(f'{prefix}"{bound}"}} {cumulative}\n')
             braces = f"{{{text}}}" if text else ""
-            out.append(f"{name}_count{braces} {cumulative}\n{name}_sum{braces} {series.sum!r}\n")
+            out.append(f"{name}_count{braces} {cumulative}\n{name}_sum{braces} {total!r}\n")
     return "".join(out)

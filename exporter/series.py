@@ -2,8 +2,11 @@
 
 prometheus_client takes a lock and walks its buckets on every observation; here an
 observation is a ``bisect`` into a list of per-bucket counts, plus two list stores
-for the bucket's latest exemplar. All updates happen on the event loop's thread, so
-no lock is needed, and a scrape (also on that thread) sees a consistent state.
+for the bucket's latest exemplar. All updates happen on the event loop's thread; a
+scrape renders in another thread, and reads each series with ``HistogramSeries.read``,
+a sequence lock: the writer bumps ``version`` before and after an update, the reader
+copies and retries if the version was odd or moved. So buckets, count and sum of a
+series always agree, without a lock on the hot path and without stopping the loop.
 
 Past ``max_series`` label sets, a new label set goes to an overflow series and the
 diverted observation is counted, so a sender with unbounded label values costs
@@ -12,9 +15,6 @@ exporter itself defines (``BOUNDED_LABELS``: ``phase``, ``direction``, ``gpu``) 
 sets only the others (route, model, service, ...) to ``OVERFLOW``: per-phase and
 per-direction sums stay exact however many routes a sender invents. There are at
 most as many overflow series as combinations of bounded values (5 phases x GPUs).
-
-``snapshot()`` copies a family for a scrape: the copy is rendered in another thread
-while the event loop goes on updating the original.
 """
 
 from __future__ import annotations
@@ -42,21 +42,27 @@ SpanRef = tuple[bytes, bytes, int]
 class HistogramSeries:
     """One label set: per-bucket (not cumulative) counts; the last slot is ``+Inf``."""
 
-    __slots__ = ("counts", "exemplar_spans", "exemplar_values", "sum")
+    __slots__ = ("counts", "exemplar_spans", "exemplar_values", "sum", "version")
 
     def __init__(self, size: int) -> None:
         self.counts = [0] * size
         self.sum = 0.0
         self.exemplar_spans: list[SpanRef | None] = [None] * size
         self.exemplar_values = [0.0] * size
+        self.version = 0  # odd while an observation is being written
 
-    def copy(self) -> HistogramSeries:
-        twin = HistogramSeries.__new__(HistogramSeries)
-        twin.counts = self.counts[:]
-        twin.sum = self.sum
-        twin.exemplar_spans = self.exemplar_spans[:]
-        twin.exemplar_values = self.exemplar_values[:]
-        return twin
+    def read(self) -> tuple[list[int], float, list[SpanRef | None], list[float]]:
+        """A consistent copy, safe from another thread while the loop observes."""
+        while True:
+            before = self.version
+            copy = (
+                self.counts[:],
+                self.sum,
+                self.exemplar_spans[:],
+                self.exemplar_values[:],
+            )
+            if before == self.version and not before & 1:
+                return copy
 
 
 def overflow_key(
@@ -110,10 +116,12 @@ class HistogramFamily:
         if series is None:
             series = self._new_series(labels)
         index = bisect_left(self.bounds, value)
+        series.version += 1
         series.counts[index] += 1
         series.sum += value
         series.exemplar_spans[index] = span
         series.exemplar_values[index] = value
+        series.version += 1
 
     def _new_series(self, labels: tuple[str, ...]) -> HistogramSeries:
         if len(labels) != len(self.label_names):
@@ -129,14 +137,8 @@ class HistogramFamily:
         return series
 
     def items(self) -> Iterator[tuple[tuple[str, ...], HistogramSeries]]:
-        return iter(self._series.items())
-
-    def snapshot(self) -> HistogramFamily:
-        """A copy that later observations do not change (for rendering off the loop)."""
-        twin = HistogramFamily.__new__(HistogramFamily)
-        twin.__dict__.update(self.__dict__)
-        twin._series = {labels: series.copy() for labels, series in self._series.items()}
-        return twin
+        """Taken in one step (a C-level copy), so another thread can iterate it."""
+        return iter(list(self._series.items()))
 
     def __len__(self) -> int:
         return len(self._series)
