@@ -108,24 +108,24 @@ def random_request(rng: random.Random) -> Any:
 
 def _random_span(rng: random.Random) -> Any:
     span = Span(
-        trace_id=rng.randbytes(rng.choice((16, 16, 16, 15, 0))),
-        span_id=rng.randbytes(rng.choice((8, 8, 8, 9))),
+        trace_id=rng.randbytes(16 if rng.random() < 0.95 else rng.choice((15, 0))),
+        span_id=rng.randbytes(8 if rng.random() < 0.95 else 9),
         name=rng.choice(("POST /v1/completions", attr.BATCH_SPAN_NAME, "gpuscope.queue")),
     )
     # an unknown enum value (7) is legal on the wire and must be skipped, not fail
     kinds: tuple[Any, ...] = (Span.SPAN_KIND_SERVER, Span.SPAN_KIND_INTERNAL, 7)
     span.kind = rng.choice(kinds)
-    start = rng.choice((1_700_000_000_000_000_000, 0, 2**64 - 1))
+    start = 1_700_000_000_000_000_000 if rng.random() < 0.95 else rng.choice((0, 2**64 - 1))
     span.start_time_unix_nano = start
     span.end_time_unix_nano = min(2**64 - 1, start + rng.choice((0, 1, 10**7, 10**12)))
-    if rng.random() < 0.1:
+    if rng.random() < 0.03:
         span.end_time_unix_nano = max(0, start - 1)
     for key in rng.sample((*_STRING_KEYS, *_INT_KEYS, *_DOUBLE_KEYS), rng.randint(0, 12)):
         expected = (
             "string_value" if key in _STRING_KEYS else "int_value" if key in _INT_KEYS else None
         )
         kind = expected or "double_value"
-        if rng.random() < 0.15:  # the wrong type now and then
+        if rng.random() < 0.02:  # the wrong type now and then
             kind = rng.choice(("string_value", "int_value", "double_value", "bool_value"))
         span.attributes.append(_kv(key, _any_value(rng, kind)))
     return span
@@ -136,7 +136,7 @@ def _kv(key: str, value: Any) -> Any:
 
 
 def _any_value(rng: random.Random, kind: str) -> Any:
-    odd = rng.random() < 0.3
+    odd = rng.random() < 0.05
     if kind == "string_value":
         text = rng.choice(_ODD_STRINGS) if odd else rng.choice(("m1", "/v1/chat", "GPU-a"))
         return AnyValue(string_value=text)
