@@ -47,6 +47,7 @@ from gpuscope.exporter.series import HistogramFamily
 log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
+SCRAPE_CHUNK_BYTES = 1 << 20
 
 
 @dataclass
@@ -247,7 +248,7 @@ def otlp_error(media: str, status: int, message: str) -> web.Response:
     )
 
 
-async def serve_metrics(request: web.Request) -> web.Response:
+async def serve_metrics(request: web.Request) -> web.StreamResponse:
     """The scrape, rendered and compressed in a thread so that ingest goes on meanwhile
     (each series is read consistently, see ``series``). One render at a time."""
     state = request.app[STATE]
@@ -260,7 +261,17 @@ async def serve_metrics(request: web.Request) -> web.Response:
     headers = {hdrs.CONTENT_TYPE: content_type}
     if compress:
         headers[hdrs.CONTENT_ENCODING] = "gzip"
-    return web.Response(body=output, headers=headers)
+    if len(output) <= SCRAPE_CHUNK_BYTES:
+        return web.Response(body=output, headers=headers)
+    # Written in chunks: one write of a scrape of 100+ MiB holds the loop for a second.
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(output)
+    await response.prepare(request)
+    view = memoryview(output)
+    for start in range(0, len(view), SCRAPE_CHUNK_BYTES):
+        await response.write(view[start : start + SCRAPE_CHUNK_BYTES])
+    await response.write_eof()
+    return response
 
 
 def _render(

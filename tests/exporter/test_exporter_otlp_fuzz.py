@@ -22,7 +22,7 @@ from gpuscope.exporter.server import RunningExporter
 from support.exporter_fixtures import post_spans, samples, scrape, value
 from support.otlp_cases import Case, check_case, json_text, random_case, random_request
 
-FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _renders(aggregator: SpanAggregator) -> None:
