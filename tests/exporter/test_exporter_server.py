@@ -236,12 +236,11 @@ async def test_a_scrape_larger_than_a_chunk_arrives_whole(
 ) -> None:
     spans = SpanFactory()
     batch = [
-        spans.server(0.01, route=f"/r{i}", phases={"queue": 0.001}, attrs={attr.GEN_AI_REQUEST_MODEL: f"m{i}"})
+        spans.server(0.01, route=f"/r{i}", attrs={attr.GEN_AI_REQUEST_MODEL: f"m{i}"})
         for i in range(800)
-    ]  # fmt: skip
-    assert (await post_spans(exporter_http, running_exporter, encode(batch).SerializeToString()))[
-        0
-    ] == 200
+    ]
+    body = encode(batch).SerializeToString()
+    assert (await post_spans(exporter_http, running_exporter, body))[0] == 200
     text = await scrape(exporter_http, running_exporter)
     assert len(text) > 1 << 20  # past one write chunk
     scraped = samples(text)
