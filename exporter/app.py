@@ -17,8 +17,8 @@ the handler inflates gzip bodies itself, with a size limit.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,14 +40,13 @@ from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuSource
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_exposition
+from gpuscope.exporter.render import render_chunks
 from gpuscope.exporter.security import Authenticator, WebConfig
 from gpuscope.exporter.series import HistogramFamily
 
 log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
-SCRAPE_CHUNK_BYTES = 1 << 20
 
 
 @dataclass
@@ -249,27 +248,26 @@ def otlp_error(media: str, status: int, message: str) -> web.Response:
 
 
 async def serve_metrics(request: web.Request) -> web.StreamResponse:
-    """The scrape, rendered and compressed in a thread so that ingest goes on meanwhile
-    (each series is read consistently, see ``series``). One render at a time."""
+    """The scrape, rendered and compressed in a worker thread so that ingest goes on
+    meanwhile (each series is read consistently, see ``series``), and written a chunk
+    at a time. One render at a time."""
     state = request.app[STATE]
     accept = request.headers.get(hdrs.ACCEPT, "")
     compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
     async with state.render_lock:
-        output, content_type = await asyncio.to_thread(
+        chunks, content_type = await asyncio.to_thread(
             _render, state.registry, state.aggregator.histograms, accept, compress
         )
     headers = {hdrs.CONTENT_TYPE: content_type}
     if compress:
         headers[hdrs.CONTENT_ENCODING] = "gzip"
-    if len(output) <= SCRAPE_CHUNK_BYTES:
-        return web.Response(body=output, headers=headers)
-    # Written in chunks: one write of a scrape of 100+ MiB holds the loop for a second.
+    if len(chunks) == 1:
+        return web.Response(body=chunks[0], headers=headers)
     response = web.StreamResponse(headers=headers)
-    response.content_length = len(output)
+    response.content_length = sum(len(chunk) for chunk in chunks)
     await response.prepare(request)
-    view = memoryview(output)
-    for start in range(0, len(view), SCRAPE_CHUNK_BYTES):
-        await response.write(view[start : start + SCRAPE_CHUNK_BYTES])
+    for chunk in chunks:
+        await response.write(chunk)
     await response.write_eof()
     return response
 
@@ -279,9 +277,12 @@ def _render(
     histograms: Sequence[HistogramFamily],
     accept: str,
     compress: bool,
-) -> tuple[bytes, str]:
-    output, content_type = render_exposition(registry, histograms, accept)
-    return (gzip.compress(output, compresslevel=6) if compress else output), content_type
+) -> tuple[list[bytes], str]:
+    chunks, content_type = render_chunks(registry, histograms, accept)
+    if compress:
+        packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing
+        chunks = [packer.compress(chunk) for chunk in chunks] + [packer.flush()]
+    return [chunk for chunk in chunks if chunk], content_type
 
 
 async def healthz(request: web.Request) -> web.Response:
