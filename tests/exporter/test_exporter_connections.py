@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,6 +39,12 @@ async def closed_count(exporter: RunningExporter, reason: str) -> float | None:
     async with aiohttp.ClientSession() as session:
         scraped = samples(await scrape(session, exporter))
     return value(scraped, "gpuscope_http_connections_closed_total", {"reason": reason})
+
+
+async def scrape_url(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url) as response:
+        assert response.status == 200
+        return await response.text()
 
 
 async def read_to_eof(reader: asyncio.StreamReader) -> bytes:
@@ -151,3 +159,39 @@ def test_accept_failures_are_logged_once_per_interval(caplog: pytest.LogCaptureF
         assert loop.get_exception_handler() is None  # the previous handler is back
     finally:
         loop.close()
+
+
+async def test_the_cap_is_fitted_under_the_file_descriptor_limit() -> None:
+    """A real process with 128 descriptors and --max-connections 1000: 80 connections
+    held open never exhaust them, and a scraper still gets /metrics."""
+    start_with_limit = (
+        "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)); "
+        "sys.argv = ['gpuscope', 'exporter', '--listen', '127.0.0.1:0', '--gpu-source', "
+        "'none', '--max-connections', '1000']; runpy.run_module('gpuscope', run_name='__main__')"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", start_with_limit, stderr=asyncio.subprocess.PIPE, cwd="/"
+    )
+    assert process.stderr is not None
+    held: list[Connection] = []
+    try:
+        log = ""
+        while (found := re.search(r"serving on http://([\d.]+):(\d+)", log)) is None:
+            line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
+            assert line, "exporter exited before serving"
+            log += line
+        assert "using 64" in log  # 128 - 64 kept free
+        host, port = found.group(1), int(found.group(2))
+        for _ in range(80):
+            held.append(await asyncio.open_connection(host, port))
+        async with aiohttp.ClientSession() as session:
+            text = await scrape_url(session, f"http://{host}:{port}/metrics")
+        assert 'gpuscope_http_connections_closed_total{reason="shed_at_cap"}' in text
+        assert "gpuscope_http_connections_max 64.0" in text
+    finally:
+        for _, writer in held:
+            writer.close()
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    remaining = (await process.stderr.read()).decode()
+    assert "Traceback" not in remaining and "out of system resource" not in remaining
