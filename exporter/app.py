@@ -225,20 +225,23 @@ async def _read_before(request: web.Request, deadline: asyncio.Event) -> bytes:
     reading = asyncio.ensure_future(request.read())
     expiry = asyncio.ensure_future(deadline.wait())
     try:
-        await asyncio.wait((reading, expiry), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((reading, expiry), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        reading.cancel()
+        raise
     finally:
         expiry.cancel()
-    if reading.done():
-        try:
-            return reading.result()
-        except ConnectionResetError:  # the client went away mid-upload
-            raise otlp.OtlpError(
-                400, otlp.INCOMPLETE_BODY, "connection closed before the body was complete"
-            ) from None
-    reading.cancel()
-    raise otlp.OtlpError(
-        503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
-    )
+    if reading not in done:
+        reading.cancel()
+        raise otlp.OtlpError(
+            503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
+        )
+    try:
+        return reading.result()
+    except ConnectionResetError:  # the client went away mid-upload
+        raise otlp.OtlpError(
+            400, otlp.INCOMPLETE_BODY, "connection closed before the body was complete"
+        ) from None
 
 
 def otlp_error(media: str, status: int, message: str) -> web.Response:

@@ -3,6 +3,7 @@ each is a 400 with a ``google.rpc.Status`` body and counted as ``invalid_json``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -49,3 +50,22 @@ async def test_hostile_json_is_a_counted_400_with_a_status_body(
     rejected = "gpuscope_otlp_requests_rejected_total"
     assert value(scraped, rejected, {"reason": "invalid_json"}) == 1
     assert value(scraped, "gpuscope_spans_received_total") == 0
+
+
+async def test_an_upload_cut_off_mid_body_is_counted(
+    running_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
+) -> None:
+    _, writer = await asyncio.open_connection(running_exporter.host, running_exporter.port)
+    writer.write(
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        b"Content-Length: 100\r\n\r\n0123456789"
+    )
+    await writer.drain()
+    writer.close()
+    rejected = "gpuscope_otlp_requests_rejected_total"
+    for _ in range(3000):  # the exporter notices the closed connection in its own time
+        scraped = samples(await scrape(exporter_http, running_exporter))
+        if value(scraped, rejected, {"reason": "incomplete_body"}) == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert value(scraped, rejected, {"reason": "incomplete_body"}) == 1
