@@ -5,8 +5,9 @@ Endpoints: ``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzipped)
 accepted), ``GET /healthz`` (serving), ``GET /readyz`` (started, first GPU poll
 done, not shutting down).
 
-Everything that touches the metric state runs on the event loop's thread, so ingest
-and scrape never interleave mid-update. The GPU source is polled by its own thread
+Everything that changes the metric state runs on the event loop's thread. A scrape
+renders in a worker thread (reading each series consistently, see ``series``), so a
+large ``/metrics`` does not hold up ingest. The GPU source is polled by its own thread
 (``GpuPoller``); a scrape only reads the poller's last snapshot.
 
 Serve the app with ``auto_decompress=False`` on the runner (``start_exporter`` does):
@@ -16,9 +17,9 @@ the handler inflates gzip bodies itself, with a size limit.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import hdrs, web
@@ -29,13 +30,19 @@ from prometheus_client.registry import CollectorRegistry
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.connections import (
+    ConnectionCollector,
+    ConnectionGuard,
+    ConnectionLimits,
+)
 from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuSource
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_exposition
+from gpuscope.exporter.render import render_chunks
 from gpuscope.exporter.security import Authenticator, WebConfig
+from gpuscope.exporter.series import HistogramFamily
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,10 @@ class ExporterState:
     authenticator: Authenticator
     gpu_source: GpuSource | None
     limits: otlp.Limits
+    guard: ConnectionGuard
+    # Set when the shutdown timeout has passed: bodies still uploading get a 503.
+    drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
+    render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     forwarder: OtlpForwarder | None = None
     poller: GpuPoller | None = None
     started: bool = False
@@ -105,8 +116,15 @@ def create_app(
         authenticator=Authenticator(web_config.basic_auth_users, bearer_token),
         gpu_source=gpu_source,
         limits=otlp.Limits(config.max_body_bytes, config.max_decompressed_bytes),
+        guard=ConnectionGuard(
+            ConnectionLimits(config.max_connections, config.header_timeout, config.idle_timeout)
+        ),
     )
-    middlewares = [_auth_middleware(state)] if _needs_auth(state.authenticator) else []
+    registry.register(ConnectionCollector(state.guard))
+    # Connection tracking first, so that refused requests count as in flight too.
+    middlewares = [state.guard.request_middleware()]
+    if _needs_auth(state.authenticator):
+        middlewares.append(_auth_middleware(state))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
     app.router.add_post(TRACES_PATH, receive_traces)
@@ -170,13 +188,16 @@ async def receive_traces(request: web.Request) -> web.Response:
     reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
     try:
         media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
-        body = await _read_body(request, state.limits.max_body_bytes)
+        body = await _read_body(request, state)
         encoding = request.headers.get(hdrs.CONTENT_ENCODING)
         decoded = otlp.decode_request(otlp.decompress(body, encoding, state.limits), media)
     except otlp.OtlpError as exc:
         state.metrics.requests_rejected[exc.reason] += 1
         log.debug("rejected export request: %s", exc)
-        return otlp_error(reply_media, exc.status, str(exc))
+        response = otlp_error(reply_media, exc.status, str(exc))
+        if exc.status == 503:
+            response.headers[hdrs.RETRY_AFTER] = "1"
+        return response
     state.refresh_gpu_devices()
     result = state.aggregator.ingest(decoded)
     state.metrics.spans_received += result.received
@@ -187,15 +208,40 @@ async def receive_traces(request: web.Request) -> web.Response:
     return web.Response(body=answer, content_type=media)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, state: ExporterState) -> bytes:
+    limit = state.limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise otlp.OtlpError(
             413, otlp.BODY_TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}"
         )
-    try:
-        return await request.read()
+    try:  # at shutdown, a body still uploading may take until the shutdown timeout
+        return await _read_before(request, state.drain_expired)
     except web.HTTPRequestEntityTooLarge:
         raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
+
+
+async def _read_before(request: web.Request, deadline: asyncio.Event) -> bytes:
+    """The body, or a 503 ``OtlpError`` if ``deadline`` is set before it is all in."""
+    reading = asyncio.ensure_future(request.read())
+    expiry = asyncio.ensure_future(deadline.wait())
+    try:
+        done, _ = await asyncio.wait((reading, expiry), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        reading.cancel()
+        raise
+    finally:
+        expiry.cancel()
+    if reading not in done:
+        reading.cancel()
+        raise otlp.OtlpError(
+            503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
+        )
+    try:
+        return reading.result()
+    except ConnectionResetError:  # the client went away mid-upload
+        raise otlp.OtlpError(
+            400, otlp.INCOMPLETE_BODY, "connection closed before the body was complete"
+        ) from None
 
 
 def otlp_error(media: str, status: int, message: str) -> web.Response:
@@ -204,16 +250,42 @@ def otlp_error(media: str, status: int, message: str) -> web.Response:
     )
 
 
-async def serve_metrics(request: web.Request) -> web.Response:
+async def serve_metrics(request: web.Request) -> web.StreamResponse:
+    """The scrape, rendered and compressed in a worker thread so that ingest goes on
+    meanwhile (each series is read consistently, see ``series``), and written a chunk
+    at a time. One render at a time."""
     state = request.app[STATE]
-    output, content_type = render_exposition(
-        state.registry, state.aggregator.histograms, request.headers.get(hdrs.ACCEPT, "")
-    )
+    accept = request.headers.get(hdrs.ACCEPT, "")
+    compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
+    async with state.render_lock:
+        chunks, content_type = await asyncio.to_thread(
+            _render, state.registry, state.aggregator.histograms, accept, compress
+        )
     headers = {hdrs.CONTENT_TYPE: content_type}
-    if gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, "")):
-        output = gzip.compress(output, compresslevel=6)
+    if compress:
         headers[hdrs.CONTENT_ENCODING] = "gzip"
-    return web.Response(body=output, headers=headers)
+    if len(chunks) == 1:
+        return web.Response(body=chunks[0], headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_length = sum(len(chunk) for chunk in chunks)
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+def _render(
+    registry: CollectorRegistry,
+    histograms: Sequence[HistogramFamily],
+    accept: str,
+    compress: bool,
+) -> tuple[list[bytes], str]:
+    chunks, content_type = render_chunks(registry, histograms, accept)
+    if compress:
+        packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing
+        chunks = [packer.compress(chunk) for chunk in chunks] + [packer.flush()]
+    return [chunk for chunk in chunks if chunk], content_type
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -45,6 +45,9 @@ class ExporterConfig:
     gpu_interval: float = flags.option(1.0, flag="--gpu-interval-s", deprecated=("--gpu-interval",))
     gpu_scenario: Path | None = None
     simulated_gpus: int = 1
+    max_connections: int = 512
+    header_timeout: float = flags.option(10.0, flag="--header-timeout-s")
+    idle_timeout: float = flags.option(60.0, flag="--idle-timeout-s")
     shutdown_timeout: float = flags.option(
         10.0, flag="--shutdown-timeout-s", deprecated=("--shutdown-timeout",)
     )
@@ -61,12 +64,15 @@ class ExporterConfig:
             ("--max-decompressed-bytes", self.max_decompressed_bytes, 1),
             ("--forward-queue", self.forward_queue, 1),
             ("--simulated-gpus", self.simulated_gpus, 1),
+            ("--max-connections", self.max_connections, 1),
         ):
             check_range(flag, value, low)
         for flag, seconds in (
             ("--gpu-interval-s", self.gpu_interval),
             ("--forward-timeout-s", self.forward_timeout),
             ("--shutdown-timeout-s", self.shutdown_timeout),
+            ("--header-timeout-s", self.header_timeout),
+            ("--idle-timeout-s", self.idle_timeout),
         ):
             check_positive(flag, seconds)
         if self.forward_otlp is not None:
@@ -114,7 +120,12 @@ _HELP: Final = {
     "gpu_interval": "seconds between GPU polls (in the background, never during a scrape)",
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
-    "shutdown_timeout": "on SIGTERM, seconds in-flight requests and forwarding may take",
+    "max_connections": "open client connections at most; past it the oldest idle one is "
+    "closed (lowered to fit the file descriptor limit)",
+    "header_timeout": "seconds from a request's first byte to its complete head",
+    "idle_timeout": "seconds a connection may stay open without a request (keep-alive)",
+    "shutdown_timeout": "on SIGTERM, seconds in-flight requests (uploads included) and "
+    "forwarding may take; bodies still uploading then get 503",
     "log_level": "log level",
 }
 

@@ -5,6 +5,9 @@ gzipped if it came gzipped) on a bounded queue and returns at once; one task sen
 them in order. A full queue, a failed send and what is left at shutdown are counted
 as dropped, by reason. No retries: a backend that is down costs dropped traces,
 never ingest latency or unbounded memory.
+
+The log says when the backend goes down and when it is back, and while it stays
+down a summary every ``summary_interval_s``; the counters hold the exact figures.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -19,6 +24,8 @@ import aiohttp
 from gpuscope.exporter.metrics import SelfMetrics
 
 log = logging.getLogger(__name__)
+
+SUMMARY_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -29,15 +36,66 @@ class _Export:
     spans: int
 
 
+class BackendHealth:
+    """Turns a stream of send outcomes into log lines: one per state change, and while
+    the backend is down one summary per ``interval_s``."""
+
+    def __init__(
+        self, url: str, interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self._clock = clock
+        self.down = False
+        self._failures = 0  # since the last line
+        self._spans = 0
+        self._since = 0.0
+
+    def failed(self, spans: int, error: str) -> None:
+        self._failures += 1
+        self._spans += spans
+        now = self._clock()
+        if not self.down:
+            self.down, self._since = True, now
+            log.warning(
+                "forwarding to %s failed, backend treated as down: %s "
+                "(further failures are summarised every %.0f s)",
+                self.url, error, self.interval_s,
+            )  # fmt: skip
+            self._failures = self._spans = 0
+        elif now - self._since >= self.interval_s:
+            log.warning(
+                "forwarding to %s still failing: %d sends and %d spans dropped in the last "
+                "%.0f s; last error: %s",
+                self.url, self._failures, self._spans, now - self._since, error,
+            )  # fmt: skip
+            self._since, self._failures, self._spans = now, 0, 0
+
+    def succeeded(self) -> None:
+        if self.down:
+            log.warning(
+                "forwarding to %s works again (%d more sends and %d spans dropped before)",
+                self.url, self._failures, self._spans,
+            )  # fmt: skip
+            self.down, self._failures, self._spans = False, 0, 0
+
+
 class OtlpForwarder:
     """Owns one ``aiohttp.ClientSession`` and one sender task between start and stop."""
 
     def __init__(
-        self, url: str, *, queue_size: int, timeout_s: float, metrics: SelfMetrics
+        self,
+        url: str,
+        *,
+        queue_size: int,
+        timeout_s: float,
+        metrics: SelfMetrics,
+        summary_interval_s: float = SUMMARY_INTERVAL_S,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.metrics = metrics
+        self.health = BackendHealth(url, summary_interval_s)
         self._queue: asyncio.Queue[_Export] = asyncio.Queue(maxsize=queue_size)
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
@@ -82,22 +140,23 @@ class OtlpForwarder:
         headers = {"Content-Type": export.content_type}
         if export.content_encoding:
             headers["Content-Encoding"] = export.content_encoding
+        error = ""
         try:
             async with session.post(self.url, data=export.body, headers=headers) as response:
                 await response.read()
-                ok = response.status < 300
-                if not ok:
-                    log.warning("forwarding to %s: HTTP %d", self.url, response.status)
+                if response.status >= 300:
+                    error = f"HTTP {response.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("forwarding to %s failed: %s", self.url, exc)
-            ok = False
+            error = str(exc) or type(exc).__name__
         except asyncio.CancelledError:  # stop() gave up on it mid-send
             self.metrics.forward_spans_dropped["shutdown"] += export.spans
             raise
-        except Exception:  # anything else must not end the sender task for good
+        except Exception as exc:  # anything else must not end the sender task for good
             log.exception("forwarding to %s failed unexpectedly", self.url)
-            ok = False
-        if ok:
-            self.metrics.forward_spans_sent += export.spans
-        else:
+            error = repr(exc)
+        if error:
             self.metrics.forward_spans_dropped["send_failed"] += export.spans
+            self.health.failed(export.spans, error)
+        else:
+            self.metrics.forward_spans_sent += export.spans
+            self.health.succeeded()

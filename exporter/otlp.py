@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,6 +37,8 @@ DECOMPRESSED_TOO_LARGE = "decompressed_too_large"
 INVALID_GZIP = "invalid_gzip"
 INVALID_PROTOBUF = "invalid_protobuf"
 INVALID_JSON = "invalid_json"
+SHUTTING_DOWN = "shutting_down"
+INCOMPLETE_BODY = "incomplete_body"
 REQUEST_REJECT_REASONS = (
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
@@ -45,10 +48,19 @@ REQUEST_REJECT_REASONS = (
     INVALID_GZIP,
     INVALID_PROTOBUF,
     INVALID_JSON,
+    SHUTTING_DOWN,
+    INCOMPLETE_BODY,
 )
 
+# Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
+MAX_JSON_DEPTH: Final = 64
+
 # google.rpc.Code of the Status body of error responses, by HTTP status.
-_RPC_CODE_FOR_HTTP = {401: code_pb2.UNAUTHENTICATED, 413: code_pb2.RESOURCE_EXHAUSTED}
+_RPC_CODE_FOR_HTTP = {
+    401: code_pb2.UNAUTHENTICATED,
+    413: code_pb2.RESOURCE_EXHAUSTED,
+    503: code_pb2.UNAVAILABLE,
+}
 
 
 class OtlpError(Exception):
@@ -109,19 +121,71 @@ def decode_request(data: bytes, media: str) -> Any:
             return ExportTraceServiceRequest.FromString(data)
         except DecodeError as exc:
             raise OtlpError(400, INVALID_PROTOBUF, f"body is not an OTLP protobuf: {exc}") from exc
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise OtlpError(400, INVALID_JSON, f"body is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise OtlpError(400, INVALID_JSON, "OTLP/JSON body must be an object")
+    document = _load_json(data)
     try:
         _hex_ids_to_base64(document)
         request = ExportTraceServiceRequest()
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, AttributeError, RecursionError) as exc:
+    except (
+        json_format.ParseError,
+        ValueError,  # out-of-range numbers, strings protobuf refuses
+        OverflowError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+    ) as exc:
         raise OtlpError(400, INVALID_JSON, f"body is not OTLP/JSON: {exc}") from exc
     return request
+
+
+def _load_json(data: bytes) -> dict[str, Any]:
+    """The JSON object, checked so that protobuf's JSON mapping only sees what it can take:
+    finite numbers, strings that are valid UTF-8 (no lone surrogates), bounded nesting."""
+    try:
+        document = json.loads(data, parse_float=_finite_float, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError,
+        # integers past Python's 4,300-digit conversion limit, NaN/Infinity, deep nesting
+        raise OtlpError(400, INVALID_JSON, f"body is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise OtlpError(400, INVALID_JSON, "OTLP/JSON body must be an object")
+    _check_json_values(document)
+    return document
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return number
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _check_json_values(document: dict[str, Any]) -> None:
+    """Depth and strings, walked without recursion."""
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise OtlpError(400, INVALID_JSON, f"JSON nested deeper than {MAX_JSON_DEPTH}")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_string(key)
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            _check_string(value)
+
+
+def _check_string(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise OtlpError(400, INVALID_JSON, "JSON string holds a lone surrogate") from None
 
 
 def _hex_ids_to_base64(document: dict[str, Any]) -> None:

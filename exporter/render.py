@@ -6,6 +6,9 @@ series' label text is built once per scrape and every line is one f-string. The
 output is the same exposition as ``ExporterCollector`` yields through
 prometheus_client (a test parses both and compares them sample by sample); the
 other families (GPU, self metrics, tokens) still go through prometheus_client.
+
+The ``/metrics`` handler calls this in a worker thread while the event loop goes on
+ingesting; ``HistogramSeries.read`` gives it a consistent copy of each series.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.exporter.series import HistogramFamily
+from gpuscope.exporter.series import HistogramFamily, HistogramSeries
 
 OPENMETRICS_EOF = b"# EOF\n"
+CHUNK_BYTES = 1 << 20
 
 
 def render_exposition(
@@ -26,13 +30,33 @@ def render_exposition(
 ) -> tuple[bytes, str]:
     """``(body, content type)`` of a scrape: ``registry`` through prometheus_client,
     then the histograms through ``render_histograms``, in the format ``accept`` asks for."""
+    chunks, content_type = render_chunks(registry, histograms, accept)
+    return b"".join(chunks), content_type
+
+
+def render_chunks(
+    registry: CollectorRegistry,
+    histograms: Iterable[HistogramFamily],
+    accept: str,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[list[bytes], str]:
+    """The scrape as pieces of about ``chunk_bytes``. Joining and encoding 100+ MiB at
+    once holds the GIL for a tenth of a second, long enough to stall the event loop
+    while this runs in a worker thread; a chunk at a time never does."""
     encoder, content_type = choose_encoder(accept)
     openmetrics = content_type.startswith("application/openmetrics-text")
-    output = encoder(_WithUnits(registry) if openmetrics else registry)
-    fast = render_histograms(histograms, openmetrics=openmetrics).encode()
-    if openmetrics:  # one "# EOF" at the very end
-        return output.removesuffix(OPENMETRICS_EOF) + fast + OPENMETRICS_EOF, content_type
-    return output + fast, content_type
+    source = _WithUnits(registry) if openmetrics else registry
+    chunks = [encoder(source).removesuffix(OPENMETRICS_EOF)]
+    pending: list[str] = []
+    size = 0
+    for piece in _histogram_pieces(histograms, openmetrics):
+        pending.append(piece)
+        size += len(piece)
+        if size >= chunk_bytes:
+            chunks.append("".join(pending).encode())
+            pending, size = [], 0
+    chunks.append("".join(pending).encode() + (OPENMETRICS_EOF if openmetrics else b""))
+    return chunks, content_type
 
 
 # Base units that gpuscope's metric names end with; OpenMetrics' ``# UNIT`` line names
@@ -69,30 +93,42 @@ def _help(text: str) -> str:
 
 def render_histograms(families: Iterable[HistogramFamily], *, openmetrics: bool) -> str:
     """Prometheus text (0.0.4) or OpenMetrics lines, exemplars in OpenMetrics only."""
-    out: list[str] = []
+    return "".join(_histogram_pieces(families, openmetrics))
+
+
+def _histogram_pieces(families: Iterable[HistogramFamily], openmetrics: bool) -> Iterator[str]:
+    """Each family's header, then one string per series."""
     for family in families:
         name = family.name
-        out.append(f"# HELP {name} {_help(family.documentation)}\n# TYPE {name} histogram\n")
+        yield f"# HELP {name} {_help(family.documentation)}\n# TYPE {name} histogram\n"
         if openmetrics and unit_of(name):
-            out.append(f"# UNIT {name} {unit_of(name)}\n")
+            yield f"# UNIT {name} {unit_of(name)}\n"
         bounds = [repr(b) for b in family.bounds] + ["+Inf"]
         names = family.label_names
         for labels, series in family.items():
             text = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, labels, strict=True))
-            prefix = f"{name}_bucket{{{text},le=" if text else f"{name}_bucket{{le="
-            cumulative = 0
-            for bound, count, span, value in zip(
-                bounds, series.counts, series.exemplar_spans, series.exemplar_values, strict=True
-            ):
-                cumulative += count
-                if openmetrics and span is not None:
-                    trace_id, span_id, end_ns = span
-                    out.append(
-                        f'{prefix}"{bound}"}} {cumulative} # {{trace_id="{trace_id.hex()}",'
-                        f'span_id="{span_id.hex()}"}} {value!r} {end_ns / 1e9!r}\n'
-                    )
-                else:
-                    out.append(f'{prefix}"{bound}"}} {cumulative}\n')
-            braces = f"{{{text}}}" if text else ""
-            out.append(f"{name}_count{braces} {cumulative}\n{name}_sum{braces} {series.sum!r}\n")
-    return "".join(out)
+            yield _series_text(name, text, bounds, series, openmetrics)
+
+
+def _series_text(
+    name: str, labels: str, bounds: list[str], series: HistogramSeries, openmetrics: bool
+) -> str:
+    """One series' lines as one string: few long-lived objects, so a scrape of 100,000
+    series does not set off garbage collections that pause every thread."""
+    prefix = f"{name}_bucket{{{labels},le=" if labels else f"{name}_bucket{{le="
+    counts, total, spans, values = series.read()
+    lines = []
+    cumulative = 0
+    for bound, count, span, value in zip(bounds, counts, spans, values, strict=True):
+        cumulative += count
+        if openmetrics and span is not None:
+            trace_id, span_id, end_ns = span
+            lines.append(
+                f'{prefix}"{bound}"}} {cumulative} # {{trace_id="{trace_id.hex()}",'
+                f'span_id="{span_id.hex()}"}} {value!r} {end_ns / 1e9!r}\n'
+            )
+        else:
+            lines.append(f'{prefix}"{bound}"}} {cumulative}\n')
+    braces = f"{{{labels}}}" if labels else ""
+    lines.append(f"{name}_count{braces} {cumulative}\n{name}_sum{braces} {total!r}\n")
+    return "".join(lines)

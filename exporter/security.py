@@ -27,6 +27,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,11 @@ _CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 _VERIFIED_CACHE_LIMIT = 1024
+# bcrypt reads at most 72 bytes of a password (Go's and bcrypt < 5 truncate silently;
+# bcrypt >= 5 raises): a longer password is checked by its first 72 bytes, as it was hashed.
+BCRYPT_MAX_PASSWORD_BYTES = 72
+# $2a$/$2b$/$2y$, a two-digit cost, then 22 characters of salt and 31 of hash.
+_BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 
 
 @dataclass(frozen=True)
@@ -66,25 +72,37 @@ class WebConfig:
 def load_web_config(path: Path) -> WebConfig:
     """Parse an exporter-toolkit web config; errors name the flag and the key."""
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{_FLAG}: cannot read {str(path)!r}: {exc}") from exc
+        document = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{_FLAG}: cannot read {str(path)!r}: {_one_line(exc)}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"{_FLAG}: {str(path)!r} must hold a mapping")
     unknown = set(document) - {"tls_server_config", "basic_auth_users"}
     if unknown:
-        raise ConfigError(f"{_FLAG}: unsupported keys {sorted(unknown)}")
+        raise ConfigError(f"{_FLAG}: unsupported keys {sorted(map(str, unknown))}")
     tls_section = document.get("tls_server_config")
     tls = _tls_context(tls_section, path.parent) if tls_section else None
-    users = document.get("basic_auth_users") or {}
+    return WebConfig(tls, _basic_auth_users(document.get("basic_auth_users") or {}))
+
+
+def _basic_auth_users(users: Any) -> dict[str, bytes]:
+    """User -> bcrypt hash; every hash is checked here, so a bad one fails at start."""
     if not isinstance(users, dict) or not all(
         isinstance(u, str) and isinstance(h, str) for u, h in users.items()
     ):
         raise ConfigError(f"{_FLAG}: basic_auth_users must map user names to bcrypt hashes")
     for user, hashed in users.items():
-        if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise ConfigError(f"{_FLAG}: basic_auth_users.{user} is not a bcrypt hash")
-    return WebConfig(tls, {user: hashed.encode() for user, hashed in users.items()})
+        match = _BCRYPT_HASH.fullmatch(hashed)
+        if match is None or not 4 <= int(match.group(1)) <= 31:
+            raise ConfigError(
+                f"{_FLAG}: basic_auth_users.{user} is not a bcrypt hash "
+                "($2a$, $2b$ or $2y$, cost 04-31, 53 characters of salt and hash)"
+            )
+    return {user: hashed.encode() for user, hashed in users.items()}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def _tls_context(section: Any, base: Path) -> ssl.SSLContext:
@@ -92,7 +110,15 @@ def _tls_context(section: Any, base: Path) -> ssl.SSLContext:
         raise ConfigError(f"{_FLAG}: tls_server_config must be a mapping")
     unknown = set(section) - _TLS_KEYS
     if unknown:
-        raise ConfigError(f"{_FLAG}: unsupported tls_server_config keys {sorted(unknown)}")
+        raise ConfigError(
+            f"{_FLAG}: unsupported tls_server_config keys {sorted(map(str, unknown))}"
+        )
+    for key, value in section.items():
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(
+                f"{_FLAG}: tls_server_config.{key} must be a string, "
+                f"got {type(value).__name__} {value!r}"
+            )
     if not section.get("cert_file") or not section.get("key_file"):
         raise ConfigError(f"{_FLAG}: tls_server_config needs both cert_file and key_file")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -101,27 +127,33 @@ def _tls_context(section: Any, base: Path) -> ssl.SSLContext:
         if section.get("client_ca_file"):
             context.load_verify_locations(base / section["client_ca_file"])
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"{_FLAG}: tls_server_config: {exc}") from exc
-    auth_type = section.get("client_auth_type", "NoClientCert")
+        raise ConfigError(f"{_FLAG}: tls_server_config: {_one_line(exc)}") from exc
+    auth_type = section.get("client_auth_type") or "NoClientCert"
     if auth_type not in _CLIENT_AUTH:
-        raise ConfigError(f"{_FLAG}: client_auth_type {auth_type!r} is not supported")
+        raise ConfigError(
+            f"{_FLAG}: tls_server_config.client_auth_type {auth_type!r} is not supported"
+        )
     if auth_type != "NoClientCert" and not section.get("client_ca_file"):
         raise ConfigError(f"{_FLAG}: client_auth_type {auth_type} needs client_ca_file")
     context.verify_mode = _CLIENT_AUTH[auth_type]
     for key, attribute in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
-        if key in section:
+        if section.get(key) is not None:
             version = _TLS_VERSIONS.get(section[key])
             if version is None:
-                raise ConfigError(f"{_FLAG}: {key} must be TLS12 or TLS13, got {section[key]!r}")
+                raise ConfigError(
+                    f"{_FLAG}: tls_server_config.{key} must be TLS12 or TLS13, got {section[key]!r}"
+                )
             setattr(context, attribute, version)
     return context
 
 
 def read_bearer_token(path: Path) -> str:
     try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"--bearer-token-file: cannot read {str(path)!r}: {exc}") from exc
+        token = path.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--bearer-token-file: cannot read {str(path)!r}: {_one_line(exc)}"
+        ) from exc
     if not token:
         raise ConfigError(f"--bearer-token-file: {str(path)!r} is empty")
     return token
@@ -136,22 +168,25 @@ class Authenticator:
         self._verified: set[tuple[str, bytes]] = set()
 
     def bearer_ok(self, header: str | None) -> bool:
+        """Any header that is not exactly ``Bearer <token>`` is refused, never an error."""
         if self.bearer_token is None:
             return True
         scheme, _, token = (header or "").partition(" ")
+        # aiohttp keeps undecodable header bytes as surrogates: encode them back.
+        presented = token.strip().encode("utf-8", "surrogateescape")
         return scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), self.bearer_token.encode()
+            presented, self.bearer_token.encode()
         )
 
     def basic_credentials(self, header: str | None) -> tuple[str, bytes] | None:
-        """``(user, password)`` from a Basic header, or None if it is not one."""
+        """``(user, password)`` from a Basic header, or None if it is not a valid one."""
         scheme, _, encoded = (header or "").partition(" ")
-        if scheme.lower() != "basic":
+        if scheme.lower() != "basic" or not encoded.isascii():
             return None
         try:
             user, sep, password = base64.b64decode(encoded, validate=True).partition(b":")
             return (user.decode(), password) if sep else None
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
             return None
 
     def cached(self, user: str, password: bytes) -> bool:
@@ -160,7 +195,13 @@ class Authenticator:
     def verify(self, user: str, password: bytes) -> bool:
         """bcrypt check (slow: run it off the event loop); remembers successes."""
         hashed = self.users.get(user)
-        if hashed is None or not bcrypt.checkpw(password, hashed):
+        if hashed is None:
+            return False
+        try:
+            ok = bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD_BYTES], hashed)
+        except ValueError:  # a hash that passed the load-time check but bcrypt refuses
+            return False
+        if not ok:
             return False
         if len(self._verified) >= _VERIFIED_CACHE_LIMIT:
             self._verified.clear()

@@ -2,21 +2,31 @@
 
 prometheus_client takes a lock and walks its buckets on every observation; here an
 observation is a ``bisect`` into a list of per-bucket counts, plus two list stores
-for the bucket's latest exemplar. All updates happen on the event loop's thread, so
-no lock is needed, and a scrape (also on that thread) sees a consistent state.
+for the bucket's latest exemplar. All updates happen on the event loop's thread; a
+scrape renders in another thread, and reads each series with ``HistogramSeries.read``,
+a sequence lock: the writer bumps ``version`` before and after an update, the reader
+copies and retries if the version was odd or moved. So buckets, count and sum of a
+series always agree, without a lock on the hot path and without stopping the loop.
 
-Past ``max_series`` label sets, a new label set goes to one overflow series whose
-every label value is ``OVERFLOW`` and the diverted observation is counted, so a
-sender with unbounded label values costs bounded memory and is visible.
+Past ``max_series`` label sets, a new label set goes to an overflow series and the
+diverted observation is counted, so a sender with unbounded label values costs
+bounded memory and is visible. The overflow series keeps the labels whose values the
+exporter itself defines (``BOUNDED_LABELS``: ``phase``, ``direction``, ``gpu``) and
+sets only the others (route, model, service, ...) to ``OVERFLOW``: per-phase and
+per-direction sums stay exact however many routes a sender invents. There are at
+most as many overflow series as combinations of bounded values (5 phases x GPUs).
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 OVERFLOW = "__overflow__"
+# Labels whose values come from the exporter (phase names, input/output, NVML indices),
+# never from a sender: kept on overflow series.
+BOUNDED_LABELS: frozenset[str] = frozenset({"phase", "direction", "gpu"})
 
 # Batch waits live in the 100 µs range; long generations take over a minute, and the
 # GenAI semantic conventions' duration buckets end at 81.92 s.
@@ -33,13 +43,46 @@ SpanRef = tuple[bytes, bytes, int]
 class HistogramSeries:
     """One label set: per-bucket (not cumulative) counts; the last slot is ``+Inf``."""
 
-    __slots__ = ("counts", "exemplar_spans", "exemplar_values", "sum")
+    __slots__ = ("counts", "exemplar_spans", "exemplar_values", "sum", "version")
 
     def __init__(self, size: int) -> None:
         self.counts = [0] * size
         self.sum = 0.0
         self.exemplar_spans: list[SpanRef | None] = [None] * size
         self.exemplar_values = [0.0] * size
+        self.version = 0  # odd while an observation is being written
+
+    def read(self) -> tuple[list[int], float, list[SpanRef | None], list[float]]:
+        """A consistent copy, safe from another thread while the loop observes."""
+        while True:
+            before = self.version
+            copy = (
+                self.counts[:],
+                self.sum,
+                self.exemplar_spans[:],
+                self.exemplar_values[:],
+            )
+            if before == self.version and not before & 1:
+                return copy
+
+
+def overflow_key(
+    label_names: Sequence[str], bounded: Collection[str]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Positions of the kept labels, and the key with every other label ``OVERFLOW``."""
+    kept = tuple(i for i, name in enumerate(label_names) if name in bounded)
+    return kept, (OVERFLOW,) * len(label_names)
+
+
+def _overflow_labels(
+    labels: tuple[str, ...], kept: tuple[int, ...], template: tuple[str, ...]
+) -> tuple[str, ...]:
+    if not kept:
+        return template
+    folded = list(template)
+    for position in kept:
+        folded[position] = labels[position]
+    return tuple(folded)
 
 
 class HistogramFamily:
@@ -52,6 +95,7 @@ class HistogramFamily:
         label_names: Sequence[str],
         buckets: Sequence[float],
         max_series: int,
+        bounded_labels: Collection[str] = BOUNDED_LABELS,
     ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets:
             raise ValueError(f"{name}: buckets must be distinct and in increasing order")
@@ -66,24 +110,26 @@ class HistogramFamily:
         self.max_series = max_series
         self.overflowed = 0
         self._series: dict[tuple[str, ...], HistogramSeries] = {}
-        self._overflow_key = (OVERFLOW,) * len(self.label_names)
+        self._kept, self._overflow_key = overflow_key(self.label_names, bounded_labels)
 
     def observe(self, labels: tuple[str, ...], value: float, span: SpanRef) -> None:
         series = self._series.get(labels)
         if series is None:
             series = self._new_series(labels)
         index = bisect_left(self.bounds, value)
+        series.version += 1
         series.counts[index] += 1
         series.sum += value
         series.exemplar_spans[index] = span
         series.exemplar_values[index] = value
+        series.version += 1
 
     def _new_series(self, labels: tuple[str, ...]) -> HistogramSeries:
         if len(labels) != len(self.label_names):
             raise ValueError(f"{self.name}: expected labels {self.label_names}, got {labels}")
         if len(self._series) >= self.max_series:
             self.overflowed += 1
-            labels = self._overflow_key
+            labels = _overflow_labels(labels, self._kept, self._overflow_key)
             series = self._series.get(labels)
             if series is not None:
                 return series
@@ -92,7 +138,8 @@ class HistogramFamily:
         return series
 
     def items(self) -> Iterator[tuple[tuple[str, ...], HistogramSeries]]:
-        return iter(self._series.items())
+        """Taken in one step (a C-level copy), so another thread can iterate it."""
+        return iter(list(self._series.items()))
 
     def __len__(self) -> int:
         return len(self._series)
@@ -102,7 +149,12 @@ class CounterFamily:
     """A counter metric with capped label sets; values are floats (token counts)."""
 
     def __init__(
-        self, name: str, documentation: str, label_names: Sequence[str], max_series: int
+        self,
+        name: str,
+        documentation: str,
+        label_names: Sequence[str],
+        max_series: int,
+        bounded_labels: Collection[str] = BOUNDED_LABELS,
     ) -> None:
         if max_series < 1:
             raise ValueError(f"{name}: max_series must be at least 1, got {max_series}")
@@ -112,7 +164,7 @@ class CounterFamily:
         self.max_series = max_series
         self.overflowed = 0
         self._values: dict[tuple[str, ...], float] = {}
-        self._overflow_key = (OVERFLOW,) * len(self.label_names)
+        self._kept, self._overflow_key = overflow_key(self.label_names, bounded_labels)
 
     def inc(self, labels: tuple[str, ...], amount: float) -> None:
         values = self._values
@@ -121,12 +173,13 @@ class CounterFamily:
                 raise ValueError(f"{self.name}: expected labels {self.label_names}, got {labels}")
             if len(values) >= self.max_series:
                 self.overflowed += 1
-                labels = self._overflow_key
+                labels = _overflow_labels(labels, self._kept, self._overflow_key)
             values.setdefault(labels, 0.0)
         values[labels] += amount
 
     def items(self) -> Iterator[tuple[tuple[str, ...], float]]:
-        return iter(self._values.items())
+        """A copy taken in one step, so a scrape in another thread can iterate it."""
+        return iter(list(self._values.items()))
 
     def __len__(self) -> int:
         return len(self._values)

@@ -7,9 +7,12 @@
     ... send spans to exporter.url + "/v1/traces", scrape exporter.url + "/metrics" ...
     await exporter.stop()
 
-Shutdown order: ``/readyz`` turns 503, the listener closes, in-flight requests get
-up to ``--shutdown-timeout-s`` seconds, then the forwarder drains its queue (same
-bound) and the GPU poller thread is joined.
+Shutdown order: ``/readyz`` turns 503 and the listener closes; connections without
+a request in flight are closed; requests in flight (bodies still uploading included)
+get up to ``--shutdown-timeout-s`` seconds, and a body not all in by then is answered
+503; the exporter goes on as soon as nothing is in flight, so an idle exporter stops
+at once. Then the forwarder drains its queue (same bound) and the GPU poller thread
+is joined.
 """
 
 from __future__ import annotations
@@ -17,16 +20,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from gpuscope.exporter.app import STATE, create_app
 from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.connections import AcceptErrorLog, ConnectionGuard
 from gpuscope.exporter.gpu.source import GpuSource
 from gpuscope.exporter.security import WebConfig, load_web_config, read_bearer_token
 
 log = logging.getLogger(__name__)
+
+# After the shutdown timeout: how long the 503s to late uploads may take to go out.
+LAST_ANSWERS_S = 1.0
 
 
 @dataclass
@@ -46,8 +54,52 @@ class RunningExporter:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     async def stop(self) -> None:
-        self.app[STATE].stopping = True
+        """Stop in the documented order; returns as soon as nothing is in flight."""
+        state = self.app[STATE]
+        state.stopping = state.guard.stopping = True
+        for site in list(self.runner.sites):
+            await site.stop()  # stop listening; open connections stay
+        state.guard.close_idle()
+        if not await state.guard.wait_until_idle(state.config.shutdown_timeout):
+            state.drain_expired.set()  # late uploads are answered 503
+            await state.guard.wait_until_idle(LAST_ANSWERS_S)
         await self.runner.cleanup()
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections go through a ``ConnectionGuard``."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str | None,
+        port: int,
+        guard: ConnectionGuard,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._host, self._port, self._guard = host, port, guard
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{'https' if self._ssl_context else 'http'}://{self._host or '0.0.0.0'}:{self._port}"
+        )
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._guard.protocol_factory(server),
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            # a TLS client gets no longer for its handshake than for its headers
+            ssl_handshake_timeout=self._guard.limits.header_timeout if self._ssl_context else None,
+        )
 
 
 async def start_exporter(
@@ -72,13 +124,16 @@ async def start_exporter(
     runner = web.AppRunner(
         app,
         auto_decompress=False,  # the handler inflates gzip itself, with a limit
-        shutdown_timeout=config.shutdown_timeout,
+        # ``RunningExporter.stop`` has drained by the time aiohttp's own shutdown runs
+        shutdown_timeout=LAST_ANSWERS_S,
+        # a backstop only: the guard's idle and header timeouts close connections first
+        keepalive_timeout=config.idle_timeout + config.header_timeout,
         access_log=None,
     )
     await runner.setup()
     host, port = config.listen_address()
     tls = web_config.tls if web_config is not None else None
-    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    site = GuardedSite(runner, host, port, app[STATE].guard, tls)
     try:
         await site.start()
     except BaseException:
@@ -106,7 +161,8 @@ async def serve(
         )
         log.info("serving on %s", exporter.url)
         try:
-            await stop.wait()
+            with AcceptErrorLog(loop):
+                await stop.wait()
             log.info("shutting down")
         finally:
             await exporter.stop()

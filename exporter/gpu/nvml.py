@@ -153,6 +153,8 @@ class NvmlSource:
             return None  # still gone; a driver-wide failure shows on the next read
         log.info("GPU %d (%s) is back", device.index, device.uuid)
         self._readers[position] = reader
+        if self._watcher is not None:
+            self._watcher.register_again(device.uuid, handle)
         return reader
 
     def _start(self) -> None:

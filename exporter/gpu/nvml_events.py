@@ -60,17 +60,31 @@ class XidEventWatcher:
         self.unsupported: dict[str, str] = {}  # uuid -> why XIDs cannot be watched
         self._last = CollectorRun(COLLECTOR, True, 0.0)
         self._event_set = nvml.nvmlEventSetCreate()
-        self._uuid_by_address = {handle_address(h): uuid for uuid, h in handles.items()}
-        registered = 0
-        for uuid, handle in handles.items():
-            try:
-                nvml.nvmlDeviceRegisterEvents(
-                    handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
-                )
-                registered += 1
-            except nvml.NVMLError as exc:
-                self.unsupported[uuid] = f"cannot register for XID events: {exc}"
-        self.watching = registered > 0
+        self._uuid_by_address: dict[int | None, str] = {}
+        registered = [self.register(uuid, handle) for uuid, handle in handles.items()]
+        self.watching = any(registered)
+
+    def register(self, uuid: str, handle: Any) -> bool:
+        """Watch one GPU's XIDs: at start, and again with its new handle after it was lost
+        (a GPU that fell off the bus loses its registration with it). False if NVML refuses."""
+        nvml = self._nvml
+        try:
+            nvml.nvmlDeviceRegisterEvents(
+                handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
+            )
+        except nvml.NVMLError as exc:
+            self.unsupported[uuid] = f"cannot register for XID events: {exc}"
+            return False
+        self.unsupported.pop(uuid, None)
+        self._uuid_by_address[handle_address(handle)] = uuid
+        return True
+
+    def register_again(self, uuid: str, handle: Any) -> None:
+        """After a lost GPU came back: register its new handle, and start waiting if this
+        is the first GPU that can be watched."""
+        if self.register(uuid, handle) and not self.watching:
+            self.watching = True
+            self.start()
 
     def start(self) -> None:
         if self.watching:

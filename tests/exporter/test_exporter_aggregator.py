@@ -193,7 +193,8 @@ def test_label_sets_past_the_cap_go_to_one_overflow_series() -> None:
     assert len(aggregator.duration) == 5  # 4 real + the overflow series
     assert aggregator.duration.overflowed == 6
     reg = registry_of(aggregator)
-    overflow = dict.fromkeys(aggregator.duration.label_names, OVERFLOW)
+    # the exporter's own gpu label ("" here: no GPU source) is kept, the rest fold
+    overflow = dict.fromkeys(aggregator.duration.label_names, OVERFLOW) | {"gpu": ""}
     assert reg.get_sample_value("gpuscope_request_duration_seconds_count", overflow) == 6
     assert (
         reg.get_sample_value(
@@ -355,3 +356,40 @@ def test_latency_buckets_reach_the_genai_upper_bound() -> None:
     assert reg.get_sample_value(bucket, {"le": "60.0"}) == 0
     assert reg.get_sample_value(bucket, {"le": "81.92"}) == 1
     assert reg.get_sample_value(bucket, {"le": "0.0001"}) == 0  # the low end stays
+
+
+def test_overflow_keeps_phase_and_direction_so_their_sums_stay_exact() -> None:
+    spans = SpanFactory(service="svc")
+    phases = {"queue": 0.001, "batch_wait": 0.002, "compute": 0.01}
+    tokens = {attr.GEN_AI_USAGE_INPUT_TOKENS: 3, attr.GEN_AI_USAGE_OUTPUT_TOKENS: 7}
+    aggregator = SpanAggregator(max_series=20)
+    for chunk in range(10):  # 1,000 requests, each of its own model and route
+        aggregator.ingest(
+            encode(
+                spans.server(0.02, route=f"/r{i}", phases=phases, attrs=tokens | {
+                    attr.GEN_AI_REQUEST_MODEL: f"model-{i}"})
+                for i in range(chunk * 100, chunk * 100 + 100)
+            )
+        )  # fmt: skip
+    assert aggregator.phase.overflowed > 900
+    reg = registry_of(aggregator)
+    for phase in phases:
+        counts = [
+            s.value
+            for s in reg.samples
+            if s.name == "gpuscope_request_phase_seconds_count" and s.labels["phase"] == phase
+        ]
+        assert sum(counts) == 1000  # exact per phase, although most were folded
+        folded = {"phase": phase, "service": OVERFLOW, "model": OVERFLOW, "uuid": OVERFLOW}
+        in_overflow = reg.get_sample_value(
+            "gpuscope_request_phase_seconds_count", folded | {"gpu": ""}
+        )
+        assert in_overflow is not None and in_overflow > 900
+    for direction, per_request in (("input", 3), ("output", 7)):
+        total = sum(
+            s.value
+            for s in reg.samples
+            if s.name == "gpuscope_tokens_total" and s.labels["direction"] == direction
+        )
+        assert total == 1000 * per_request
+    assert len(aggregator.phase) <= 20 + len(attr.PHASES)  # the cap, plus one per phase

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from gpuscope.exporter.app import STATE
+from gpuscope.exporter.forward import BackendHealth
 from gpuscope.exporter.server import start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans
 
@@ -140,3 +141,59 @@ async def test_an_unexpected_send_error_does_not_stop_forwarding(
     assert metrics.forward_spans_dropped["send_failed"] == 1
     assert metrics.forward_spans_sent == 1
     assert len(backend.received) == 1
+
+
+def _forward_log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gpuscope.exporter.forward"]
+
+
+async def test_a_down_backend_logs_state_changes_not_every_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    answers = {"status": 503}
+
+    async def flaky(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=answers["status"])
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", flaky)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    exporter = await start_exporter(loopback_config(forward_otlp=url, forward_queue=512))
+    body = encode([SpanFactory().server(0.01)]).SerializeToString()
+    forwarder = exporter.app[STATE].forwarder
+    assert forwarder is not None
+    caplog.set_level("INFO", logger="gpuscope.exporter.forward")
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                assert (await post_spans(session, exporter, body))[0] == 200
+            await forwarder._queue.join()
+            down = _forward_log_lines(caplog)
+            answers["status"] = 200
+            assert (await post_spans(session, exporter, body))[0] == 200
+            await forwarder._queue.join()
+    finally:
+        await exporter.stop()
+        await runner.cleanup()
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_dropped["send_failed"] == 200  # the counters are exact
+    assert metrics.forward_spans_sent == 1
+    assert len(down) == 1 and "HTTP 503" in down[0] and "treated as down" in down[0]
+    back = _forward_log_lines(caplog)[1:]
+    assert len(back) == 1 and "works again (199 more sends" in back[0]
+
+
+def test_while_down_one_summary_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    health = BackendHealth("http://backend", 60.0, clock=lambda: now[0])
+    caplog.set_level("INFO", logger="gpuscope.exporter.forward")
+    for _ in range(1000):  # 1,000 failures over 125 s: down, then summaries at 60 and 120 s
+        health.failed(2, "connection refused")
+        now[0] += 0.125
+    lines = _forward_log_lines(caplog)
+    assert len(lines) == 3
+    assert "still failing: 480 sends and 960 spans dropped in the last 60 s" in lines[1]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.render import render_histograms
+from gpuscope.exporter.series import HistogramFamily, HistogramSeries
 from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import SpanFactory, encode, samples
 
@@ -54,3 +59,54 @@ def test_fast_renderer_matches_prometheus_client(openmetrics: bool) -> None:
     assert sorted(ours, key=key) == sorted(reference, key=key)
     if openmetrics:
         assert sum(s.exemplar is not None for s in ours) > 10
+
+
+def test_rendering_in_a_thread_while_observing_reads_every_series_consistently() -> None:
+    family = HistogramFamily("x_seconds", "doc", ("route",), (0.25, 1.0), max_series=50)
+    span = (b"\x01" * 16, b"\x02" * 8, 1)
+    stop = threading.Event()
+    renders: list[str] = []
+
+    def render_repeatedly() -> None:
+        while not stop.is_set():
+            renders.append(render_histograms([family], openmetrics=False))
+
+    renderer = threading.Thread(target=render_repeatedly)
+    sys.setswitchinterval(1e-6)  # hand the GIL back and forth as often as possible
+    renderer.start()
+    try:
+        for i in range(200_000):
+            family.observe((f"/r{i % 40}",), 0.5, span)  # every value 0.5: sum = count / 2
+            if len(renders) >= 30:
+                break
+    finally:
+        stop.set()
+        renderer.join()
+        sys.setswitchinterval(0.005)
+    assert len(renders) >= 2
+    for text in renders:
+        for family_seen in text_string_to_metric_families(text):
+            by_series: dict[str, dict[str, float]] = {}
+            for sample in family_seen.samples:
+                by_series.setdefault(sample.labels["route"], {})[
+                    sample.name + sample.labels.get("le", "")
+                ] = sample.value
+            for values in by_series.values():
+                count = values["x_seconds_count"]
+                assert values["x_seconds_bucket+Inf"] == count == values["x_seconds_bucket1.0"]
+                assert values["x_seconds_sum"] == count / 2
+
+
+def test_a_reader_never_sees_an_observation_half_written() -> None:
+    series = HistogramSeries(3)
+    series.version += 1  # an observation begun on the loop: the bucket is counted ...
+    series.counts[0] += 1
+    seen: list[tuple[list[int], float, object, object]] = []
+    reader = threading.Thread(target=lambda: seen.append(series.read()))
+    reader.start()
+    reader.join(timeout=0.2)
+    assert reader.is_alive()  # ... so the scrape waits for the rest of it
+    series.sum += 0.5
+    series.version += 1
+    reader.join(timeout=30)
+    assert seen[0][:2] == ([1, 0, 0], 0.5)

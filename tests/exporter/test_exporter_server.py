@@ -229,3 +229,20 @@ async def test_stop_closes_the_listener(exporter_http: aiohttp.ClientSession) ->
     with pytest.raises(aiohttp.ClientConnectionError):
         async with exporter_http.get(exporter.url + "/readyz"):
             pass
+
+
+async def test_a_scrape_larger_than_a_chunk_arrives_whole(
+    running_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
+) -> None:
+    spans = SpanFactory()
+    batch = [
+        spans.server(0.01, route=f"/r{i}", attrs={attr.GEN_AI_REQUEST_MODEL: f"m{i}"})
+        for i in range(800)
+    ]
+    body = encode(batch).SerializeToString()
+    assert (await post_spans(exporter_http, running_exporter, body))[0] == 200
+    text = await scrape(exporter_http, running_exporter)
+    assert len(text) > 1 << 20  # past one write chunk
+    scraped = samples(text)
+    counts = [s.value for s in scraped if s.name == "gpuscope_request_duration_seconds_count"]
+    assert len(counts) == 800 and sum(counts) == 800

@@ -320,3 +320,34 @@ def test_a_lost_gpu_in_the_pcie_fields_is_a_lost_gpu(fake_nvml: FakeNvml) -> Non
     first, second = source.sample()
     assert first.up and not second.up
     source.close()
+
+
+def test_xid_events_are_watched_again_after_a_lost_gpu_comes_back(fake_nvml: FakeNvml) -> None:
+    source = open_source(fake_nvml)
+    assert fake_nvml.wait_events_handled()
+    fake_nvml.gpus[1].lost = True
+    assert not source.sample()[1].up  # its registration is gone with it
+    fake_nvml.gpus[1].lost = False
+    assert source.sample()[1].up
+    fake_nvml.emit_xid(1, 79)
+    assert fake_nvml.wait_events_handled()
+    assert fake_nvml.xids_undelivered == 0  # registered again with the new handle
+    assert source.sample()[1].xid_errors_total == {79: 1}
+    source.close()
+
+
+def test_xid_watching_starts_when_a_gpu_that_refused_it_comes_back() -> None:
+    fake = FakeNvml([fake_gpu(0, errors={"nvmlDeviceRegisterEvents": pynvml.NVML_ERROR_UNKNOWN})])
+    source = open_source(fake)
+    assert source.collector_health() == []  # nothing to watch
+    assert "XID" in source.unsupported_metrics()[0]["xid_errors"]
+    fake.gpus[0].errors.clear()
+    fake.gpus[0].lost = True
+    assert not source.sample()[0].up
+    fake.gpus[0].lost = False
+    assert source.sample()[0].up
+    fake.emit_xid(0, 48)
+    assert fake.wait_events_handled()
+    assert source.sample()[0].xid_errors_total == {48: 1}
+    assert "xid_errors" not in source.unsupported_metrics()[0]
+    source.close()

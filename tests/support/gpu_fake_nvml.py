@@ -90,6 +90,7 @@ class FakeNvml:
         self._registered: set[int] = set()
         self._event_cond = threading.Condition()
         self.waits_started = 0
+        self.xids_undelivered = 0
 
     # --- test controls ----------------------------------------------------------
 
@@ -123,6 +124,8 @@ class FakeNvml:
             return None
         gpu = self._gpu(handle)
         if gpu.lost:
+            # A GPU that fell off the bus takes its event registration with it.
+            self._registered.discard(self.gpus.index(gpu))
             raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
         if function in gpu.errors:
             raise real.NVMLError(gpu.errors[function])
@@ -324,6 +327,9 @@ class FakeNvml:
             if not self._event_cond.wait_for(lambda: bool(self._events), timeout=timeoutms / 1000):
                 raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
             item = self._events.popleft()
+            if isinstance(item, tuple) and item[0] not in self._registered:
+                self.xids_undelivered += 1  # NVML reports only registered GPUs' events
+                raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
         if isinstance(item, int):
             raise real.NVMLError(item)
         gpu, xid = item

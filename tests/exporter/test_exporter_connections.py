@@ -1,0 +1,197 @@
+"""Idle, slow and too many connections, over real sockets: timeouts close them, the cap
+sheds idle ones first so that a scraper still gets /metrics, accept() failures are
+logged once per interval."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gpuscope.exporter.app import STATE
+from gpuscope.exporter.connections import AcceptErrorLog
+from gpuscope.exporter.server import RunningExporter, start_exporter
+from support.exporter_fixtures import loopback_config, samples, scrape, value
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def start(**overrides: Any) -> RunningExporter:
+    return await start_exporter(loopback_config(**overrides))
+
+
+@pytest.fixture
+async def short_timeouts() -> AsyncIterator[RunningExporter]:
+    exporter = await start(header_timeout=0.5, idle_timeout=0.5)
+    try:
+        yield exporter
+    finally:
+        await exporter.stop()
+
+
+async def closed_count(exporter: RunningExporter, reason: str) -> float | None:
+    async with aiohttp.ClientSession() as session:
+        scraped = samples(await scrape(session, exporter))
+    return value(scraped, "gpuscope_http_connections_closed_total", {"reason": reason})
+
+
+async def scrape_url(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url) as response:
+        assert response.status == 200
+        return await response.text()
+
+
+async def read_to_eof(reader: asyncio.StreamReader) -> bytes:
+    return await asyncio.wait_for(reader.read(), 30)
+
+
+async def test_idle_connections_are_closed_after_the_idle_timeout(
+    short_timeouts: RunningExporter,
+) -> None:
+    exporter = short_timeouts
+    silent = await asyncio.open_connection(exporter.host, exporter.port)
+    kept_alive = await asyncio.open_connection(exporter.host, exporter.port)
+    kept_alive[1].write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert await read_to_eof(silent[0]) == b""  # closed by the exporter, no request ever
+    answered = await read_to_eof(kept_alive[0])  # the answer, then closed while idle
+    assert answered.startswith(b"HTTP/1.1 200") and answered.endswith(b"ok\n")
+    for _, writer in (silent, kept_alive):
+        writer.close()
+    assert await closed_count(exporter, "idle_timeout") == 2
+
+
+async def test_headers_sent_one_byte_at_a_time_are_cut_off(
+    short_timeouts: RunningExporter,
+) -> None:
+    exporter = short_timeouts
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+    sent = 0
+    try:
+        for byte in head:  # 0.1 s a byte: the whole head would take 24 s
+            if reader.at_eof():
+                break
+            writer.write(bytes([byte]))
+            await writer.drain()
+            sent += 1
+            try:
+                await asyncio.wait_for(reader.read(1), 0.1)
+            except TimeoutError:
+                continue
+    except ConnectionError:
+        pass  # closed under us: what should happen
+    finally:
+        writer.close()
+    assert sent < len(head)
+    assert await closed_count(exporter, "header_timeout") == 1
+
+
+async def open_quiet_connections(exporter: RunningExporter, count: int) -> list[Connection]:
+    """Half of them silent, half stuck in the middle of a request head."""
+    connections = []
+    for number in range(count):
+        reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+        if number % 2:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        connections.append((reader, writer))
+    await asyncio.sleep(0)
+    return connections
+
+
+async def test_at_the_cap_a_scraper_still_gets_metrics() -> None:
+    exporter = await start(max_connections=20, header_timeout=60, idle_timeout=60)
+    connections = await open_quiet_connections(exporter, 20)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):  # the scraper's connection made room once, then is kept
+                scraped = samples(await scrape(session, exporter))
+        shed = value(scraped, "gpuscope_http_connections_closed_total", {"reason": "shed_at_cap"})
+        assert shed == 1
+        assert await read_to_eof(connections[0][0]) == b""  # the oldest went first
+        assert value(scraped, "gpuscope_http_connections_max") == 20
+    finally:
+        for _, writer in connections:
+            writer.close()
+        await exporter.stop()
+
+
+async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503() -> None:
+    exporter = await start(max_connections=3, header_timeout=60, idle_timeout=60)
+    uploads = []
+    try:
+        for _ in range(3):  # each stays busy: its body never finishes
+            reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+            writer.write(
+                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                b"Content-Length: 100\r\n\r\n0123456789"
+            )
+            uploads.append((reader, writer))
+        for _ in range(3000):  # the uploads reach the handler in their own time
+            if exporter.app[STATE].guard.busy == 3:
+                break
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+        refused = await read_to_eof(reader)
+        writer.close()
+        assert refused.startswith(b"HTTP/1.1 503")
+    finally:
+        for _, writer in uploads:
+            writer.close()
+        await exporter.stop()
+
+
+def test_accept_failures_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        context = {"message": AcceptErrorLog.MESSAGE, "exception": OSError(24, "Too many")}
+        with caplog.at_level(logging.ERROR), AcceptErrorLog(loop, interval_s=3600) as handler:
+            for _ in range(1000):
+                loop.call_exception_handler(context)
+            assert handler.suppressed == 999
+        lines = [r for r in caplog.records if r.name == "gpuscope.exporter.connections"]
+        assert len(lines) == 1 and "Too many" in lines[0].getMessage()
+        assert loop.get_exception_handler() is None  # the previous handler is back
+    finally:
+        loop.close()
+
+
+async def test_the_cap_is_fitted_under_the_file_descriptor_limit() -> None:
+    """A real process with 128 descriptors and --max-connections 1000: 80 connections
+    held open never exhaust them, and a scraper still gets /metrics."""
+    start_with_limit = (
+        "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)); "
+        "sys.argv = ['gpuscope', 'exporter', '--listen', '127.0.0.1:0', '--gpu-source', "
+        "'none', '--max-connections', '1000']; runpy.run_module('gpuscope', run_name='__main__')"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", start_with_limit, stderr=asyncio.subprocess.PIPE, cwd="/"
+    )
+    assert process.stderr is not None
+    held: list[Connection] = []
+    try:
+        log = ""
+        while (found := re.search(r"serving on http://([\d.]+):(\d+)", log)) is None:
+            line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
+            assert line, "exporter exited before serving"
+            log += line
+        assert "using 64" in log  # 128 - 64 kept free
+        host, port = found.group(1), int(found.group(2))
+        for _ in range(80):
+            held.append(await asyncio.open_connection(host, port))
+        async with aiohttp.ClientSession() as session:
+            text = await scrape_url(session, f"http://{host}:{port}/metrics")
+        assert 'gpuscope_http_connections_closed_total{reason="shed_at_cap"}' in text
+        assert "gpuscope_http_connections_max 64.0" in text
+    finally:
+        for _, writer in held:
+            writer.close()
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    remaining = (await process.stderr.read()).decode()
+    assert "Traceback" not in remaining and "out of system resource" not in remaining
