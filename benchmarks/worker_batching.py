@@ -49,7 +49,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from gpuscope.worker.models import NumpyTokenGenerator
+from gpuscope.worker.numpy_models import NumpyTokenGenerator
 
 MODEL = "gpuscope-synthetic"
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -32,13 +32,14 @@ from gpuscope.middleware import current_timeline as _current_timeline
 from gpuscope.worker import chat, protocol
 from gpuscope.worker.backends import load_backend
 from gpuscope.worker.config import WorkerConfig
+from gpuscope.worker.embedding import EmbeddingScheduler
 from gpuscope.worker.errors import EXCEPTION_HANDLERS
 from gpuscope.worker.generation import GenerationScheduler
 from gpuscope.worker.metrics import WorkerCollector, metrics_endpoint
-from gpuscope.worker.models import ByteTokenizer, EmbeddingModel, Generator
+from gpuscope.worker.model_api import ByteTokenizer, EmbeddingModel, Generator
 from gpuscope.worker.protocol import CompletionIds, GenerationOptions, InvalidRequest, Limits
 from gpuscope.worker.request_body import read_json
-from gpuscope.worker.scheduler import BatchPolicy, DeviceThread, EmbeddingScheduler
+from gpuscope.worker.scheduler import BatchPolicy, DeviceThread
 from gpuscope.worker.streaming import unless_disconnected
 from gpuscope.worker.text_generation import Bodies, GenerationRun
 

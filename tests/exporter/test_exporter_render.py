@@ -6,10 +6,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.render import render_histograms
-from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import SpanFactory, encode, samples
 
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
-from gpuscope.worker.models import EmbeddingModel, FloatArray, Generator
+from gpuscope.worker.model_api import EmbeddingModel, FloatArray, Generator
 from support.middleware_spans import EndNotifier
 from support.servers import run_uvicorn
 

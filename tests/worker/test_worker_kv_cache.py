@@ -13,10 +13,11 @@ import pytest
 
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker.backends import numpy_models
-from gpuscope.worker.config import ConfigError, parse_config
+from gpuscope.worker.config import BatchingMode, ConfigError, parse_config
 from gpuscope.worker.generation import CacheTooSmall, GenerationScheduler, TokenStream
 from gpuscope.worker.kv_cache import BlockPool, KvCacheFull, SequenceState
-from gpuscope.worker.models import Generator, NumpyTokenGenerator
+from gpuscope.worker.model_api import Generator
+from gpuscope.worker.numpy_models import NumpyTokenGenerator
 from gpuscope.worker.scheduler import BatchPolicy, DeviceThread
 from support.worker_servers import SMALL, Gate, GatedGenerator, WorkerSpans, serve_worker
 
@@ -51,7 +52,10 @@ class CheckedGenerator(GatedGenerator):
 
 
 def _scheduler(
-    model: Generator, spans: WorkerSpans, mode: str = "continuous", batch: int = 8
+    model: Generator,
+    spans: WorkerSpans,
+    mode: BatchingMode = BatchingMode.CONTINUOUS,
+    batch: int = 8,
 ) -> GenerationScheduler:
     policy = BatchPolicy(mode=mode, max_batch_size=batch, max_queue_delay_s=0.0, max_queue=64)
     recorder = BatchRecorder(max_size=batch, model="m", tracer_provider=spans.provider)
@@ -132,9 +136,9 @@ def test_worker_generator_step_without_blocks_is_refused() -> None:
     assert generator.kv_pool.used == 0 and state.length == 0
 
 
-@pytest.mark.parametrize("mode", ["continuous", "static"])
+@pytest.mark.parametrize("mode", [BatchingMode.CONTINUOUS, BatchingMode.STATIC])
 async def test_worker_small_pool_gives_the_same_tokens_and_conserves_blocks(
-    mode: str, worker_spans: WorkerSpans
+    mode: BatchingMode, worker_spans: WorkerSpans
 ) -> None:
     """A pool far smaller than the load preempts (continuous) or narrows the batches
     (static); every request gets the tokens it gets with a roomy pool, the steps never
@@ -147,7 +151,7 @@ async def test_worker_small_pool_gives_the_same_tokens_and_conserves_blocks(
     assert [len(tokens) for tokens in expected] == MAX_TOKENS
     stats = scheduler.kv_stats()
     assert small.most_used <= 12 and roomy.most_used > 12  # the small pool did constrain
-    if mode == "continuous":
+    if mode == BatchingMode.CONTINUOUS:
         assert stats.preemptions_total > 0
     assert stats.iterations_total == small.steps
     assert (stats.running, stats.waiting, stats.blocks_used, stats.blocks_total) == (0, 0, 0, 12)

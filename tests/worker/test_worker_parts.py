@@ -13,13 +13,13 @@ import pytest
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker import protocol
 from gpuscope.worker.backends import load_backend, numpy_models
-from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.embedding import EmbeddingScheduler
 from gpuscope.worker.kv_cache import SequenceState
-from gpuscope.worker.models import EmbeddingModel, Generator
+from gpuscope.worker.model_api import EmbeddingModel, Generator
 from gpuscope.worker.scheduler import (
     BatchPolicy,
     DeviceThread,
-    EmbeddingScheduler,
     QueueFull,
     ShuttingDown,
 )
@@ -100,10 +100,10 @@ def test_worker_embeddings_base64_matches_float() -> None:
 
 
 def _scheduler(
-    model: EmbeddingModel, worker_spans: WorkerSpans, **policy: float | int | str
+    model: EmbeddingModel, worker_spans: WorkerSpans, **policy: float | int | BatchingMode
 ) -> EmbeddingScheduler:
     settings: dict[str, Any] = {
-        "mode": "dynamic",
+        "mode": BatchingMode.DYNAMIC,
         "max_batch_size": 4,
         "max_queue_delay_s": 0.005,
         "max_queue": 8,
@@ -141,7 +141,7 @@ async def test_worker_scheduler_shutdown_finishes_or_cancels(
     gate = Gate()
     embedding, _ = numpy_models(SMALL)
     scheduler = _scheduler(
-        GatedEmbeddingModel(embedding, gate), worker_spans, mode="none", max_queue=2
+        GatedEmbeddingModel(embedding, gate), worker_spans, mode=BatchingMode.NONE, max_queue=2
     )
     scheduler.start()
     gate.close()
