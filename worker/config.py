@@ -109,7 +109,7 @@ _HELP: Final = {
     "port": "port to bind (0: any free port)",
     "model_name": "model name the endpoints answer to (the 'model' field of requests)",
     "serve": "comma-separated endpoints to serve: embeddings, completions",
-    "batching": "scheduling strategy: none, static, dynamic or continuous",
+    "batching": "scheduling strategy: " + ", ".join(BatchingMode),
     "max_batch_size": "requests per batch (sequences per iteration under continuous)",
     "max_queue_delay_ms": "dynamic batching: how long a forming batch waits to fill",
     "max_queue": "queued requests beyond which new ones get 429",
