@@ -46,9 +46,10 @@ _KNOWN_METHODS = frozenset(
 
 
 def _normalised_method(scope: Scope) -> str:
-    """``http.request.method``: a known method as sent, anything else ``_OTHER``."""
+    """``http.request.method``: a known method as sent, anything else ``_OTHER`` (read
+    before the span starts, so it must not raise whatever the server put there)."""
     method = scope.get("method", "GET")
-    return method if method in _KNOWN_METHODS else "_OTHER"
+    return method if isinstance(method, str) and method in _KNOWN_METHODS else "_OTHER"
 
 
 def _run_hook(
