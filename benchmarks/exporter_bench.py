@@ -47,6 +47,7 @@ from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
@@ -54,7 +55,6 @@ from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.render import render_exposition
 from gpuscope.exporter.series import LATENCY_BUCKETS
-from gpuscope.middleware import attributes as attr
 
 # -- realistic requests: what setup_tracing() sends for the middleware and BatchRecorder.
 # Per request: one SERVER span with the HTTP, GenAI and phase attributes and its three
@@ -103,7 +103,7 @@ def realistic_spans(
                 attr.BATCH_ID: f"{t:x}",
                 attr.BATCH_SIZE: batch_size,
                 attr.BATCH_MAX_SIZE: 32,
-                attr.BATCH_TRIGGER: "timeout",
+                attr.BATCH_TRIGGER: attr.BatchTrigger.TIMEOUT,
                 attr.GPU_UUID: uuid,
                 attr.GEN_AI_REQUEST_MODEL: model,
             },

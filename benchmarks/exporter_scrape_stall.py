@@ -33,12 +33,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.app import STATE
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.render import render_exposition
 from gpuscope.exporter.server import start_exporter
-from gpuscope.middleware import attributes as attr
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 T0 = 1_700_000_000_000_000_000

@@ -49,7 +49,8 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from gpuscope.worker.models import NumpyTokenGenerator
+from gpuscope.worker.config import BatchingMode
+from gpuscope.worker.numpy_models import NumpyTokenGenerator
 
 MODEL = "gpuscope-synthetic"
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -259,7 +260,7 @@ def _passes(run: Run, bound_s: float) -> bool:
 def embeddings(setup: Setup, args: argparse.Namespace) -> None:
     rates = [float(r) for r in args.rates.split(",")]
     bound_s = args.p99_bound_ms / 1000
-    for mode in ("none", "dynamic"):
+    for mode in (BatchingMode.NONE, BatchingMode.DYNAMIC):
         flags = ["--batching", mode, "--max-batch-size", str(args.max_batch_size)]
         flags += ["--max-queue-delay-ms", str(args.window_ms), "--max-queue", "256"]
         flags += ["--serve", "embeddings", *setup.embed_size]
@@ -323,7 +324,7 @@ def _completions_at(setup: Setup, args: argparse.Namespace, rate: float) -> None
         f"equal {args.equal_length}": [args.equal_length] * count,
         f"variable {args.lengths}": [rng.choice(lengths) for _ in range(count)],
     }
-    for mode in ("static", "continuous"):
+    for mode in (BatchingMode.STATIC, BatchingMode.CONTINUOUS):
         flags = ["--batching", mode, "--max-batch-size", str(args.gen_batch_size)]
         flags += ["--max-queue", "1024", "--serve", "completions", *setup.gen_size]
         with worker(setup, flags) as url:

@@ -28,11 +28,14 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Final, TypeVar, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
 Reader = Callable[[str], Any]
+
+# The --log-level choices every command takes (the ``logging`` levels, lower case).
+LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug")
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))

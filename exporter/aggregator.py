@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope import spans as attr
 from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuDevice
 from gpuscope.exporter.series import (
     BATCH_SIZE_BUCKETS,
@@ -32,7 +33,6 @@ from gpuscope.exporter.series import (
     HistogramFamily,
 )
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
-from gpuscope.middleware import attributes as attr
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 SERVICE_NAME_RESOURCE = "service.name"

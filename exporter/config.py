@@ -18,12 +18,11 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gpuscope import flags
-from gpuscope.flags import ConfigError, check_choice, check_positive, check_range
+from gpuscope.flags import LOG_LEVELS, ConfigError, check_choice, check_positive, check_range
 
 __all__ = ["ConfigError", "ExporterConfig", "build_parser", "parse_config"]
 
 GPU_SOURCES: Final = ("auto", "nvml", "dcgm", "simulated", "none")
-LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug")
 MIB: Final = 1024 * 1024
 
 

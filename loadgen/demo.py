@@ -26,9 +26,9 @@ from gpuscope.loadgen.processes import ChildFailed, Children, free_port, port_ta
 from gpuscope.loadgen.results import Load, StepResult
 from gpuscope.loadgen.runner import Plan, Runner, Target
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
+from gpuscope.worker.config import BatchingMode, batching_mode
 
 ENV_PREFIX = "GPUSCOPE_DEMO_"
-BATCHING = ("none", "static", "dynamic", "continuous")
 MIX = {"embeddings": 1.0, "completions-stream": 1.0}
 
 
@@ -36,7 +36,7 @@ MIX = {"embeddings": 1.0, "completions-stream": 1.0}
 class DemoOptions:
     duration_s: float = 10.0
     concurrency: int = 16
-    batching: str = "dynamic"
+    batching: BatchingMode = BatchingMode.DYNAMIC
     exporter_port: int = 9420
     worker_port: int = 8000
     exit: bool = False
@@ -44,7 +44,7 @@ class DemoOptions:
     def __post_init__(self) -> None:
         flags.check_positive("--duration-s", self.duration_s)
         flags.check_range("--concurrency", self.concurrency, 1)
-        flags.check_choice("--batching", self.batching, BATCHING)
+        object.__setattr__(self, "batching", batching_mode(self.batching))
         flags.check_range("--exporter-port", self.exporter_port, 0, 65535)
         flags.check_range("--worker-port", self.worker_port, 0, 65535)
 
@@ -56,7 +56,7 @@ class DemoOptions:
 _HELP = {
     "duration_s": "seconds of load",
     "concurrency": "concurrent clients",
-    "batching": "the worker's batching strategy: " + ", ".join(BATCHING),
+    "batching": "the worker's batching strategy: " + ", ".join(BatchingMode),
     "exporter_port": "exporter port on 127.0.0.1 (0: any free port)",
     "worker_port": "worker port on 127.0.0.1 (0: any free port)",
     "exit": "stop both processes after the report instead of serving on",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuscope.loadgen.results import StepResult
-from gpuscope.middleware.attributes import PHASES
+from gpuscope.spans import PHASES
 
 COLORS = {
     "preprocess": "#9e9e9e",

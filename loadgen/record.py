@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuscope import __version__
 from gpuscope.loadgen.results import StepResult
-from gpuscope.middleware.attributes import PHASES
+from gpuscope.spans import PHASES
 
 PHASE_COLUMNS = tuple(f"{phase} ms" for phase in PHASES)
 COLUMNS = (

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpuscope.loadgen.stats import histogram_quantile, mean
-from gpuscope.middleware.attributes import PHASES
+from gpuscope.spans import PHASES
 
 PHASE_METRIC = "gpuscope_request_phase_seconds"
 DURATION_METRIC = "gpuscope_request_duration_seconds"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -26,7 +26,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gpuscope import __version__
-from gpuscope.middleware import attributes as attr
+from gpuscope import spans as attr
 from gpuscope.middleware import stats
 from gpuscope.middleware.phase_spans import PhaseSpanEmitter
 from gpuscope.middleware.routes import RouteResolver
@@ -38,10 +38,33 @@ if TYPE_CHECKING:
 
 RequestHook = Callable[[trace.Span, Scope], None]
 ResponseHook = Callable[[trace.Span, RequestTimeline], None]
+_HookArgument = TypeVar("_HookArgument")
 
 _KNOWN_METHODS = frozenset(
     ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY")
 )
+
+
+def _normalised_method(scope: Scope) -> str:
+    """``http.request.method``: a known method as sent, anything else ``_OTHER`` (read
+    before the span starts, so it must not raise whatever the server put there)."""
+    method = scope.get("method", "GET")
+    return method if isinstance(method, str) and method in _KNOWN_METHODS else "_OTHER"
+
+
+def _run_hook(
+    name: str,
+    hook: Callable[[trace.Span, _HookArgument], None] | None,
+    span: trace.Span,
+    argument: _HookArgument,
+) -> None:
+    """Call a user hook; an exception it raises is counted and logged, never propagated."""
+    if hook is None:
+        return
+    try:
+        hook(span, argument)
+    except Exception as exc:
+        stats.record_failure(name, exc)
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -141,6 +164,7 @@ class _Exchange:
         "context_token",
         "disconnected",
         "error",
+        "method",
         "middleware",
         "root_path",
         "scope",
@@ -157,9 +181,11 @@ class _Exchange:
         timeline: RequestTimeline,
         span: trace.Span,
         parent: Context,
+        method: str,
     ) -> None:
         span_valid = span.get_span_context().is_valid
         self.middleware = middleware
+        self.method = method
         self.span = span
         self.root_path: str = scope.get("root_path", "")
         self.timeline = timeline
@@ -177,9 +203,10 @@ class _Exchange:
         timeline = RequestTimeline()
         timeline.service_name = middleware.service_name
         parent = otel_context.get_current()
+        method = _normalised_method(scope)
         try:
             parent = _parent_context(scope)
-            span = cls._start_span(middleware, scope, timeline, parent)
+            span = cls._start_span(middleware, method, scope, timeline, parent)
         except Exception as exc:
             # Without a span the request is still served, and its marks still work.
             stats.record_failure("server_span_start", exc)
@@ -187,20 +214,19 @@ class _Exchange:
         else:
             if not span.is_recording():
                 stats.count("requests_sampled_out")
-        exchange = cls(middleware, scope, timeline, span, parent)
-        if span.is_recording() and middleware.request_hook is not None:
-            try:
-                middleware.request_hook(span, scope)
-            except Exception as exc:
-                stats.record_failure("request_hook", exc)
+        exchange = cls(middleware, scope, timeline, span, parent, method)
+        if span.is_recording():
+            _run_hook("request_hook", middleware.request_hook, span, scope)
         return exchange
 
     @staticmethod
     def _start_span(
-        middleware: GpuscopeMiddleware, scope: Scope, timeline: RequestTimeline, parent: Context
+        middleware: GpuscopeMiddleware,
+        method: str,
+        scope: Scope,
+        timeline: RequestTimeline,
+        parent: Context,
     ) -> trace.Span:
-        method = scope.get("method", "GET")
-        method = method if method in _KNOWN_METHODS else "_OTHER"
         arrived = timeline.mark_ns(ARRIVED)
         assert arrived is not None
         return middleware.tracer.start_span(
@@ -274,14 +300,9 @@ class _Exchange:
         route = timeline.route or self.middleware.routes.resolve(self.scope, self.root_path)
         if route is not None:
             attributes[attr.HTTP_ROUTE] = route
-            span.update_name(f"{self._method()} {route}")
+            span.update_name(f"{self.method} {route}")
         span.set_attributes(attributes)
-        hook = self.middleware.response_hook
-        if hook is not None:
-            try:
-                hook(span, timeline)
-            except Exception as exc:
-                stats.record_failure("response_hook", exc)
+        _run_hook("response_hook", self.middleware.response_hook, span, timeline)
         self.middleware.phase_spans.emit(
             span,
             [
@@ -297,7 +318,7 @@ class _Exchange:
     def _response_attributes(self) -> dict[str, AttributeValue]:
         timeline = self.timeline
         attributes: dict[str, AttributeValue] = {
-            attr.HTTP_REQUEST_METHOD: self._method(),
+            attr.HTTP_REQUEST_METHOD: self.method,
         }
         status = self.status
         error = self.error
@@ -340,7 +361,3 @@ class _Exchange:
         if tpot is not None:
             attributes[attr.TIME_PER_OUTPUT_TOKEN] = tpot
         return attributes
-
-    def _method(self) -> str:
-        method = self.scope.get("method", "GET")
-        return method if method in _KNOWN_METHODS else "_OTHER"

@@ -34,7 +34,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from gpuscope import __version__
-from gpuscope.middleware import attributes as attr
+from gpuscope import spans as attr
 from gpuscope.middleware import stats
 from gpuscope.middleware.timeline import (
     ADMITTED,
@@ -102,8 +102,12 @@ class Batch:
         self._completed.append(timeline)
 
     @contextmanager
-    def compute(self, trigger: str = "full", *, all_complete: bool = True) -> Iterator[Batch]:
+    def compute(
+        self, trigger: str = attr.BatchTrigger.FULL, *, all_complete: bool = True
+    ) -> Iterator[Batch]:
         """Run the batch: ``dispatched`` on entry, ``computed`` on exit, one span.
+
+        ``trigger`` says why the batch was dispatched (a ``gpuscope.spans.BatchTrigger``).
 
         Exit only once the results are on the host (after a device synchronisation),
         or ``compute`` will measure the launch instead of the work.
@@ -143,7 +147,7 @@ class Batch:
             attr.BATCH_ID: self.id,
             attr.BATCH_SIZE: len(self.members),
             attr.BATCH_MAX_SIZE: recorder.max_size,
-            attr.BATCH_TRIGGER: trigger,
+            attr.BATCH_TRIGGER: str(trigger),
         }
         if recorder.gpu_uuid is not None:
             attributes[attr.GPU_UUID] = recorder.gpu_uuid

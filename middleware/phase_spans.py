@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind
 
 from gpuscope import __version__
-from gpuscope.middleware.attributes import INSTRUMENTATION_NAME
+from gpuscope.spans import INSTRUMENTATION_NAME
 
 Child = tuple[str, int, int]  # name, start epoch ns, end epoch ns
 

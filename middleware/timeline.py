@@ -20,21 +20,26 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuscope.middleware import stats
-from gpuscope.middleware.attributes import PHASES
+from gpuscope.spans import MARKS, PHASE_MARKS
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
 
-# Indices of the ordered marks. ``first_token`` is kept apart: under continuous
-# batching it falls between ``dispatched`` and ``computed``.
-ARRIVED, ENQUEUED, ADMITTED, DISPATCHED, COMPUTED, FINISHED = range(6)
-MARK_NAMES = ("arrived", "enqueued", "admitted", "dispatched", "computed", "finished")
+# Indices of the ordered marks (``gpuscope.spans.MARKS``). ``first_token`` is kept
+# apart: under continuous batching it falls between ``dispatched`` and ``computed``.
+_MARK_INDEX = {name: index for index, name in enumerate(MARKS)}
+ARRIVED = _MARK_INDEX["arrived"]
+ENQUEUED = _MARK_INDEX["enqueued"]
+ADMITTED = _MARK_INDEX["admitted"]
+DISPATCHED = _MARK_INDEX["dispatched"]
+COMPUTED = _MARK_INDEX["computed"]
+FINISHED = _MARK_INDEX["finished"]
 _UNSET = 0
 
-# phase -> (start mark, end mark)
-PHASE_BOUNDS: dict[str, tuple[int, int]] = dict(
-    zip(PHASES, zip(range(5), range(1, 6), strict=True), strict=True)
-)
+# phase -> (start mark index, end mark index), from the contract's table
+PHASE_BOUNDS: dict[str, tuple[int, int]] = {
+    phase: (_MARK_INDEX[start], _MARK_INDEX[end]) for phase, (start, end) in PHASE_MARKS.items()
+}
 
 # perf_counter_ns() -> wall-clock epoch ns. One process-wide offset keeps the spans of
 # a batch and of its members on exactly the same instants; it is re-read every few
@@ -85,7 +90,7 @@ class RequestTimeline:
         arrived = time.perf_counter_ns()
         # Fixed for the request, so its spans start and end exactly at its marks.
         self._epoch_offset_ns = epoch_offset_ns(arrived)
-        self._marks = [arrived, _UNSET, _UNSET, _UNSET, _UNSET, _UNSET]
+        self._marks = [arrived] + [_UNSET] * (len(MARKS) - 1)
         self._first_token_ns = _UNSET
         self.ignored_marks = 0
         self.model: str | None = None

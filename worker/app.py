@@ -4,18 +4,15 @@ Endpoints: ``POST /v1/embeddings``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (``stream`` as SSE), ``GET /v1/models`` and
 ``/v1/models/{model}``; operations: ``/health``, ``/healthz`` (counters), ``/readyz``,
 ``/version``, ``/metrics``. Handlers parse and validate, hand the request to a
-scheduler and render what comes back; the schedulers mark the phases. Every error is
-an exception rendered once, in OpenAI's shape, by ``errors.EXCEPTION_HANDLERS``.
+scheduler of the ``runtime.Worker`` and render what comes back; the schedulers mark
+the phases. Every error is an exception rendered once, in OpenAI's shape, by
+``errors.EXCEPTION_HANDLERS``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry import trace
@@ -27,51 +24,21 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuscope import __version__
-from gpuscope.middleware import BatchRecorder, GpuscopeMiddleware, RequestTimeline
+from gpuscope.middleware import GpuscopeMiddleware, RequestTimeline
 from gpuscope.middleware import current_timeline as _current_timeline
 from gpuscope.worker import chat, protocol
-from gpuscope.worker.backends import load_backend
 from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.errors import EXCEPTION_HANDLERS
-from gpuscope.worker.generation import GenerationScheduler
 from gpuscope.worker.metrics import WorkerCollector, metrics_endpoint
-from gpuscope.worker.models import ByteTokenizer, EmbeddingModel, Generator
-from gpuscope.worker.protocol import CompletionIds, GenerationOptions, InvalidRequest, Limits
+from gpuscope.worker.model_api import EmbeddingModel, Generator
+from gpuscope.worker.protocol import CompletionIds, GenerationOptions, InvalidRequest
 from gpuscope.worker.request_body import read_json
-from gpuscope.worker.scheduler import BatchPolicy, DeviceThread, EmbeddingScheduler
+from gpuscope.worker.runtime import Worker, build_worker
 from gpuscope.worker.streaming import unless_disconnected
 from gpuscope.worker.text_generation import Bodies, GenerationRun
 
-logger = logging.getLogger("gpuscope.worker")
-
 # Operational endpoints are not traced: probes and scrapes would drown the requests.
 UNTRACED_PATHS: Final = ("/health", "/healthz", "/readyz", "/version", "/metrics")
-
-
-@dataclass
-class Worker:
-    """What the handlers share: configuration, schedulers and the tokenizer."""
-
-    config: WorkerConfig
-    policy: BatchPolicy
-    limits: Limits
-    tokenizer: ByteTokenizer
-    device: DeviceThread
-    embeddings: EmbeddingScheduler | None
-    completions: GenerationScheduler | None
-    created: int
-
-    def schedulers(self) -> list[EmbeddingScheduler | GenerationScheduler]:
-        return [s for s in (self.embeddings, self.completions) if s is not None]
-
-    @property
-    def serving(self) -> bool:
-        return all(s.accepting for s in self.schedulers())
-
-    async def drain(self) -> None:
-        """Stop admitting (new requests get 503), give running ones
-        ``--shutdown-timeout-s`` to finish, then fail the rest with 503."""
-        await asyncio.gather(*(s.close(self.config.shutdown_timeout_s) for s in self.schedulers()))
 
 
 def _timeline() -> RequestTimeline:
@@ -202,58 +169,6 @@ class Handlers:
         return JSONResponse({"version": __version__})
 
 
-def _build_worker(
-    config: WorkerConfig,
-    tracer_provider: trace.TracerProvider | None,
-    embedding_model: EmbeddingModel | None,
-    generator: Generator | None,
-) -> Worker:
-    gpu_uuid = config.gpu_uuid
-    if embedding_model is None or generator is None:
-        backend = load_backend(config)
-        embedding_model = embedding_model or backend.embedding
-        generator = generator or backend.generator
-        gpu_uuid = backend.gpu_uuid
-        logger.info("backend %s, gpu uuid %s", backend.name, gpu_uuid)
-    policy = BatchPolicy(
-        mode=config.batching,
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_s=config.max_queue_delay_ms / 1000,
-        max_queue=config.max_queue,
-    )
-
-    def recorder() -> BatchRecorder:
-        return BatchRecorder(
-            max_size=config.max_batch_size,
-            model=config.model_name,
-            gpu_uuid=gpu_uuid,
-            tracer_provider=tracer_provider,
-        )
-
-    device = DeviceThread()
-    limits = Limits(
-        model_name=config.model_name,
-        vocab_size=config.vocab_size,
-        max_context=min(config.max_context, generator.max_context),
-        max_new_tokens=config.max_new_tokens,
-        dimensions=embedding_model.dimensions,
-    )
-    return Worker(
-        config=config,
-        policy=policy,
-        limits=limits,
-        tokenizer=ByteTokenizer(),
-        device=device,
-        embeddings=EmbeddingScheduler(embedding_model, policy, recorder(), device)
-        if "embeddings" in config.serve
-        else None,
-        completions=GenerationScheduler(generator, policy, recorder(), device)
-        if "completions" in config.serve
-        else None,
-        created=int(time.time()),
-    )
-
-
 def _registry(worker: Worker) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     schedulers = {
@@ -318,7 +233,7 @@ def create_app(
     both stop admitting, finish what the schedulers hold within
     ``config.shutdown_timeout_s`` and fail the rest with 503; then ``on_shutdown`` runs.
     """
-    worker = _build_worker(config, tracer_provider, embedding_model, generator)
+    worker = build_worker(config, tracer_provider, embedding_model, generator)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -12,12 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from gpuscope.worker.config import ConfigError, WorkerConfig
-from gpuscope.worker.models import (
-    EmbeddingModel,
-    Generator,
-    NumpyEmbeddingMLP,
-    NumpyTokenGenerator,
-)
+from gpuscope.worker.model_api import EmbeddingModel, Generator
+from gpuscope.worker.numpy_models import NumpyEmbeddingMLP, NumpyTokenGenerator
 
 logger = logging.getLogger("gpuscope.worker")
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 from gpuscope import flags
 from gpuscope.flags import (
+    LOG_LEVELS,
     ConfigError,
     check_choice,
     check_http_url,
@@ -20,12 +22,21 @@ from gpuscope.flags import (
     check_range,
 )
 
-__all__ = ["ConfigError", "WorkerConfig", "build_parser", "parse_config"]
+__all__ = ["BatchingMode", "ConfigError", "WorkerConfig", "build_parser", "parse_config"]
 
-BATCHING_MODES: Final = ("none", "static", "dynamic", "continuous")
+
+class BatchingMode(StrEnum):
+    """How batches form from the queue (``--batching``); ``gpuscope.worker.scheduler``
+    describes each."""
+
+    NONE = "none"
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    CONTINUOUS = "continuous"
+
+
 DEVICES: Final = ("auto", "cuda", "cpu")
 ENDPOINTS: Final = ("embeddings", "completions")
-LOG_LEVELS: Final = ("critical", "error", "warning", "info", "debug")
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,7 @@ class WorkerConfig:
     port: int = 8000
     model_name: str = "gpuscope-synthetic"
     serve: tuple[str, ...] = ENDPOINTS
-    batching: str = "dynamic"
+    batching: BatchingMode = BatchingMode.DYNAMIC
     max_batch_size: int = 16
     max_queue_delay_ms: float = 5.0
     max_queue: int = 256
@@ -57,7 +68,8 @@ class WorkerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        check_choice("--batching", self.batching, BATCHING_MODES)
+        # A mode given in code as its text is kept as the enum, like a parsed flag.
+        object.__setattr__(self, "batching", batching_mode(self.batching))
         check_choice("--device", self.device, DEVICES)
         check_choice("--log-level", self.log_level, LOG_LEVELS)
         for endpoint in self.serve:
@@ -97,7 +109,7 @@ _HELP: Final = {
     "port": "port to bind (0: any free port)",
     "model_name": "model name the endpoints answer to (the 'model' field of requests)",
     "serve": "comma-separated endpoints to serve: embeddings, completions",
-    "batching": "scheduling strategy: none, static, dynamic or continuous",
+    "batching": "scheduling strategy: " + ", ".join(BatchingMode),
     "max_batch_size": "requests per batch (sequences per iteration under continuous)",
     "max_queue_delay_ms": "dynamic batching: how long a forming batch waits to fill",
     "max_queue": "queued requests beyond which new ones get 429",
@@ -120,6 +132,15 @@ _HELP: Final = {
     "shutdown_timeout_s": "on shutdown, how long in-flight requests may take to finish",
     "max_body_bytes": "largest request body accepted; a larger one gets 413 unread",
 }
+
+
+def batching_mode(value: str) -> BatchingMode:
+    """``value`` as a ``BatchingMode``; ``ConfigError`` naming ``--batching`` if it is none."""
+    try:
+        return BatchingMode(value)
+    except ValueError:
+        choices = ", ".join(BatchingMode)
+        raise ConfigError(f"--batching: expected one of {choices}, got {value!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpuscope.middleware import Batch, BatchRecorder, RequestTimeline
+from gpuscope.spans import BatchTrigger
+from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.kv_cache import KvStats, SequenceState
-from gpuscope.worker.models import Generator
+from gpuscope.worker.model_api import Generator
 from gpuscope.worker.scheduler import (
-    TRIGGER_FULL,
     BatchPolicy,
     DeviceThread,
     QueueingScheduler,
@@ -47,7 +48,6 @@ from gpuscope.worker.scheduler import (
     WorkItem,
 )
 
-TRIGGER_ITERATION: Final = "iteration"
 _END: Final = -1  # sentinel in a token stream: the sequence is complete
 
 
@@ -143,7 +143,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
     # -- request-level batches ------------------------------------------------------
 
     async def _run(self) -> None:
-        if self.policy.mode == "continuous":
+        if self.policy.mode == BatchingMode.CONTINUOUS:
             await self._run_continuous()
         else:
             await self._run_request_level()
@@ -162,7 +162,9 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                 self._running = self._leaving(self._running, lambda item: False)
                 self._done_with_batch()
 
-    def _fit_in_pool(self, items: list[Item], trigger: str) -> tuple[list[Item], str]:
+    def _fit_in_pool(
+        self, items: list[Item], trigger: BatchTrigger
+    ) -> tuple[list[Item], BatchTrigger]:
         """Reserve every row's blocks for the whole run (rows are stepped until the
         batch's longest request ends); the first rows that fit run, the others go back
         to the front of the queue. The first always fits: the pool is free between
@@ -176,9 +178,9 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
         self._queue.extendleft(reversed(items[count:]))
         for item, positions in zip(rows, wanted, strict=True):
             self.pool.reserve(item.payload.state, positions)
-        return rows, trigger if count == len(items) else TRIGGER_FULL
+        return rows, trigger if count == len(items) else BatchTrigger.FULL
 
-    async def _run_to_completion(self, items: list[Item], trigger: str) -> None:
+    async def _run_to_completion(self, items: list[Item], trigger: BatchTrigger) -> None:
         live = [item for item in items if not item.abandoned]
         if not live:
             return
@@ -272,7 +274,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                 tokens = self.model.step(states)
                 self._mark_last_tokens(rows)
                 return tokens
-            with batch.compute(trigger=TRIGGER_ITERATION, all_complete=False):
+            with batch.compute(trigger=BatchTrigger.ITERATION, all_complete=False):
                 tokens = self.model.step(states)
                 for item in rows:
                     if item.payload.generated + 1 == item.payload.max_tokens:

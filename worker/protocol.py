@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from gpuscope.worker.models import FloatArray
+from gpuscope.worker.model_api import FloatArray
 
 MAX_EMBEDDING_INPUTS: Final = 64
 MAX_PROMPTS: Final = 16

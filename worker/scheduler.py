@@ -1,4 +1,7 @@
-"""Batching schedulers, free of HTTP: a bounded queue in front of one device thread.
+"""What the batching schedulers share, free of HTTP: a bounded queue in front of one
+device thread, batch forming, shutdown, and the errors a request may get instead of a
+result. ``EmbeddingScheduler`` (``embedding``) and ``GenerationScheduler``
+(``generation``) build on ``QueueingScheduler``.
 
 ``BatchPolicy.mode`` decides how a batch forms from the queue:
 
@@ -27,18 +30,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gpuscope.middleware import BatchRecorder, RequestTimeline
-from gpuscope.worker.models import EmbeddingModel, FloatArray
+from gpuscope.spans import BatchTrigger
+from gpuscope.worker.config import BatchingMode
 
 T = TypeVar("T")
 P = TypeVar("P")
 
 logger = logging.getLogger("gpuscope.worker")
-
-TRIGGER_FULL: Final = "full"
-TRIGGER_TIMEOUT: Final = "timeout"
 
 
 class SchedulerError(Exception):
@@ -75,7 +76,7 @@ class ShuttingDown(SchedulerError):
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    mode: str
+    mode: BatchingMode
     max_batch_size: int
     max_queue_delay_s: float
     max_queue: int
@@ -231,14 +232,15 @@ class QueueingScheduler(Generic[P]):
             except TimeoutError:
                 return None
 
-    async def _form_batch(self, limit: int) -> tuple[list[WorkItem[P]], str]:
+    async def _form_batch(self, limit: int) -> tuple[list[WorkItem[P]], BatchTrigger]:
         """Wait for a request, then fill a batch up to ``limit`` as the mode says."""
         first = await self._take(None)
         assert first is not None
         self._busy = True
         first.timeline.admitted()
         items = [first]
-        wait_s = self.policy.max_queue_delay_s if self.policy.mode == "dynamic" else 0.0
+        dynamic = self.policy.mode == BatchingMode.DYNAMIC
+        wait_s = self.policy.max_queue_delay_s if dynamic else 0.0
         deadline = time.monotonic() + wait_s
         while len(items) < limit:
             item = await self._take(deadline)
@@ -246,10 +248,10 @@ class QueueingScheduler(Generic[P]):
                 break
             item.timeline.admitted()
             items.append(item)
-        return items, TRIGGER_FULL if len(items) == limit else TRIGGER_TIMEOUT
+        return items, BatchTrigger.FULL if len(items) == limit else BatchTrigger.TIMEOUT
 
     def _batch_limit(self) -> int:
-        return 1 if self.policy.mode == "none" else self.policy.max_batch_size
+        return 1 if self.policy.mode == BatchingMode.NONE else self.policy.max_batch_size
 
     def _note_batch(self, seconds: float) -> None:
         self._recent_batch_s = seconds
@@ -288,90 +290,3 @@ class QueueingScheduler(Generic[P]):
         leftover = list(self._queue)
         self._queue.clear()
         self._fail(leftover, ShuttingDown())
-
-
-class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
-    """Batches embedding requests into one forward pass per batch."""
-
-    def __init__(
-        self,
-        model: EmbeddingModel,
-        policy: BatchPolicy,
-        recorder: BatchRecorder,
-        device: DeviceThread,
-    ) -> None:
-        super().__init__(policy, recorder, device)
-        self.model = model
-        self._in_batch = 0
-
-    @property
-    def running(self) -> int:
-        """Requests in the batch on the device now."""
-        return self._in_batch
-
-    async def embed(
-        self, inputs: Sequence[Sequence[int]], timeline: RequestTimeline, *, timeout_s: float
-    ) -> FloatArray:
-        """One embedding per input (rows of the result), or a ``SchedulerError``."""
-        item = self.submit(inputs, timeline)
-        try:
-            async with asyncio.timeout(timeout_s):
-                result: FloatArray = await asyncio.shield(item.future)
-        except TimeoutError:
-            self.abandon(item, RequestTimedOut(timeout_s))
-            raise RequestTimedOut(timeout_s) from None
-        except asyncio.CancelledError:
-            self.abandon(item)
-            raise
-        return result
-
-    async def _run(self) -> None:
-        while True:
-            items, trigger = await self._form_batch(self._batch_limit())
-            self._in_batch = len(items)
-            try:
-                await self._compute(items, trigger)
-            except asyncio.CancelledError:  # close() gave up on this batch
-                self._fail(items, ShuttingDown())
-                raise
-            finally:
-                self._in_batch = 0
-                self._done_with_batch()
-
-    async def _compute(self, items: list[WorkItem[Sequence[Sequence[int]]]], trigger: str) -> None:
-        live = [item for item in items if not item.abandoned]
-        if not live:
-            return
-        batch = self.recorder.batch()
-        for item in live:
-            batch.admit(item.timeline)  # keeps the ``admitted`` mark set when taken
-        rows = [tokens for item in live for tokens in item.payload]
-
-        def forward() -> FloatArray:
-            with batch.compute(trigger=trigger):
-                return self.model.embed(rows)
-
-        started = time.monotonic()
-        try:
-            vectors = await self.device.run(forward)
-        except Exception as exc:
-            for item in live:
-                if not item.future.done():
-                    self.counters.failed += 1
-                    item.future.set_exception(exc)
-            return
-        self._note_batch(time.monotonic() - started)
-        offset = 0
-        for item in live:
-            count = len(item.payload)
-            if not item.future.done():
-                self.counters.completed += 1
-                item.future.set_result(vectors[offset : offset + count])
-            offset += count
-
-    def _fail(
-        self, items: Sequence[WorkItem[Sequence[Sequence[int]]]], error: BaseException
-    ) -> None:
-        for item in items:
-            if not item.future.done():
-                item.future.set_exception(error)

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
-from gpuscope.worker.models import FloatArray, NumpyEmbeddingMLP, NumpyTokenGenerator
+from gpuscope.worker.model_api import FloatArray
+from gpuscope.worker.numpy_models import NumpyEmbeddingMLP, NumpyTokenGenerator
 from gpuscope.worker.packing import advance, pack_iteration
 
 

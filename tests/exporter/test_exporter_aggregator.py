@@ -10,10 +10,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry
 
+from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.series import OVERFLOW
-from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import T0, FakeGpuSource, SpanFactory, encode, value
 
 

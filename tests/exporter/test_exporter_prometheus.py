@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gpuscope import spans as attr
 from gpuscope.exporter.server import RunningExporter, start_exporter
-from gpuscope.middleware import attributes as attr
 from support.binaries import require_binary
 from support.exporter_fixtures import (
     FakeGpuSource,

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.render import render_histograms
 from gpuscope.exporter.series import HistogramFamily, HistogramSeries
-from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import SpanFactory, encode, samples
 
 

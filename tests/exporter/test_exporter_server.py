@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from gpuscope import spans as attr
 from gpuscope.exporter.app import STATE
 from gpuscope.exporter.server import RunningExporter, start_exporter
-from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import (
     FakeGpuSource,
     SpanFactory,

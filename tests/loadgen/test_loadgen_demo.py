@@ -8,14 +8,15 @@ import pytest
 
 from gpuscope.loadgen.demo import DemoFailed, DemoOptions, main, parse_args, run_demo
 from gpuscope.loadgen.processes import free_port
-from gpuscope.middleware.attributes import PHASES
+from gpuscope.spans import PHASES
+from gpuscope.worker.config import BatchingMode
 
 
 def test_the_demo_shows_where_the_time_went(capsys: pytest.CaptureFixture[str]) -> None:
     options = DemoOptions(
         duration_s=2.0,
         concurrency=4,
-        batching="dynamic",
+        batching=BatchingMode.DYNAMIC,
         exporter_port=free_port(),
         worker_port=free_port(),
         exit=True,

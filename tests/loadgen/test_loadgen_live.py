@@ -19,7 +19,7 @@ from gpuscope.loadgen.processes import Children, free_port, wait_ready
 from gpuscope.loadgen.results import Load, StepResult
 from gpuscope.loadgen.runner import Live, Plan, Runner, Target
 from gpuscope.loadgen.workload import Lengths, parse_mix, synthetic_requests
-from gpuscope.middleware.attributes import PHASES
+from gpuscope.spans import PHASES
 from gpuscope.worker.backends import numpy_models
 from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, serve_worker
 

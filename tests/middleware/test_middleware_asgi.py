@@ -20,7 +20,7 @@ from gpuscope.middleware import GpuscopeMiddleware, current_timeline, stats
 from gpuscope.middleware.timeline import COMPUTED
 from gpuscope.middleware.types import Message, Receive, Scope, Send
 from support.middleware_asgi import call, http_scope
-from support.middleware_spans import SpanRecorder
+from support.span_recorder import SpanRecorder
 
 
 async def phased_app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,7 +12,7 @@ from gpuscope.middleware import BatchRecorder, GpuscopeMiddleware, RequestTimeli
 from gpuscope.middleware.timeline import ADMITTED, COMPUTED, DISPATCHED
 from gpuscope.middleware.types import Receive, Scope, Send
 from support.middleware_asgi import call, http_scope
-from support.middleware_spans import SpanRecorder
+from support.span_recorder import SpanRecorder
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 

@@ -9,7 +9,7 @@ import pytest
 from gpuscope.middleware import GpuscopeMiddleware, current_timeline, stats
 from gpuscope.middleware.types import Message, Receive, Scope, Send
 from support.middleware_asgi import call, http_scope
-from support.middleware_spans import SpanRecorder
+from support.span_recorder import SpanRecorder
 
 
 def attributes(span: Any) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from gpuscope.middleware import GpuscopeMiddleware, current_timeline
-from support.middleware_spans import SpanRecorder
 from support.servers import run_uvicorn
+from support.span_recorder import SpanRecorder
 
 CHUNKS = 32
 
@@ -47,7 +47,7 @@ def test_a_streamed_response_is_one_span_never_one_per_chunk(
     with run_uvicorn(streaming_app(span_recorder)) as url:
         with httpx.stream("GET", f"{url}/v1/stream", timeout=10) as response:
             body = b"".join(response.iter_bytes())
-        spans = span_recorder.wait_for(lambda spans: len(spans) >= 1)
+        spans = span_recorder.wait_for(lambda r: len(r.spans()) >= 1)
     assert body == b"".join(f"data: token-{i}\n\n".encode() for i in range(CHUNKS))
     assert [span.name for span in spans] == ["GET /v1/stream"]
     attrs: dict[str, Any] = dict(spans[0].attributes or {})
@@ -63,7 +63,7 @@ def test_a_client_that_disconnects_mid_stream_is_recorded(span_recorder: SpanRec
             for received, _ in enumerate(response.iter_bytes(), start=1):
                 if received == 3:
                     break  # leaving the block closes the connection mid-stream
-        spans = span_recorder.wait_for(lambda spans: len(spans) >= 1)
+        spans = span_recorder.wait_for(lambda r: len(r.spans()) >= 1)
     attrs: dict[str, Any] = dict(spans[0].attributes or {})
     assert attrs["http.response.status_code"] == 499
     assert attrs["error.type"] == "client_disconnected"
@@ -80,6 +80,6 @@ async def test_concurrent_requests_through_uvicorn_each_get_their_own_span(
                 *(client.get(f"/v1/stream?n={n}&pause=0.001") for n in sizes)
             )
         assert all(r.status_code == 200 for r in responses)
-        spans = span_recorder.wait_for(lambda spans: len(spans) >= len(sizes))
+        spans = span_recorder.wait_for(lambda r: len(r.spans()) >= len(sizes))
     tokens = sorted((s.attributes or {})["gen_ai.usage.output_tokens"] for s in spans)  # type: ignore[type-var]
     assert tokens == sizes

@@ -23,10 +23,10 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.samples import Sample
 
+from gpuscope import spans as attr
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 from gpuscope.exporter.server import RunningExporter, start_exporter
-from gpuscope.middleware import attributes as attr
 
 T0 = 1_700_000_000_000_000_000  # a fixed epoch instant (ns) for span times
 
@@ -83,7 +83,7 @@ class SpanFactory:
             attr.BATCH_ID: "b-1",
             attr.BATCH_SIZE: size,
             attr.BATCH_MAX_SIZE: 32,
-            attr.BATCH_TRIGGER: "full",
+            attr.BATCH_TRIGGER: attr.BatchTrigger.FULL,
             attr.GPU_UUID: "GPU-aaaa",
             attr.GEN_AI_REQUEST_MODEL: "m1",
         }

@@ -25,9 +25,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from gpuscope import spans as attr
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
-from gpuscope.middleware import attributes as attr
 
 LIMITS = otlp.Limits(max_body_bytes=8 << 20, max_decompressed_bytes=8 << 20)
 

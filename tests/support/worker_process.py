@@ -24,7 +24,7 @@ from gpuscope.worker.backends import numpy_models
 from gpuscope.worker.cli import serve
 from gpuscope.worker.config import parse_config
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
-from gpuscope.worker.models import Generator
+from gpuscope.worker.model_api import Generator
 
 _LISTENING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 

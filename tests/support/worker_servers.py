@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 
 from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
-from gpuscope.worker.models import EmbeddingModel, FloatArray, Generator
-from support.middleware_spans import EndNotifier
+from gpuscope.worker.model_api import EmbeddingModel, FloatArray, Generator
 from support.servers import run_uvicorn
+from support.span_recorder import SpanRecorder
 
 # Small models: real compute, fast on two cores.
 SMALL = WorkerConfig(hidden_size=64, layers=1, vocab_size=512, max_context=512, max_new_tokens=450)
@@ -29,44 +26,9 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
-@dataclass
-class WorkerSpans:
-    provider: TracerProvider
-    exporter: InMemorySpanExporter
-    condition: threading.Condition = field(default_factory=threading.Condition)
-
-    def all(self) -> list[ReadableSpan]:
-        return list(self.exporter.get_finished_spans())
-
-    def servers(self, route: str | None = None) -> list[ReadableSpan]:
-        spans = [s for s in self.all() if s.kind.name == "SERVER"]
-        if route is None:
-            return spans
-        return [s for s in spans if (s.attributes or {}).get("http.route") == route]
-
-    def batches(self) -> list[ReadableSpan]:
-        return [s for s in self.all() if s.name == "gpuscope.batch"]
-
-    def wait_for(self, predicate: Callable[[WorkerSpans], bool], timeout: float = 10.0) -> None:
-        with self.condition:
-            if not self.condition.wait_for(lambda: predicate(self), timeout):
-                pytest.fail(f"spans never matched: {[s.name for s in self.all()]}")
-
-
-@pytest.fixture
-def worker_spans() -> Iterator[WorkerSpans]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    spans = WorkerSpans(provider, exporter)
-    provider.add_span_processor(EndNotifier(spans.condition))
-    yield spans
-    provider.shutdown()
-
-
 @contextmanager
 def serve_worker(
-    spans: WorkerSpans | None = None,
+    spans: SpanRecorder | None = None,
     *,
     embedding_model: EmbeddingModel | None = None,
     generator: Generator | None = None,

@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from gpuscope import __version__
-from support.worker_servers import SMALL, WorkerSpans, attrs, serve_worker
+from support.span_recorder import SpanRecorder
+from support.worker_servers import SMALL, attrs, serve_worker
 
 MODEL = SMALL.model_name
 MODES = ["none", "static", "dynamic", "continuous"]
@@ -30,7 +31,7 @@ def _async_client(url: str) -> openai.AsyncOpenAI:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_worker_chat_completions_whole_and_streamed(
-    mode: str, worker_spans: WorkerSpans
+    mode: str, span_recorder: SpanRecorder
 ) -> None:
     messages: list[Any] = [
         {"role": "system", "content": "Be brief."},
@@ -41,7 +42,7 @@ async def test_worker_chat_completions_whole_and_streamed(
         {"role": "assistant", "content": "Hello."},
         {"role": "user", "content": "Again?"},
     ]
-    with serve_worker(worker_spans, batching=mode, max_batch_size=4) as url:
+    with serve_worker(span_recorder, batching=mode, max_batch_size=4) as url:
         client = _async_client(url)
         whole = await client.chat.completions.create(
             model=MODEL, messages=messages, max_completion_tokens=9, seed=3, top_p=0.5
@@ -74,8 +75,8 @@ async def test_worker_chat_completions_whole_and_streamed(
     assert roles[0] == "assistant" and reasons[-1] == "length" and set(reasons[:-1]) == {None}
     assert usages[:-1] == [None] * (len(usages) - 1)  # "usage": null on content chunks
     assert usages[-1] is not None and usages[-1].completion_tokens == 9
-    worker_spans.wait_for(lambda s: len(s.servers("/v1/chat/completions")) == 2)
-    for span in worker_spans.servers("/v1/chat/completions"):
+    span_recorder.wait_for(lambda s: len(s.server_spans("/v1/chat/completions")) == 2)
+    for span in span_recorder.server_spans("/v1/chat/completions"):
         found = attrs(span)
         assert found["gen_ai.operation.name"] == "chat"
         assert found["gen_ai.usage.input_tokens"] == prompt_tokens
@@ -114,9 +115,9 @@ async def _reference(client: openai.AsyncOpenAI, max_tokens: int) -> str:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_worker_stop_strings_end_generation_exactly_there(
-    mode: str, worker_spans: WorkerSpans
+    mode: str, span_recorder: SpanRecorder
 ) -> None:
-    with serve_worker(worker_spans, batching=mode, max_batch_size=4) as url:
+    with serve_worker(span_recorder, batching=mode, max_batch_size=4) as url:
         client = _async_client(url)
         full = await _reference(client, 40)
         stops = [full[25:28], full[12:15]]  # the earlier one must win
@@ -144,10 +145,10 @@ async def test_worker_stop_strings_end_generation_exactly_there(
     assert "".join(pieces) == full[: full.find(stops[1])] and reasons[-1] == "stop"
     assert chat.choices[0].finish_reason == "length"  # a stop string that never comes
     assert health["completions"]["completed"] == 4 and health["completions"]["cancelled"] == 0
-    worker_spans.wait_for(lambda s: len(s.servers("/v1/completions")) == 3)
+    span_recorder.wait_for(lambda s: len(s.server_spans("/v1/completions")) == 3)
     stopped = [
         attrs(s)
-        for s in worker_spans.servers("/v1/completions")
+        for s in span_recorder.server_spans("/v1/completions")
         if attrs(s)["gen_ai.usage.output_tokens"] < 40
     ]
     assert len(stopped) == 2
@@ -156,10 +157,10 @@ async def test_worker_stop_strings_end_generation_exactly_there(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_worker_several_prompts_are_choices_batched_together(
-    mode: str, worker_spans: WorkerSpans
+    mode: str, span_recorder: SpanRecorder
 ) -> None:
     prompts = [PROMPT, "hi", "another prompt"]
-    with serve_worker(worker_spans, batching=mode, max_batch_size=4, max_queue_delay_ms=50) as url:
+    with serve_worker(span_recorder, batching=mode, max_batch_size=4, max_queue_delay_ms=50) as url:
         client = _async_client(url)
         alone = [
             await client.completions.create(model=MODEL, prompt=p, max_tokens=6) for p in prompts
@@ -188,8 +189,8 @@ async def test_worker_several_prompts_are_choices_batched_together(
     assert together.usage.completion_tokens == 18
     assert usages[-1] is not None and usages[-1].completion_tokens == 18
     assert all(u is None for u in usages[:-1])
-    worker_spans.wait_for(lambda s: len(s.servers("/v1/completions")) == 5)
-    sizes = {attrs(s)["gpuscope.batch.size"] for s in worker_spans.batches()}
+    span_recorder.wait_for(lambda s: len(s.server_spans("/v1/completions")) == 5)
+    sizes = {attrs(s)["gpuscope.batch.size"] for s in span_recorder.batches()}
     if mode == "none":
         assert sizes == {1}
     else:

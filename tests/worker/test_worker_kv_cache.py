@@ -13,12 +13,14 @@ import pytest
 
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker.backends import numpy_models
-from gpuscope.worker.config import ConfigError, parse_config
+from gpuscope.worker.config import BatchingMode, ConfigError, parse_config
 from gpuscope.worker.generation import CacheTooSmall, GenerationScheduler, TokenStream
 from gpuscope.worker.kv_cache import BlockPool, KvCacheFull, SequenceState
-from gpuscope.worker.models import Generator, NumpyTokenGenerator
+from gpuscope.worker.model_api import Generator
+from gpuscope.worker.numpy_models import NumpyTokenGenerator
 from gpuscope.worker.scheduler import BatchPolicy, DeviceThread
-from support.worker_servers import SMALL, Gate, GatedGenerator, WorkerSpans, serve_worker
+from support.span_recorder import SpanRecorder
+from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(40, 52)), [9], [70, 71, 72], list(range(100, 107))]
 MAX_TOKENS = [24, 18, 30, 12, 20]
@@ -51,7 +53,10 @@ class CheckedGenerator(GatedGenerator):
 
 
 def _scheduler(
-    model: Generator, spans: WorkerSpans, mode: str = "continuous", batch: int = 8
+    model: Generator,
+    spans: SpanRecorder,
+    mode: BatchingMode = BatchingMode.CONTINUOUS,
+    batch: int = 8,
 ) -> GenerationScheduler:
     policy = BatchPolicy(mode=mode, max_batch_size=batch, max_queue_delay_s=0.0, max_queue=64)
     recorder = BatchRecorder(max_size=batch, model="m", tracer_provider=spans.provider)
@@ -132,22 +137,22 @@ def test_worker_generator_step_without_blocks_is_refused() -> None:
     assert generator.kv_pool.used == 0 and state.length == 0
 
 
-@pytest.mark.parametrize("mode", ["continuous", "static"])
+@pytest.mark.parametrize("mode", [BatchingMode.CONTINUOUS, BatchingMode.STATIC])
 async def test_worker_small_pool_gives_the_same_tokens_and_conserves_blocks(
-    mode: str, worker_spans: WorkerSpans
+    mode: BatchingMode, span_recorder: SpanRecorder
 ) -> None:
     """A pool far smaller than the load preempts (continuous) or narrows the batches
     (static); every request gets the tokens it gets with a roomy pool, the steps never
     hold more blocks than the pool has, and every block comes back."""
     roomy = CheckedGenerator(_generator(256, 4))
-    expected = await _generate(_scheduler(roomy, worker_spans, mode))
+    expected = await _generate(_scheduler(roomy, span_recorder, mode))
     small = CheckedGenerator(_generator(12, 4))  # 48 positions; the longest request needs 36
-    scheduler = _scheduler(small, worker_spans, mode)
+    scheduler = _scheduler(small, span_recorder, mode)
     assert await _generate(scheduler) == expected
     assert [len(tokens) for tokens in expected] == MAX_TOKENS
     stats = scheduler.kv_stats()
     assert small.most_used <= 12 and roomy.most_used > 12  # the small pool did constrain
-    if mode == "continuous":
+    if mode == BatchingMode.CONTINUOUS:
         assert stats.preemptions_total > 0
     assert stats.iterations_total == small.steps
     assert (stats.running, stats.waiting, stats.blocks_used, stats.blocks_total) == (0, 0, 0, 12)
@@ -156,12 +161,12 @@ async def test_worker_small_pool_gives_the_same_tokens_and_conserves_blocks(
 
 
 async def test_worker_kv_stats_and_blocks_of_cancelled_requests(
-    worker_spans: WorkerSpans,
+    span_recorder: SpanRecorder,
 ) -> None:
     """While the device holds a step, the stats show the running batch, the waiting
     queue and the blocks held; cancelled requests, running or waiting, free them all."""
     gated = CheckedGenerator(_generator(12, 4))
-    scheduler = _scheduler(gated, worker_spans, batch=2)
+    scheduler = _scheduler(gated, span_recorder, batch=2)
     scheduler.start()
     gated.gate.close()
     streams = [
@@ -181,9 +186,9 @@ async def test_worker_kv_stats_and_blocks_of_cancelled_requests(
 
 
 async def test_worker_request_too_big_for_the_whole_pool_is_refused(
-    worker_spans: WorkerSpans,
+    span_recorder: SpanRecorder,
 ) -> None:
-    scheduler = _scheduler(_generator(4, 4), worker_spans)  # 16 positions in all
+    scheduler = _scheduler(_generator(4, 4), span_recorder)  # 16 positions in all
     scheduler.start()
     with pytest.raises(CacheTooSmall, match="needs 17 key/value cache positions") as refused:
         scheduler.generate([1] * 5, 12, RequestTimeline(), timeout_s=5)  # BOS + 5 + 11
@@ -207,12 +212,12 @@ async def test_worker_http_answers_400_for_a_request_the_cache_cannot_hold() -> 
 
 
 async def test_worker_preempted_requests_cancelled_free_everything(
-    worker_spans: WorkerSpans,
+    span_recorder: SpanRecorder,
 ) -> None:
     """Cancelled while some sequences wait preempted and others run: every block
     comes back, and the scheduler goes idle."""
     checked = CheckedGenerator(_generator(16, 4))
-    scheduler = _scheduler(checked, worker_spans)
+    scheduler = _scheduler(checked, span_recorder)
     scheduler.start()
     streams = [scheduler.generate(p, 40, RequestTimeline(), timeout_s=60) for p in PROMPTS]
     seen = None
@@ -231,15 +236,17 @@ async def test_worker_preempted_requests_cancelled_free_everything(
     _assert_conserved(checked.kv_pool)
 
 
-async def test_worker_torch_paged_cache_preempts_to_numpy_tokens(worker_spans: WorkerSpans) -> None:
+async def test_worker_torch_paged_cache_preempts_to_numpy_tokens(
+    span_recorder: SpanRecorder,
+) -> None:
     """The torch generator reads the same block tables: under a pool that preempts, it
     gives the NumPy generator's tokens (skipped without torch)."""
     torch = pytest.importorskip("torch")
     from gpuscope.worker.torch_models import TorchTokenGenerator
 
-    expected = await _generate(_scheduler(_generator(256, 4), worker_spans))
+    expected = await _generate(_scheduler(_generator(256, 4), span_recorder))
     on_torch = CheckedGenerator(TorchTokenGenerator(_generator(12, 4), torch.device("cpu")))
-    scheduler = _scheduler(on_torch, worker_spans)
+    scheduler = _scheduler(on_torch, span_recorder)
     assert await _generate(scheduler) == expected
     assert scheduler.kv_stats().preemptions_total > 0
     _assert_conserved(on_torch.kv_pool)

@@ -13,6 +13,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.worker.backends import numpy_models
+from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.metrics import WorkerCollector
 from gpuscope.worker.scheduler import BatchPolicy, Counters
@@ -43,7 +44,9 @@ def test_worker_collector_reads_live_values_at_every_scrape() -> None:
     registry.register(
         WorkerCollector(
             {"embeddings": embeddings, "completions": FakeScheduler(0, 0, Counters())},
-            BatchPolicy("dynamic", max_batch_size=16, max_queue_delay_s=0.005, max_queue=256),
+            BatchPolicy(
+                BatchingMode.DYNAMIC, max_batch_size=16, max_queue_delay_s=0.005, max_queue=256
+            ),
             model_name="m",
             kv_stats=("completions", lambda: kv),
             telemetry=lambda: telemetry,

@@ -13,17 +13,18 @@ import pytest
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker import protocol
 from gpuscope.worker.backends import load_backend, numpy_models
-from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.embedding import EmbeddingScheduler
 from gpuscope.worker.kv_cache import SequenceState
-from gpuscope.worker.models import EmbeddingModel, Generator
+from gpuscope.worker.model_api import EmbeddingModel, Generator
 from gpuscope.worker.scheduler import (
     BatchPolicy,
     DeviceThread,
-    EmbeddingScheduler,
     QueueFull,
     ShuttingDown,
 )
-from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, WorkerSpans, attrs
+from support.span_recorder import SpanRecorder
+from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, attrs
 
 
 def test_worker_config_flags_env_twins_and_errors_that_name_the_flag() -> None:
@@ -100,23 +101,23 @@ def test_worker_embeddings_base64_matches_float() -> None:
 
 
 def _scheduler(
-    model: EmbeddingModel, worker_spans: WorkerSpans, **policy: float | int | str
+    model: EmbeddingModel, span_recorder: SpanRecorder, **policy: float | int | BatchingMode
 ) -> EmbeddingScheduler:
     settings: dict[str, Any] = {
-        "mode": "dynamic",
+        "mode": BatchingMode.DYNAMIC,
         "max_batch_size": 4,
         "max_queue_delay_s": 0.005,
         "max_queue": 8,
     } | policy
-    recorder = BatchRecorder(max_size=4, model="m", tracer_provider=worker_spans.provider)
+    recorder = BatchRecorder(max_size=4, model="m", tracer_provider=span_recorder.provider)
     return EmbeddingScheduler(model, BatchPolicy(**settings), recorder, DeviceThread())
 
 
 async def test_worker_scheduler_marks_every_phase_and_fills_batches(
-    worker_spans: WorkerSpans,
+    span_recorder: SpanRecorder,
 ) -> None:
     embedding, _ = numpy_models(SMALL)
-    scheduler = _scheduler(embedding, worker_spans)
+    scheduler = _scheduler(embedding, span_recorder)
     scheduler.start()
     timelines = [RequestTimeline() for _ in range(8)]
     results = await asyncio.gather(
@@ -128,7 +129,7 @@ async def test_worker_scheduler_marks_every_phase_and_fills_batches(
         phases = timeline.phase_seconds()
         assert {"preprocess", "queue", "batch_wait", "compute"} <= set(phases)
         assert all(seconds >= 0 for seconds in phases.values())
-    sizes = sorted(attrs(s)["gpuscope.batch.size"] for s in worker_spans.batches())
+    sizes = sorted(attrs(s)["gpuscope.batch.size"] for s in span_recorder.batches())
     assert sum(sizes) == 8
     assert max(sizes) == 4  # submitted together: full batches
     assert {timeline.batch_size for timeline in timelines} == {4}
@@ -136,12 +137,12 @@ async def test_worker_scheduler_marks_every_phase_and_fills_batches(
 
 @pytest.mark.parametrize("device_frees_in_time", [True, False])
 async def test_worker_scheduler_shutdown_finishes_or_cancels(
-    device_frees_in_time: bool, worker_spans: WorkerSpans
+    device_frees_in_time: bool, span_recorder: SpanRecorder
 ) -> None:
     gate = Gate()
     embedding, _ = numpy_models(SMALL)
     scheduler = _scheduler(
-        GatedEmbeddingModel(embedding, gate), worker_spans, mode="none", max_queue=2
+        GatedEmbeddingModel(embedding, gate), span_recorder, mode=BatchingMode.NONE, max_queue=2
     )
     scheduler.start()
     gate.close()

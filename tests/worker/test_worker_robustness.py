@@ -9,12 +9,12 @@ import httpx
 import pytest
 
 from gpuscope.worker.backends import numpy_models
+from support.span_recorder import SpanRecorder
 from support.worker_servers import (
     SMALL,
     Gate,
     GatedEmbeddingModel,
     GatedGenerator,
-    WorkerSpans,
     attrs,
     serve_worker,
 )
@@ -23,13 +23,13 @@ MODEL = SMALL.model_name
 
 
 async def test_worker_overload_answers_429_and_loses_no_accepted_request(
-    worker_spans: WorkerSpans,
+    span_recorder: SpanRecorder,
 ) -> None:
     gate = Gate()
     embedding, _ = numpy_models(SMALL)
     gate.close()  # the device will be busy: requests pile up in the queue
     with serve_worker(
-        worker_spans,
+        span_recorder,
         embedding_model=GatedEmbeddingModel(embedding, gate),
         batching="none",
         max_queue=3,
@@ -70,12 +70,12 @@ async def test_worker_overload_answers_429_and_loses_no_accepted_request(
     assert health["completed"] == 4
 
 
-async def test_worker_request_timeout_answers_504(worker_spans: WorkerSpans) -> None:
+async def test_worker_request_timeout_answers_504(span_recorder: SpanRecorder) -> None:
     gate = Gate()
     embedding, _ = numpy_models(SMALL)
     gate.close()
     with serve_worker(
-        worker_spans,
+        span_recorder,
         embedding_model=GatedEmbeddingModel(embedding, gate),
         batching="none",
         request_timeout_s=0.2,
@@ -91,11 +91,11 @@ async def test_worker_request_timeout_answers_504(worker_spans: WorkerSpans) -> 
     assert after.status_code == 200  # the worker survived and serves the next one
 
 
-async def test_worker_disconnected_stream_frees_its_slot(worker_spans: WorkerSpans) -> None:
+async def test_worker_disconnected_stream_frees_its_slot(span_recorder: SpanRecorder) -> None:
     gate = Gate()
     _, generator = numpy_models(SMALL)
     with serve_worker(
-        worker_spans,
+        span_recorder,
         generator=GatedGenerator(generator, gate),
         batching="continuous",
         max_batch_size=1,  # one slot: the next request needs the abandoned one's
@@ -108,7 +108,7 @@ async def test_worker_disconnected_stream_frees_its_slot(worker_spans: WorkerSpa
                         gate.close()  # mid-generation: it cannot finish on its own
                         break
             # The connection is closed; the server sees the disconnect.
-            worker_spans.wait_for(lambda s: len(s.servers("/v1/completions")) == 1)
+            span_recorder.wait_for(lambda s: len(s.server_spans("/v1/completions")) == 1)
             gate.open()
             follow = {"model": MODEL, "prompt": "next", "max_tokens": 4}
             answer = await client.post("/v1/completions", json=follow)
@@ -116,7 +116,7 @@ async def test_worker_disconnected_stream_frees_its_slot(worker_spans: WorkerSpa
     assert answer.status_code == 200
     assert answer.json()["usage"]["completion_tokens"] == 4
     assert health["cancelled"] == 1
-    abandoned = worker_spans.servers("/v1/completions")[0]
+    abandoned = span_recorder.server_spans("/v1/completions")[0]
     found = attrs(abandoned)
     assert found["http.response.status_code"] == 499
     assert found["error.type"] == "client_disconnected"

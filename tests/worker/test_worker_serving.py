@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from gpuscope.worker.backends import numpy_models
-from support.worker_servers import SMALL, Gate, GatedGenerator, WorkerSpans, attrs, serve_worker
+from support.span_recorder import SpanRecorder
+from support.worker_servers import SMALL, Gate, GatedGenerator, attrs, serve_worker
 
 MODEL = SMALL.model_name
 PHASES = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
@@ -30,11 +31,11 @@ async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> 
 
 @pytest.mark.parametrize("mode", ["none", "static", "dynamic", "continuous"])
 async def test_worker_every_mode_serves_concurrent_requests(
-    mode: str, worker_spans: WorkerSpans
+    mode: str, span_recorder: SpanRecorder
 ) -> None:
     embedding_model, _ = numpy_models(SMALL)
     texts = [f"request number {i}" for i in range(12)]
-    with serve_worker(worker_spans, batching=mode, max_batch_size=4) as url:
+    with serve_worker(span_recorder, batching=mode, max_batch_size=4) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             embeds = [_embed(client, text) for text in texts]
             completes = [_complete(client, text, 5) for text in texts]
@@ -48,19 +49,19 @@ async def test_worker_every_mode_serves_concurrent_requests(
         body = answer.json()
         assert body["usage"]["completion_tokens"] == 5
         assert len(body["choices"][0]["text"]) == 5
-    sizes = [attrs(s)["gpuscope.batch.size"] for s in worker_spans.batches()]
+    sizes = [attrs(s)["gpuscope.batch.size"] for s in span_recorder.batches()]
     assert max(sizes) <= (1 if mode == "none" else 4)
 
 
-async def test_worker_dynamic_batches_share_and_phases_add_up(worker_spans: WorkerSpans) -> None:
+async def test_worker_dynamic_batches_share_and_phases_add_up(span_recorder: SpanRecorder) -> None:
     with serve_worker(
-        worker_spans, batching="dynamic", max_batch_size=8, max_queue_delay_ms=5
+        span_recorder, batching="dynamic", max_batch_size=8, max_queue_delay_ms=5
     ) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             answers = await asyncio.gather(*(_embed(client, f"text {i}") for i in range(16)))
     assert all(a.status_code == 200 for a in answers)
-    worker_spans.wait_for(lambda s: len(s.servers("/v1/embeddings")) == 16)
-    servers = worker_spans.servers("/v1/embeddings")
+    span_recorder.wait_for(lambda s: len(s.server_spans("/v1/embeddings")) == 16)
+    servers = span_recorder.server_spans("/v1/embeddings")
     batch_of: Counter[Any] = Counter()
     for span in servers:
         found = attrs(span)
@@ -72,7 +73,7 @@ async def test_worker_dynamic_batches_share_and_phases_add_up(worker_spans: Work
         assert found["gen_ai.request.model"] == MODEL
         batch_of[found["gpuscope.batch.id"]] += 1
     assert len(batch_of) < 16, "concurrent requests never shared a batch"
-    batches = {attrs(s)["gpuscope.batch.id"]: s for s in worker_spans.batches()}
+    batches = {attrs(s)["gpuscope.batch.id"]: s for s in span_recorder.batches()}
     for batch_id, members in batch_of.items():
         batch = batches[batch_id]
         assert attrs(batch)["gpuscope.batch.size"] == members
@@ -101,12 +102,12 @@ async def _stream_events(
 
 @pytest.mark.parametrize("mode", ["continuous", "static"])
 async def test_worker_newcomer_joins_running_generation_only_when_continuous(
-    mode: str, worker_spans: WorkerSpans
+    mode: str, span_recorder: SpanRecorder
 ) -> None:
     gate = Gate()
     _, generator = numpy_models(SMALL)
     gated = GatedGenerator(generator, gate)
-    with serve_worker(worker_spans, generator=gated, batching=mode, max_batch_size=4) as url:
+    with serve_worker(span_recorder, generator=gated, batching=mode, max_batch_size=4) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             long_started = asyncio.Event()
             long_task = asyncio.create_task(
@@ -126,14 +127,15 @@ async def test_worker_newcomer_joins_running_generation_only_when_continuous(
     chunks = [json.loads(e) for e in short_events[:-1]]
     assert len(chunks) == 3
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    worker_spans.wait_for(lambda s: len(s.servers("/v1/completions")) == 2)
+    span_recorder.wait_for(lambda s: len(s.server_spans("/v1/completions")) == 2)
     by_tokens = {
-        attrs(s)["gen_ai.usage.output_tokens"]: s for s in worker_spans.servers("/v1/completions")
+        attrs(s)["gen_ai.usage.output_tokens"]: s
+        for s in span_recorder.server_spans("/v1/completions")
     }
     long_span, short_span = by_tokens[440], by_tokens[3]
     short = attrs(short_span)
     assert short["gpuscope.time_to_first_token"] > 0
-    batches = {attrs(s)["gpuscope.batch.id"]: s for s in worker_spans.batches()}
+    batches = {attrs(s)["gpuscope.batch.id"]: s for s in span_recorder.batches()}
     short_batch = batches[short["gpuscope.batch.id"]]
     long_batch = batches[attrs(long_span)["gpuscope.batch.id"]]
     if mode == "continuous":
@@ -147,8 +149,8 @@ async def test_worker_newcomer_joins_running_generation_only_when_continuous(
         assert short_batch.start_time >= long_batch.end_time  # type: ignore[operator]
 
 
-async def test_worker_serves_the_official_openai_client(worker_spans: WorkerSpans) -> None:
-    with serve_worker(worker_spans, batching="continuous") as url:
+async def test_worker_serves_the_official_openai_client(span_recorder: SpanRecorder) -> None:
+    with serve_worker(span_recorder, batching="continuous") as url:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         models = await client.models.list()
         assert [m.id for m in models.data] == [MODEL]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpuscope.worker import chat
-from gpuscope.worker.models import ByteTokenizer
+from gpuscope.worker.model_api import ByteTokenizer
 from gpuscope.worker.protocol import InvalidRequest, Limits
 from gpuscope.worker.request_body import parse_json
 from gpuscope.worker.stopping import StopMatcher

@@ -11,7 +11,7 @@ import pytest
 
 from gpuscope.worker.backends import cuda_available, load_backend, numpy_models
 from gpuscope.worker.kv_cache import SequenceState
-from gpuscope.worker.models import EmbeddingModel, Generator
+from gpuscope.worker.model_api import EmbeddingModel, Generator
 from support.worker_servers import SMALL, serve_worker
 
 torch: Any = pytest.importorskip("torch")

@@ -1,11 +1,13 @@
 """Span names and attribute keys: the contract between middleware and exporter.
 
-The exporter imports these constants too, so a rename here is a rename everywhere.
-See docs/spans.md for the meaning of each one.
+Both import these constants (phases and their marks, batch triggers too) from here, a
+module without dependencies, so a rename here is a rename everywhere. See
+docs/spans.md for the meaning of each one (a test keeps the two in step).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 INSTRUMENTATION_NAME: Final = "gpuscope"
@@ -24,8 +26,21 @@ GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 
-# Phases, in the order they happen. ``gpuscope.<phase>.duration`` is in seconds.
-PHASES: Final = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
+# Phases, in the order they happen: phase -> (start mark, end mark), the only place that
+# pairs them. Each starts where the one before ended (a test checks it), so the phases of
+# a fully marked request add up to its duration. ``first_token`` bounds no phase (under
+# continuous batching it falls inside ``compute``).
+PHASE_MARKS: Final[dict[str, tuple[str, str]]] = {
+    "preprocess": ("arrived", "enqueued"),
+    "queue": ("enqueued", "admitted"),
+    "batch_wait": ("admitted", "dispatched"),
+    "compute": ("dispatched", "computed"),
+    "postprocess": ("computed", "finished"),
+}
+PHASES: Final = tuple(PHASE_MARKS)
+# The marks that bound the phases, in the order they are set.
+MARKS: Final = (*(start for start, _ in PHASE_MARKS.values()), PHASE_MARKS[PHASES[-1]][1])
+# ``gpuscope.<phase>.duration`` is in seconds.
 PHASE_DURATION: Final = {phase: f"gpuscope.{phase}.duration" for phase in PHASES}
 # Phases that also become child spans of the server span.
 PHASE_SPANS: Final = {
@@ -39,7 +54,6 @@ BATCH_SIZE: Final = "gpuscope.batch.size"
 BATCH_MAX_SIZE: Final = "gpuscope.batch.max_size"
 BATCH_TRIGGER: Final = "gpuscope.batch.trigger"
 BATCH_SPAN_NAME: Final = "gpuscope.batch"
-BATCH_TRIGGERS: Final = ("full", "timeout", "iteration")
 
 GPU_UUID: Final = "gpuscope.gpu.uuid"
 TIME_TO_FIRST_TOKEN: Final = "gpuscope.time_to_first_token"
@@ -54,3 +68,11 @@ CLIENT_DISCONNECTED: Final = "client_disconnected"
 CLIENT_CLOSED_REQUEST_STATUS: Final = 499
 # error.type when the app returned without starting a response (the server sends 500).
 NO_RESPONSE: Final = "no_response"
+
+
+class BatchTrigger(StrEnum):
+    """Why a batch was dispatched: the value of ``gpuscope.batch.trigger``."""
+
+    FULL = "full"  # it reached its maximum size
+    TIMEOUT = "timeout"  # its forming window ended (or nothing more was queued)
+    ITERATION = "iteration"  # one iteration of continuous batching

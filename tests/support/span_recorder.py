@@ -1,4 +1,5 @@
-"""An SDK tracer provider that keeps finished spans in memory, for assertions."""
+"""An SDK tracer provider that keeps finished spans in memory, for assertions: the
+``span_recorder`` fixture of the middleware and worker tests."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gpuscope import spans as contract
 from gpuscope.middleware import stats
 
 
@@ -36,11 +38,12 @@ class SpanRecorder:
     condition: threading.Condition = field(default_factory=threading.Condition)
 
     def wait_for(
-        self, predicate: Callable[[list[ReadableSpan]], bool], timeout: float = 10.0
+        self, predicate: Callable[[SpanRecorder], bool], timeout: float = 10.0
     ) -> list[ReadableSpan]:
-        """Block until ``predicate(spans)`` holds; fail the test after ``timeout`` s."""
+        """Block until ``predicate(self)`` holds and return the spans; fail the test
+        after ``timeout`` s."""
         with self.condition:
-            if not self.condition.wait_for(lambda: predicate(self.spans()), timeout):
+            if not self.condition.wait_for(lambda: predicate(self), timeout):
                 pytest.fail(f"spans never matched; have {[s.name for s in self.spans()]}")
         return self.spans()
 
@@ -50,8 +53,15 @@ class SpanRecorder:
     def named(self, name: str) -> list[ReadableSpan]:
         return [span for span in self.spans() if span.name == name]
 
-    def server_spans(self) -> list[ReadableSpan]:
-        return [span for span in self.spans() if span.kind.name == "SERVER"]
+    def server_spans(self, route: str | None = None) -> list[ReadableSpan]:
+        """Server spans, of ``route`` only when given."""
+        servers = [span for span in self.spans() if span.kind.name == "SERVER"]
+        if route is None:
+            return servers
+        return [s for s in servers if (s.attributes or {}).get(contract.HTTP_ROUTE) == route]
+
+    def batches(self) -> list[ReadableSpan]:
+        return self.named(contract.BATCH_SPAN_NAME)
 
     def children_of(self, parent: ReadableSpan) -> list[ReadableSpan]:
         parent_id = parent.context.span_id
