@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 from dataclasses import dataclass
 
 from gpuscope.worker.config import ConfigError, WorkerConfig
@@ -54,11 +55,28 @@ def numpy_models(config: WorkerConfig) -> tuple[NumpyEmbeddingMLP, NumpyTokenGen
     return embedding, generator
 
 
+def limit_cpu_threads(threads: int) -> None:
+    """Cap the threads of NumPy's BLAS (and torch's CPU pool, when loaded) at ``threads``.
+
+    The CPU backend computes on one device thread while the event loop serves HTTP; a
+    BLAS that starts one thread per core makes them wait for each other. On two shared
+    cores that cost the demo a factor of five in throughput (docs/tuning.md).
+    """
+    if threads <= 0:
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads)  # process-wide until the process ends
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
 def load_backend(config: WorkerConfig) -> Backend:
     """The models for ``config.device``; ``ConfigError`` names ``--device`` if it cannot be."""
     use_cuda = config.device == "cuda" or (config.device == "auto" and cuda_available())
     embedding, generator = numpy_models(config)
     if not use_cuda:
+        limit_cpu_threads(config.cpu_threads)
         return Backend("numpy", embedding, generator, config.gpu_uuid)
     if not cuda_available():
         raise ConfigError("--device cuda: torch is not installed or sees no CUDA device")

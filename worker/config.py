@@ -51,6 +51,7 @@ class WorkerConfig:
     max_queue: int = 256
     request_timeout_s: float = 30.0
     device: str = "auto"
+    cpu_threads: int = 1
     hidden_size: int = 256
     layers: int = 2
     vocab_size: int = 512
@@ -90,6 +91,7 @@ class WorkerConfig:
             ("--kv-block-size", self.kv_block_size),
         ):
             check_range(flag, value, 1)
+        check_range("--cpu-threads", self.cpu_threads, 0)
         check_range("--vocab-size", self.vocab_size, 300)  # bytes + specials
         check_range("--max-context", self.max_context, 2)
         check_range("--max-queue-delay-ms", self.max_queue_delay_ms, 0)
@@ -115,6 +117,11 @@ _HELP: Final = {
     "max_queue": "queued requests beyond which new ones get 429",
     "request_timeout_s": "a request not answered within this many seconds gets 504",
     "device": "compute backend: auto (CUDA if torch sees a GPU), cuda, cpu (NumPy)",
+    "cpu_threads": (
+        "threads of the CPU backend's matrix products (BLAS, or torch on the CPU); "
+        "0 keeps the library's default of one per core, which on a small machine fights "
+        "the event loop for the same cores"
+    ),
     "hidden_size": "model width of the synthetic models",
     "layers": "layers of the synthetic models",
     "vocab_size": "vocabulary of the synthetic token generator (at least 300)",
