@@ -2,7 +2,7 @@
 
 ``start_exporter`` is what the demo and tests use::
 
-    config = ExporterConfig(listen="127.0.0.1:0", gpu_source="none")
+    config = ExporterConfig(listen="127.0.0.1:0", gpu_source=GpuSourceKind.NONE)
     exporter = await start_exporter(config)
     ... send spans to exporter.url + "/v1/traces", scrape exporter.url + "/metrics" ...
     await exporter.stop()

@@ -25,7 +25,7 @@ from gpuscope.exporter.gpu.nvml_errors import (
     classify,
 )
 from gpuscope.exporter.gpu.nvml_events import XidCounts, XidEventWatcher
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def _text(value: object) -> str:
 
 
 class NvmlSource:
-    name = "nvml"
+    name: str = GpuSourceKind.NVML
 
     def __init__(
         self,

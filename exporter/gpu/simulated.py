@@ -22,7 +22,7 @@ from gpuscope.exporter.gpu.clock_reasons import (
     encode_clock_event_reasons,
 )
 from gpuscope.exporter.gpu.scenario import Scenario, ScenarioEvent
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 _UUID_NAMESPACE = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
 
@@ -62,7 +62,7 @@ class _GpuState:
 class SimulatedSource:
     """``GpuSource`` and ``ComputeActivitySink`` for ``count`` simulated GPUs."""
 
-    name = "simulated"
+    name: str = GpuSourceKind.SIMULATED
 
     def __init__(
         self,

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
+
+
+class GpuSourceKind(StrEnum):
+    """The values of ``--gpu-source``: a backend, ``auto`` (DCGM, else NVML, else none) or none."""
+
+    AUTO = "auto"
+    NVML = "nvml"
+    DCGM = "dcgm"
+    SIMULATED = "simulated"
+    NONE = "none"
 
 
 @dataclass(frozen=True)
