@@ -168,12 +168,14 @@ class GpuCollector(Collector):
         for reading in live:
             for reason, active in sorted((reading.clock_event_reasons or {}).items()):
                 reasons.add_metric([*_labels(reading), reason], 1.0 if active else 0.0)
+            for kind, count in sorted((reading.ecc_errors_total or {}).items()):
+                ecc.add_metric([*_labels(reading), kind], float(count))
+            if not reading.xid_supported:
+                continue  # absent, not 0: nothing watches this GPU's XIDs
             # present from the first scrape, so increase() sees the first burst
             xid_events.add_metric(_labels(reading), float(sum(reading.xid_errors_total.values())))
             for xid, count in sorted(reading.xid_errors_total.items()):
                 xids.add_metric([*_labels(reading), str(xid)], float(count))
-            for kind, count in sorted((reading.ecc_errors_total or {}).items()):
-                ecc.add_metric([*_labels(reading), kind], float(count))
         yield reasons
         yield xid_events
         yield xids

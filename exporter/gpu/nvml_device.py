@@ -138,7 +138,7 @@ class NvmlDeviceReader:
         self._pcie = PcieByteCounter(nvml, handle)
         self._gpm = self._open_gpm()
 
-    def read(self, now: float, xids: Mapping[int, int]) -> GpuReading:
+    def read(self, now: float, xids: Mapping[int, int], xid_supported: bool) -> GpuReading:
         values: dict[str, Any] = {}
         for group, reader in READERS.items():
             if group not in self.unsupported:
@@ -151,7 +151,11 @@ class NvmlDeviceReader:
         if gpm is not None and "gpm" not in self.unsupported:
             self._attempt("gpm", lambda: values.update(gpm.read(now)))
         return GpuReading(
-            index=self.device.index, uuid=self.device.uuid, xid_errors_total=dict(xids), **values
+            index=self.device.index,
+            uuid=self.device.uuid,
+            xid_errors_total=dict(xids),
+            xid_supported=xid_supported,
+            **values,
         )
 
     def close(self) -> None:

@@ -67,6 +67,9 @@ class GpuReading:
     temperature_celsius: float | None = None
     # xid -> errors seen since the source started; type ("volatile_corrected", ...) -> count
     xid_errors_total: Mapping[int, int] = field(default_factory=dict)
+    # False where the source cannot watch this GPU's XIDs (NVML refused the event
+    # registration): its XID totals are then absent, not 0.
+    xid_supported: bool = True
     ecc_errors_total: Mapping[str, int] | None = None
 
 
