@@ -34,9 +34,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.app import STATE
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.render import render_exposition
 from gpuscope.exporter.server import start_exporter
 from gpuscope.middleware import attributes as attr

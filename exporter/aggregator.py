@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuDevice
+from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
 from gpuscope.exporter.series import (
     BATCH_SIZE_BUCKETS,
     LATENCY_BUCKETS,
@@ -121,7 +121,7 @@ class SpanAggregator:
         *,
         max_series: int = 2000,
         max_label_length: int = 128,
-        compute_sink: ComputeActivitySink | None = None,
+        compute_observers: Sequence[ComputeObserver] = (),
     ) -> None:
         gpu_labels = ("service", "model", "uuid", "gpu")
         # The GenAI conventions key request metrics on gen_ai.operation.name too.
@@ -169,7 +169,7 @@ class SpanAggregator:
         )
         self.stock = StockSpanMetrics(max_series)
         self.max_label_length = max_label_length
-        self.compute_sink = compute_sink
+        self.compute_observers = tuple(compute_observers)
         self._gpu_index: dict[str, str] = {}
         # Caches of validated label values and phase label tuples; cleared when full.
         self._cache_limit = 4 * max_series + 64
@@ -326,10 +326,10 @@ class SpanAggregator:
         uuid = label(values[_B_UUID], attr.GPU_UUID)
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.batch_size.observe((service, model, uuid, gpu), size, ref)
-        if self.compute_sink is not None and uuid:
-            self.compute_sink.record_compute(
-                uuid, end, (end - start) / 1e9, size, max(size, max_size or size)
-            )
+        if uuid:
+            seconds, most = (end - start) / 1e9, max(size, max_size or size)
+            for observer in self.compute_observers:
+                observer.observe_compute(uuid, end, seconds, size, most)
 
     def _label(self, value: str | None, key: str) -> str:
         if value is None:

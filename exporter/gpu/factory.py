@@ -36,13 +36,7 @@ def open_gpu_source(
     if kind == GpuSourceKind.NONE:
         return None
     if kind == GpuSourceKind.SIMULATED:
-        loaded = None if scenario is None else load_scenario(scenario)
-        try:
-            return SimulatedSource(simulated_count, loaded)
-        except ValueError as exc:
-            if loaded is None:
-                raise
-            raise ValueError(f"--gpu-scenario {scenario}: {exc}") from exc
+        return open_simulated_source(simulated_count, scenario)
     if kind == GpuSourceKind.DCGM:
         try:
             return DcgmSource()
@@ -54,6 +48,17 @@ def open_gpu_source(
         except NvmlUnavailable as exc:
             raise GpuSourceUnavailable(f"--gpu-source nvml: {exc}") from exc
     return _auto()
+
+
+def open_simulated_source(count: int, scenario: pathlib.Path | None) -> SimulatedSource:
+    """``count`` simulated GPUs following the scenario file, if one is given."""
+    loaded = None if scenario is None else load_scenario(scenario)
+    try:
+        return SimulatedSource(count, loaded)
+    except ValueError as exc:
+        if loaded is None:
+            raise
+        raise ValueError(f"--gpu-scenario {scenario}: {exc}") from exc
 
 
 def _auto() -> GpuSource | None:

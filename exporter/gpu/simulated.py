@@ -3,7 +3,7 @@
 It exists for the demo and the alert tests where no GPU exists, and produces the
 same ``GpuReading`` objects as NVML, so everything from readings to ``/metrics`` is
 the code NVML goes through. Activity comes from two places: the compute spans the
-exporter reports (``record_compute``, so bigger batches make a busier GPU) and
+exporter reports (``observe_compute``, so bigger batches make a busier GPU) and
 ``load`` events of the scenario. The clock is injected: tests drive time by hand.
 """
 
@@ -60,7 +60,7 @@ class _GpuState:
 
 
 class SimulatedSource:
-    """``GpuSource`` and ``ComputeActivitySink`` for ``count`` simulated GPUs."""
+    """``GpuSource`` and ``ComputeObserver`` for ``count`` simulated GPUs."""
 
     name: str = GpuSourceKind.SIMULATED
 
@@ -101,7 +101,7 @@ class SimulatedSource:
     def devices(self) -> Sequence[GpuDevice]:
         return self._devices
 
-    def record_compute(
+    def observe_compute(
         self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
     ) -> None:
         """One batch ran on ``uuid`` for ``seconds``; spans for other GPUs are ignored."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 
 class GpuSourceKind(StrEnum):
@@ -91,12 +91,11 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
-@runtime_checkable
-class ComputeActivitySink(Protocol):
-    """Implemented by the simulated source: the exporter reports each batch it sees,
-    so that simulated occupancy follows the real workload (bigger batches, busier GPU).
+class ComputeObserver(Protocol):
+    """Told of every batch span the exporter ingests. The simulated source is one, so
+    that simulated occupancy follows the real workload (bigger batches, busier GPU).
     """
 
-    def record_compute(
+    def observe_compute(
         self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
     ) -> None: ...

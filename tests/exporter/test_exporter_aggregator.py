@@ -99,10 +99,10 @@ def test_child_spans_are_received_but_not_counted_twice() -> None:
     assert reg.get_sample_value("gpuscope_request_phase_seconds_count", {"phase": "queue"}) == 1
 
 
-def test_batch_span_feeds_batch_size_and_the_compute_sink() -> None:
+def test_batch_span_feeds_batch_size_and_the_compute_observers() -> None:
     spans = SpanFactory(service="svc")
     source = FakeGpuSource()
-    aggregator = SpanAggregator(compute_sink=source)
+    aggregator = SpanAggregator(compute_observers=[source])
     aggregator.set_gpu_devices(source.devices())
     members = [spans.server(0.01) for _ in range(3)]
     batch = spans.batch(3, duration_s=0.02, links=members)

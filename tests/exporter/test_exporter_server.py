@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from gpuscope.exporter.app import STATE
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.server import RunningExporter, start_exporter
 from gpuscope.middleware import attributes as attr
 from support.exporter_fixtures import (
@@ -197,7 +197,9 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
     source = FakeGpuSource()
-    exporter = await start_exporter(loopback_config(gpu_interval=0.05), gpu_source=source)
+    exporter = await start_exporter(
+        loopback_config(gpu_interval=0.05), gpu_source=source, compute_observers=[source]
+    )
     try:
         async with exporter_http.get(exporter.url + "/healthz") as response:
             assert response.status == 200

@@ -152,7 +152,7 @@ async def post_spans(
 
 
 class FakeGpuSource:
-    """Two GPUs with fixed readings; records the compute activity it is told about."""
+    """Two GPUs with fixed readings; as a ``ComputeObserver``, records the batches it is told of."""
 
     name = "fake"
 
@@ -177,7 +177,7 @@ class FakeGpuSource:
     def close(self) -> None:
         self.closed.set()
 
-    def record_compute(
+    def observe_compute(
         self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
     ) -> None:
         with self._lock:
