@@ -24,13 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
-from gpuscope.exporter.series import (
-    BATCH_SIZE_BUCKETS,
-    LATENCY_BUCKETS,
-    CounterFamily,
-    HistogramFamily,
-)
+from gpuscope.exporter.series import HistogramFamily
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 from gpuscope.middleware import attributes as attr
 
@@ -123,50 +119,12 @@ class SpanAggregator:
         max_label_length: int = 128,
         compute_observers: Sequence[ComputeObserver] = (),
     ) -> None:
-        gpu_labels = ("service", "model", "uuid", "gpu")
-        # The GenAI conventions key request metrics on gen_ai.operation.name too.
-        operation_labels = ("service", "model", "operation", "uuid", "gpu")
-        self.duration = HistogramFamily(
-            "gpuscope_request_duration_seconds",
-            "Request duration from arrival to the last body chunk, from server spans.",
-            ("service", "model", "operation", "route", "code", "uuid", "gpu"),
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.phase = HistogramFamily(
-            "gpuscope_request_phase_seconds",
-            "Time each request spent in each phase (preprocess, queue, batch_wait, ...).",
-            ("phase", *gpu_labels),
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.ttft = HistogramFamily(
-            "gpuscope_time_to_first_token_seconds",
-            "Time from arrival to the first streamed chunk.",
-            operation_labels,
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.tpot = HistogramFamily(
-            "gpuscope_time_per_output_token_seconds",
-            "Time per output token after the first one.",
-            operation_labels,
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.batch_size = HistogramFamily(
-            "gpuscope_batch_size",
-            "Requests per batch execution, from gpuscope.batch spans.",
-            gpu_labels,
-            BATCH_SIZE_BUCKETS,
-            max_series,
-        )
-        self.tokens = CounterFamily(
-            "gpuscope_tokens",
-            "Tokens processed, by direction (input, output).",
-            ("direction", "service", "model", "operation"),
-            max_series,
-        )
+        self.duration = defs.REQUEST_DURATION.histogram(max_series)
+        self.phase = defs.REQUEST_PHASE.histogram(max_series)
+        self.ttft = defs.TIME_TO_FIRST_TOKEN.histogram(max_series)
+        self.tpot = defs.TIME_PER_OUTPUT_TOKEN.histogram(max_series)
+        self.batch_size = defs.BATCH_SIZE.histogram(max_series)
+        self.tokens = defs.TOKENS.counter(max_series)
         self.stock = StockSpanMetrics(max_series)
         self.max_label_length = max_label_length
         self.compute_observers = tuple(compute_observers)

@@ -65,9 +65,7 @@ def create_app(
     )
     registry = CollectorRegistry()
     forwarding = config.forward_otlp is not None
-    registry.register(
-        ExporterCollector(aggregator, metrics, forwarding=forwarding, histograms=False)
-    )
+    registry.register(ExporterCollector(aggregator, metrics, forwarding=forwarding))
     state = ExporterState(
         config=config,
         aggregator=aggregator,

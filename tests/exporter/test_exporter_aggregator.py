@@ -12,9 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
+from gpuscope.exporter.render import render_histograms
 from gpuscope.exporter.series import OVERFLOW
 from gpuscope.middleware import attributes as attr
-from support.exporter_fixtures import T0, FakeGpuSource, SpanFactory, encode, value
+from support.exporter_fixtures import T0, FakeGpuSource, SpanFactory, encode, samples, value
 
 
 class Scraped:
@@ -24,6 +25,7 @@ class Scraped:
         registry = CollectorRegistry()
         registry.register(ExporterCollector(aggregator, SelfMetrics()))
         self.samples = [s for metric in registry.collect() for s in metric.samples]
+        self.samples += samples(render_histograms(aggregator.histograms, openmetrics=False))
 
     def get_sample_value(self, name: str, labels: dict[str, str]) -> float | None:
         return value(self.samples, name, labels)
