@@ -173,7 +173,7 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     finally:
         await exporter.stop()
     served = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(text):  # type: ignore[no-untyped-call]
         labels = {name for s in family.samples for name in s.labels} - {"le"}
         served[family.name] = (family.type, family.unit, labels)
     golden = {name: (kind, unit, set(labels)) for name, kind, unit, labels in GOLDEN}
