@@ -287,7 +287,7 @@ class SpanAggregator:
         if uuid:
             seconds, most = (end - start) / 1e9, max(size, max_size or size)
             for observer in self.compute_observers:
-                observer.observe_compute(uuid, end, seconds, size, most)
+                observer.observe_compute(uuid, seconds, size, most)
 
     def _label(self, value: str | None, key: str) -> str:
         if value is None:

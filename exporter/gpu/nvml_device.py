@@ -133,7 +133,6 @@ class NvmlDeviceReader:
         self.handle = handle
         self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
         self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
-        self.transient_errors = 0
         self.architecture = self._architecture()
         self._pcie = PcieByteCounter(nvml, handle)
         self._gpm = self._open_gpm()
@@ -190,8 +189,7 @@ class NvmlDeviceReader:
             raise GpuLostError(f"GPU {self.device.index} ({self.device.uuid}) is lost") from exc
         elif kind is NvmlErrorKind.DRIVER:
             raise NvmlDriverError(f"NVML failed reading GPU {self.device.index}: {exc}") from exc
-        else:
-            self.transient_errors += 1  # absent this round only
+        # any other error is transient: the group is absent this round only
 
     def _architecture(self) -> str:
         try:

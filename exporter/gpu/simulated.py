@@ -101,9 +101,7 @@ class SimulatedSource:
     def devices(self) -> Sequence[GpuDevice]:
         return self._devices
 
-    def observe_compute(
-        self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
-    ) -> None:
+    def observe_compute(self, uuid: str, seconds: float, batch_size: int, max_size: int) -> None:
         """One batch ran on ``uuid`` for ``seconds``; spans for other GPUs are ignored."""
         index = self._index_by_uuid.get(uuid)
         if index is None or seconds < 0 or batch_size < 1:

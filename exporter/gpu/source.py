@@ -96,6 +96,5 @@ class ComputeObserver(Protocol):
     that simulated occupancy follows the real workload (bigger batches, busier GPU).
     """
 
-    def observe_compute(
-        self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
-    ) -> None: ...
+    def observe_compute(self, uuid: str, seconds: float, batch_size: int, max_size: int) -> None:
+        """A batch of ``batch_size`` (of at most ``max_size``) ran ``seconds`` on ``uuid``."""

@@ -217,7 +217,7 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
         assert value(scraped, "gpuscope_request_duration_seconds_count", joined) == 2
         assert value(scraped, "gpuscope_gpu_up", {"uuid": "GPU-bbbb"}) == 1
         assert value(scraped, "gpuscope_collector_success", {"collector": "fake"}) == 1
-        assert [(uuid, size) for uuid, _, _, size, _ in source.compute] == [("GPU-bbbb", 2)]
+        assert [(uuid, size) for uuid, _, size, _ in source.compute] == [("GPU-bbbb", 2)]
     finally:
         await exporter.stop()
     assert source.closed.is_set()
