@@ -122,7 +122,7 @@ _HELP: Final = {
     "forward_timeout": "seconds one forwarded request may take",
     "web_config_file": "Prometheus exporter-toolkit web config (TLS, basic auth)",
     "bearer_token_file": "file holding the token that /v1/traces requests must bear",
-    "gpu_source": "GPU backend: " + ", ".join(GpuSourceKind),
+    "gpu_source": "GPU backend; auto tries DCGM, then NVML, else serves request metrics only",
     "gpu_interval": "seconds between GPU polls (in the background, never during a scrape)",
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
