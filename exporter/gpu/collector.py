@@ -1,5 +1,7 @@
 """The prometheus_client collector for GPU metrics, built fresh from the poller's snapshot.
 
+The families are the rows of ``gpu.metrics``; the plain per-GPU rows need no code here.
+
 Every scrape builds new metric families, so a GPU that went away (lost, MIG
 reconfigured) simply has no series: nothing stale, nothing to unregister. A metric
 that is None in a reading is absent; a GPU that is down keeps only ``gpu_up 0``
