@@ -204,7 +204,7 @@ def _equivalent_registries() -> tuple[CollectorRegistry, SpanAggregator, Collect
     poller.poll_once()
     aggregator = SpanAggregator()
     ours = CollectorRegistry()
-    ours.register(ExporterCollector(aggregator, SelfMetrics(), histograms=False))
+    ours.register(ExporterCollector(aggregator, SelfMetrics()))
     ours.register(GpuCollector(poller))
     theirs = CollectorRegistry()
     theirs.register(GpuCollector(poller))

@@ -35,8 +35,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.app import STATE
 from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.gpu.source import GpuSourceKind
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.render import render_exposition
 from gpuscope.exporter.server import start_exporter
 
@@ -109,7 +110,7 @@ def _summary(values: list[float]) -> str:
 
 
 async def run(series: int, rounds: int) -> None:
-    config = ExporterConfig(listen="127.0.0.1:0", gpu_source="none", max_series=series)
+    config = ExporterConfig(listen="127.0.0.1:0", gpu_source=GpuSourceKind.NONE, max_series=series)
     tracemalloc.start()
     exporter = await start_exporter(config)
     state = exporter.app[STATE]

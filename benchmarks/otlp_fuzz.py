@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.render import render_histograms
 from gpuscope.exporter.server import start_exporter
 from support.otlp_cases import check_case, random_case
@@ -78,7 +79,7 @@ def run_in_process(cases: int, seed: int) -> int:
 
 async def run_over_http(cases: int, seed: int) -> int:
     rng = random.Random(seed + 1)
-    config = ExporterConfig(listen="127.0.0.1:0", gpu_source="none")
+    config = ExporterConfig(listen="127.0.0.1:0", gpu_source=GpuSourceKind.NONE)
     exporter = await start_exporter(config)
     statuses: Counter[int] = Counter()
     started = time.perf_counter()

@@ -25,13 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope import spans as attr
-from gpuscope.exporter.gpu.source import ComputeActivitySink, GpuDevice
-from gpuscope.exporter.series import (
-    BATCH_SIZE_BUCKETS,
-    LATENCY_BUCKETS,
-    CounterFamily,
-    HistogramFamily,
-)
+from gpuscope.exporter import definitions as defs
+from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
+from gpuscope.exporter.series import HistogramFamily
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
@@ -121,55 +117,17 @@ class SpanAggregator:
         *,
         max_series: int = 2000,
         max_label_length: int = 128,
-        compute_sink: ComputeActivitySink | None = None,
+        compute_observers: Sequence[ComputeObserver] = (),
     ) -> None:
-        gpu_labels = ("service", "model", "uuid", "gpu")
-        # The GenAI conventions key request metrics on gen_ai.operation.name too.
-        operation_labels = ("service", "model", "operation", "uuid", "gpu")
-        self.duration = HistogramFamily(
-            "gpuscope_request_duration_seconds",
-            "Request duration from arrival to the last body chunk, from server spans.",
-            ("service", "model", "operation", "route", "code", "uuid", "gpu"),
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.phase = HistogramFamily(
-            "gpuscope_request_phase_seconds",
-            "Time each request spent in each phase (preprocess, queue, batch_wait, ...).",
-            ("phase", *gpu_labels),
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.ttft = HistogramFamily(
-            "gpuscope_time_to_first_token_seconds",
-            "Time from arrival to the first streamed chunk.",
-            operation_labels,
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.tpot = HistogramFamily(
-            "gpuscope_time_per_output_token_seconds",
-            "Time per output token after the first one.",
-            operation_labels,
-            LATENCY_BUCKETS,
-            max_series,
-        )
-        self.batch_size = HistogramFamily(
-            "gpuscope_batch_size",
-            "Requests per batch execution, from gpuscope.batch spans.",
-            gpu_labels,
-            BATCH_SIZE_BUCKETS,
-            max_series,
-        )
-        self.tokens = CounterFamily(
-            "gpuscope_tokens",
-            "Tokens processed, by direction (input, output).",
-            ("direction", "service", "model", "operation"),
-            max_series,
-        )
+        self.duration = defs.REQUEST_DURATION.histogram(max_series)
+        self.phase = defs.REQUEST_PHASE.histogram(max_series)
+        self.ttft = defs.TIME_TO_FIRST_TOKEN.histogram(max_series)
+        self.tpot = defs.TIME_PER_OUTPUT_TOKEN.histogram(max_series)
+        self.batch_size = defs.BATCH_SIZE.histogram(max_series)
+        self.tokens = defs.TOKENS.counter(max_series)
         self.stock = StockSpanMetrics(max_series)
         self.max_label_length = max_label_length
-        self.compute_sink = compute_sink
+        self.compute_observers = tuple(compute_observers)
         self._gpu_index: dict[str, str] = {}
         # Caches of validated label values and phase label tuples; cleared when full.
         self._cache_limit = 4 * max_series + 64
@@ -326,10 +284,10 @@ class SpanAggregator:
         uuid = label(values[_B_UUID], attr.GPU_UUID)
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.batch_size.observe((service, model, uuid, gpu), size, ref)
-        if self.compute_sink is not None and uuid:
-            self.compute_sink.record_compute(
-                uuid, end, (end - start) / 1e9, size, max(size, max_size or size)
-            )
+        if uuid:
+            seconds, most = (end - start) / 1e9, max(size, max_size or size)
+            for observer in self.compute_observers:
+                observer.observe_compute(uuid, seconds, size, most)
 
     def _label(self, value: str | None, key: str) -> str:
         if value is None:

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from gpuscope.exporter.config import ConfigError, parse_config
+from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource, GpuSourceKind
 from gpuscope.exporter.security import load_web_config, read_bearer_token
 from gpuscope.exporter.server import serve
 
@@ -27,12 +28,24 @@ def main(argv: list[str]) -> int:
     )
     # Imported here: opening NVML/DCGM is the GPU package's business, and only this
     # command (not the tests that inject fakes) needs it.
-    from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
+    from gpuscope.exporter.gpu.factory import (
+        GpuSourceUnavailable,
+        open_gpu_source,
+        open_simulated_source,
+    )
 
+    observers: list[ComputeObserver] = []
     try:
-        source = open_gpu_source(
-            config.gpu_source, scenario=config.gpu_scenario, simulated_count=config.simulated_gpus
-        )
+        if config.gpu_source == GpuSourceKind.SIMULATED:  # follows the batches it is told of
+            simulated = open_simulated_source(config.simulated_gpus, config.gpu_scenario)
+            source: GpuSource | None = simulated
+            observers.append(simulated)
+        else:
+            source = open_gpu_source(
+                config.gpu_source,
+                scenario=config.gpu_scenario,
+                simulated_count=config.simulated_gpus,
+            )
     except ValueError as exc:  # the message names the flag
         print(f"gpuscope exporter: {exc}", file=sys.stderr)
         return 2
@@ -41,7 +54,15 @@ def main(argv: list[str]) -> int:
         return 1
     log.info("GPU source: %s", source.name if source is not None else "none")
     try:
-        asyncio.run(serve(config, gpu_source=source, web_config=web_config, bearer_token=token))
+        asyncio.run(
+            serve(
+                config,
+                gpu_source=source,
+                compute_observers=observers,
+                web_config=web_config,
+                bearer_token=token,
+            )
+        )
     except OSError as exc:  # address in use, TLS files unreadable at bind time
         print(f"gpuscope exporter: cannot serve on {config.listen}: {exc}", file=sys.stderr)
         return 1

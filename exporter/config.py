@@ -18,11 +18,11 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gpuscope import flags
+from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.flags import LOG_LEVELS, ConfigError, check_choice, check_positive, check_range
 
 __all__ = ["ConfigError", "ExporterConfig", "build_parser", "parse_config"]
 
-GPU_SOURCES: Final = ("auto", "nvml", "dcgm", "simulated", "none")
 MIB: Final = 1024 * 1024
 
 
@@ -40,7 +40,7 @@ class ExporterConfig:
     )
     web_config_file: Path | None = None
     bearer_token_file: Path | None = None
-    gpu_source: str = "auto"
+    gpu_source: GpuSourceKind = GpuSourceKind.AUTO
     gpu_interval: float = flags.option(1.0, flag="--gpu-interval-s", deprecated=("--gpu-interval",))
     gpu_scenario: Path | None = None
     simulated_gpus: int = 1
@@ -54,7 +54,7 @@ class ExporterConfig:
 
     def __post_init__(self) -> None:
         self.listen_address()  # raises with the flag's name
-        check_choice("--gpu-source", self.gpu_source, GPU_SOURCES)
+        object.__setattr__(self, "gpu_source", gpu_source_kind(self.gpu_source))
         check_choice("--log-level", self.log_level, LOG_LEVELS)
         for flag, value, low in (
             ("--max-series", self.max_series, 1),
@@ -104,6 +104,12 @@ class ExporterConfig:
         return (host or None), port
 
 
+def gpu_source_kind(value: str) -> GpuSourceKind:
+    """``value`` as a ``GpuSourceKind``; a ``ConfigError`` naming ``--gpu-source`` if it is none."""
+    check_choice("--gpu-source", value, tuple(GpuSourceKind))
+    return GpuSourceKind(value)
+
+
 _HELP: Final = {
     "listen": "HOST:PORT to serve on; ':9420' is every interface, '127.0.0.1:9420' loopback",
     "max_series": "label sets per request metric; new ones past it go to one overflow series",
@@ -115,7 +121,7 @@ _HELP: Final = {
     "forward_timeout": "seconds one forwarded request may take",
     "web_config_file": "Prometheus exporter-toolkit web config (TLS, basic auth)",
     "bearer_token_file": "file holding the token that /v1/traces requests must bear",
-    "gpu_source": "GPU backend: auto, nvml, dcgm, simulated or none",
+    "gpu_source": "GPU backend; auto tries DCGM, then NVML, else serves request metrics only",
     "gpu_interval": "seconds between GPU polls (in the background, never during a scrape)",
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",

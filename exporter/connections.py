@@ -34,8 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import hdrs, web
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+from gpuscope.exporter.definitions import (
+    HTTP_CONNECTIONS,
+    HTTP_CONNECTIONS_CLOSED,
+    HTTP_CONNECTIONS_MAX,
+)
 
 log = logging.getLogger(__name__)
 
@@ -292,24 +298,12 @@ class ConnectionCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         guard = self.guard
-        open_now = GaugeMetricFamily(
-            "gpuscope_http_connections",
-            "Client connections open now, by state (busy: a request is being handled).",
-            labels=["state"],
-        )
+        open_now = HTTP_CONNECTIONS.family()
         open_now.add_metric(["busy"], guard.busy)
         open_now.add_metric(["waiting"], len(guard) - guard.busy)
         yield open_now
-        yield GaugeMetricFamily(
-            "gpuscope_http_connections_max",
-            "Cap on open client connections (--max-connections, fitted to the fd limit).",
-            value=guard.max_connections,
-        )
-        closed = CounterMetricFamily(
-            "gpuscope_http_connections_closed",
-            "Client connections closed by the exporter, by reason.",
-            labels=["reason"],
-        )
+        yield HTTP_CONNECTIONS_MAX.one_value(guard.max_connections)
+        closed = HTTP_CONNECTIONS_CLOSED.family()
         for reason, count in sorted(guard.closed_by_reason.items()):
             closed.add_metric([reason], count)
         yield closed

@@ -19,29 +19,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuscope import flags
+from gpuscope.exporter.config import gpu_source_kind
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
-from gpuscope.exporter.gpu.factory import KINDS, GpuSourceUnavailable, open_gpu_source
+from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
 from gpuscope.exporter.gpu.scenario import ScenarioError
-from gpuscope.exporter.gpu.source import GpuReading, GpuSource
+from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind
 
 SAMPLE_GAP_S = 0.15  # GPM needs two samples at least 100 ms apart
 
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    gpu_source: str = "auto"
+    gpu_source: GpuSourceKind = GpuSourceKind.AUTO
     gpu_scenario: Path | None = None
     simulated_gpus: int = 1
     json: bool = False
 
     def __post_init__(self) -> None:
-        flags.check_choice("--gpu-source", self.gpu_source, KINDS)
+        object.__setattr__(self, "gpu_source", gpu_source_kind(self.gpu_source))
         flags.check_range("--simulated-gpus", self.simulated_gpus, 1)
 
 
 _HELP = {
-    "gpu_source": "GPU backend to examine: " + ", ".join(KINDS),
+    "gpu_source": "GPU backend to examine: " + ", ".join(GpuSourceKind),
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
     "json": "print JSON instead of a table",
@@ -127,7 +128,8 @@ def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
 
 
 def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
-    kinds = ["dcgm", "nvml"] if config.gpu_source == "auto" else [config.gpu_source]
+    auto = config.gpu_source == GpuSourceKind.AUTO
+    kinds = [GpuSourceKind.DCGM, GpuSourceKind.NVML] if auto else [config.gpu_source]
     errors = []
     for kind in kinds:
         try:
@@ -144,7 +146,7 @@ def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
 
 def exporter_outcome(gpu_source: str) -> str:
     """What ``gpuscope exporter`` does with this ``--gpu-source`` when no GPU answers."""
-    if gpu_source in ("auto", "none"):
+    if gpu_source in (GpuSourceKind.AUTO, GpuSourceKind.NONE):
         return "the exporter would serve request metrics only"
     return (
         f"'gpuscope exporter --gpu-source {gpu_source}' would exit with an error "

@@ -3,9 +3,9 @@
 prometheus_client's writers cost about 10 µs per sample line; 2,000 label sets of a
 20-bucket histogram would hold the event loop for almost half a second. Here each
 series' label text is built once per scrape and every line is one f-string. The
-output is the same exposition as ``ExporterCollector`` yields through
-prometheus_client (a test parses both and compares them sample by sample); the
-other families (GPU, self metrics, tokens) still go through prometheus_client.
+output is the same exposition as prometheus_client's writers give (a test parses
+both and compares them sample by sample); the other families (GPU, self metrics,
+tokens) go through prometheus_client.
 
 The ``/metrics`` handler calls this in a worker thread while the event loop goes on
 ingesting; ``HistogramSeries.read`` gives it a consistent copy of each series.
@@ -19,6 +19,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.exporter.definitions import unit_of
 from gpuscope.exporter.series import HistogramFamily, HistogramSeries
 
 OPENMETRICS_EOF = b"# EOF\n"
@@ -57,17 +58,6 @@ def render_chunks(
             pending, size = [], 0
     chunks.append("".join(pending).encode() + (OPENMETRICS_EOF if openmetrics else b""))
     return chunks, content_type
-
-
-# Base units that gpuscope's metric names end with; OpenMetrics' ``# UNIT`` line names
-# the suffix (Prometheus refuses a unit that is not one).
-_UNITS = ("seconds", "bytes", "joules", "hertz", "watts", "celsius", "ratio")
-
-
-def unit_of(name: str) -> str:
-    """The unit suffix of a metric name (``_total`` aside), or "" for none."""
-    base = name.removesuffix("_total")
-    return next((unit for unit in _UNITS if base.endswith("_" + unit)), "")
 
 
 class _WithUnits:

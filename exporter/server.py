@@ -2,7 +2,7 @@
 
 ``start_exporter`` is what the demo and tests use::
 
-    config = ExporterConfig(listen="127.0.0.1:0", gpu_source="none")
+    config = ExporterConfig(listen="127.0.0.1:0", gpu_source=GpuSourceKind.NONE)
     exporter = await start_exporter(config)
     ... send spans to exporter.url + "/v1/traces", scrape exporter.url + "/metrics" ...
     await exporter.stop()
@@ -21,14 +21,16 @@ import asyncio
 import logging
 import signal
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpuscope.exporter.app import STATE, create_app
+from gpuscope.exporter.app import create_app
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.connections import AcceptErrorLog, ConnectionGuard
-from gpuscope.exporter.gpu.source import GpuSource
+from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.security import WebConfig, load_web_config, read_bearer_token
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,7 @@ async def start_exporter(
     config: ExporterConfig,
     *,
     gpu_source: GpuSource | None = None,
+    compute_observers: Sequence[ComputeObserver] = (),
     web_config: WebConfig | None = None,
     bearer_token: str | None = None,
 ) -> RunningExporter:
@@ -119,7 +122,11 @@ async def start_exporter(
     if bearer_token is None and config.bearer_token_file is not None:
         bearer_token = read_bearer_token(config.bearer_token_file)
     app = create_app(
-        config, gpu_source=gpu_source, web_config=web_config, bearer_token=bearer_token
+        config,
+        gpu_source=gpu_source,
+        compute_observers=compute_observers,
+        web_config=web_config,
+        bearer_token=bearer_token,
     )
     runner = web.AppRunner(
         app,
@@ -147,6 +154,7 @@ async def serve(
     config: ExporterConfig,
     *,
     gpu_source: GpuSource | None = None,
+    compute_observers: Sequence[ComputeObserver] = (),
     web_config: WebConfig | None = None,
     bearer_token: str | None = None,
 ) -> None:
@@ -157,7 +165,11 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)  # the handler only sets a flag
     try:
         exporter = await start_exporter(
-            config, gpu_source=gpu_source, web_config=web_config, bearer_token=bearer_token
+            config,
+            gpu_source=gpu_source,
+            compute_observers=compute_observers,
+            web_config=web_config,
+            bearer_token=bearer_token,
         )
         log.info("serving on %s", exporter.url)
         try:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpuscope.exporter.series import LATENCY_BUCKETS, CounterFamily, HistogramFamily, SpanRef
+from gpuscope.exporter.definitions import SPAN_CALLS, SPAN_DURATION
+from gpuscope.exporter.series import SpanRef
 
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # HTTP semantic conventions before 1.23
@@ -25,14 +26,6 @@ RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
 SPAN_KIND_SERVER: Final = "SPAN_KIND_SERVER"
 # opentelemetry.proto.trace.v1.Status.StatusCode, as spanmetrics names them.
 STATUS_CODES: Final = ("STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR")
-LABELS: Final = (
-    "service_name",
-    "span_name",
-    "span_kind",
-    "status_code",
-    "http_status_code",
-    "rpc_grpc_status_code",
-)
 _WANTED: Final = {HTTP_RESPONSE_STATUS_CODE: 0, HTTP_STATUS_CODE_OLD: 1, RPC_GRPC_STATUS_CODE: 2}
 
 
@@ -44,19 +37,8 @@ class StockSpanMetrics:
     """Call counts and durations of non-gpuscope SERVER spans, capped like the rest."""
 
     def __init__(self, max_series: int) -> None:
-        self.calls = CounterFamily(
-            "gpuscope_span_calls",
-            "SERVER spans from other instrumentation (not gpuscope's), spanmetrics-style.",
-            LABELS,
-            max_series,
-        )
-        self.duration = HistogramFamily(
-            "gpuscope_span_duration_seconds",
-            "Duration of SERVER spans from other instrumentation, spanmetrics-style.",
-            LABELS,
-            LATENCY_BUCKETS,
-            max_series,
-        )
+        self.calls = SPAN_CALLS.counter(max_series)
+        self.duration = SPAN_DURATION.histogram(max_series)
 
     def observe(
         self, span: Any, service: str, ref: SpanRef, label: Callable[[str | None, str], str]

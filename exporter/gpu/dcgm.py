@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 BINDING_DIRS = (
     "/usr/share/datacenter-gpu-manager-4/bindings/python3",
@@ -93,7 +93,7 @@ class _GpuTotals:
 
 
 class DcgmSource:
-    name = "dcgm"
+    name: str = GpuSourceKind.DCGM
 
     def __init__(
         self,

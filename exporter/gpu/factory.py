@@ -9,11 +9,9 @@ from gpuscope.exporter.gpu.dcgm import DcgmSource, DcgmUnavailable
 from gpuscope.exporter.gpu.nvml import NvmlSource, NvmlUnavailable
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.gpu.source import GpuSource
+from gpuscope.exporter.gpu.source import GpuSource, GpuSourceKind
 
 log = logging.getLogger(__name__)
-
-KINDS = ("auto", "nvml", "dcgm", "simulated", "none")
 
 
 class GpuSourceUnavailable(RuntimeError):
@@ -21,38 +19,46 @@ class GpuSourceUnavailable(RuntimeError):
 
 
 def open_gpu_source(
-    kind: str, *, scenario: pathlib.Path | None, simulated_count: int
+    kind: GpuSourceKind, *, scenario: pathlib.Path | None, simulated_count: int
 ) -> GpuSource | None:
     """The source for ``kind``; ``auto`` tries DCGM, then NVML, and settles for None.
 
-    Raises ``ValueError`` for bad flag values and ``GpuSourceUnavailable`` when an
+    Raises ``ValueError`` for bad flag values (the GPU count is checked with the other
+    flags, and again by ``SimulatedSource``) and ``GpuSourceUnavailable`` when an
     explicitly chosen source cannot be opened.
     """
-    if kind not in KINDS:
-        raise ValueError(f"--gpu-source must be one of {', '.join(KINDS)}; got {kind!r}")
-    if scenario is not None and kind != "simulated":
-        raise ValueError(f"--gpu-scenario applies to --gpu-source simulated only, not {kind!r}")
-    if kind == "none":
+    if kind not in tuple(GpuSourceKind):
+        raise ValueError(f"--gpu-source must be one of {', '.join(GpuSourceKind)}; got {kind!r}")
+    if scenario is not None and kind != GpuSourceKind.SIMULATED:
+        raise ValueError(
+            f"--gpu-scenario applies to --gpu-source simulated only, not {str(kind)!r}"
+        )
+    if kind == GpuSourceKind.NONE:
         return None
-    if kind == "simulated":
-        if simulated_count < 1:
-            raise ValueError(f"--simulated-gpus must be at least 1; got {simulated_count}")
-        loaded = None if scenario is None else load_scenario(scenario)
-        try:
-            return SimulatedSource(simulated_count, loaded)
-        except ValueError as exc:
-            raise ValueError(f"--gpu-scenario {scenario}: {exc}") from exc
-    if kind == "dcgm":
+    if kind == GpuSourceKind.SIMULATED:
+        return open_simulated_source(simulated_count, scenario)
+    if kind == GpuSourceKind.DCGM:
         try:
             return DcgmSource()
         except DcgmUnavailable as exc:
             raise GpuSourceUnavailable(f"--gpu-source dcgm: {exc}") from exc
-    if kind == "nvml":
+    if kind == GpuSourceKind.NVML:
         try:
             return NvmlSource()
         except NvmlUnavailable as exc:
             raise GpuSourceUnavailable(f"--gpu-source nvml: {exc}") from exc
     return _auto()
+
+
+def open_simulated_source(count: int, scenario: pathlib.Path | None) -> SimulatedSource:
+    """``count`` simulated GPUs following the scenario file, if one is given."""
+    loaded = None if scenario is None else load_scenario(scenario)
+    try:
+        return SimulatedSource(count, loaded)
+    except ValueError as exc:
+        if loaded is None:
+            raise
+        raise ValueError(f"--gpu-scenario {scenario}: {exc}") from exc
 
 
 def _auto() -> GpuSource | None:

@@ -25,7 +25,7 @@ from gpuscope.exporter.gpu.nvml_errors import (
     classify,
 )
 from gpuscope.exporter.gpu.nvml_events import XidCounts, XidEventWatcher
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def _text(value: object) -> str:
 
 
 class NvmlSource:
-    name = "nvml"
+    name: str = GpuSourceKind.NVML
 
     def __init__(
         self,
@@ -134,12 +134,16 @@ class NvmlSource:
         if reader is None:
             return GpuReading(index=device.index, uuid=device.uuid, up=False)
         try:
-            return reader.read(now, self._xids.of(device.uuid))
+            return reader.read(now, self._xids.of(device.uuid), self._watches_xids(device.uuid))
         except GpuLostError as exc:
             log.warning("%s", exc)
             reader.close()
             self._readers[position] = None
             return GpuReading(index=device.index, uuid=device.uuid, up=False)
+
+    def _watches_xids(self, uuid: str) -> bool:
+        watcher = self._watcher
+        return watcher is not None and uuid not in watcher.unsupported
 
     def _recover(self, position: int, device: GpuDevice) -> NvmlDeviceReader | None:
         """A lost GPU's handle again, if the same GPU answers at its index."""

@@ -133,12 +133,11 @@ class NvmlDeviceReader:
         self.handle = handle
         self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
         self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
-        self.transient_errors = 0
         self.architecture = self._architecture()
         self._pcie = PcieByteCounter(nvml, handle)
         self._gpm = self._open_gpm()
 
-    def read(self, now: float, xids: Mapping[int, int]) -> GpuReading:
+    def read(self, now: float, xids: Mapping[int, int], xid_supported: bool) -> GpuReading:
         values: dict[str, Any] = {}
         for group, reader in READERS.items():
             if group not in self.unsupported:
@@ -151,7 +150,11 @@ class NvmlDeviceReader:
         if gpm is not None and "gpm" not in self.unsupported:
             self._attempt("gpm", lambda: values.update(gpm.read(now)))
         return GpuReading(
-            index=self.device.index, uuid=self.device.uuid, xid_errors_total=dict(xids), **values
+            index=self.device.index,
+            uuid=self.device.uuid,
+            xid_errors_total=dict(xids),
+            xid_supported=xid_supported,
+            **values,
         )
 
     def close(self) -> None:
@@ -186,8 +189,7 @@ class NvmlDeviceReader:
             raise GpuLostError(f"GPU {self.device.index} ({self.device.uuid}) is lost") from exc
         elif kind is NvmlErrorKind.DRIVER:
             raise NvmlDriverError(f"NVML failed reading GPU {self.device.index}: {exc}") from exc
-        else:
-            self.transient_errors += 1  # absent this round only
+        # any other error is transient: the group is absent this round only
 
     def _architecture(self) -> str:
         try:

@@ -38,6 +38,7 @@ OPTIONAL_FIELDS = frozenset(f.name for f in fields(GpuReading)) - {
     "uuid",
     "up",
     "xid_errors_total",
+    "xid_supported",
 }
 _KEYS: dict[str, frozenset[str]] = {
     "clock_throttle": frozenset({"reason", "factor"}),

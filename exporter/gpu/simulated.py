@@ -3,7 +3,7 @@
 It exists for the demo and the alert tests where no GPU exists, and produces the
 same ``GpuReading`` objects as NVML, so everything from readings to ``/metrics`` is
 the code NVML goes through. Activity comes from two places: the compute spans the
-exporter reports (``record_compute``, so bigger batches make a busier GPU) and
+exporter reports (``observe_compute``, so bigger batches make a busier GPU) and
 ``load`` events of the scenario. The clock is injected: tests drive time by hand.
 """
 
@@ -22,7 +22,7 @@ from gpuscope.exporter.gpu.clock_reasons import (
     encode_clock_event_reasons,
 )
 from gpuscope.exporter.gpu.scenario import Scenario, ScenarioEvent
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 _UUID_NAMESPACE = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
 
@@ -60,9 +60,9 @@ class _GpuState:
 
 
 class SimulatedSource:
-    """``GpuSource`` and ``ComputeActivitySink`` for ``count`` simulated GPUs."""
+    """``GpuSource`` and ``ComputeObserver`` for ``count`` simulated GPUs."""
 
-    name = "simulated"
+    name: str = GpuSourceKind.SIMULATED
 
     def __init__(
         self,
@@ -101,9 +101,7 @@ class SimulatedSource:
     def devices(self) -> Sequence[GpuDevice]:
         return self._devices
 
-    def record_compute(
-        self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
-    ) -> None:
+    def observe_compute(self, uuid: str, seconds: float, batch_size: int, max_size: int) -> None:
         """One batch ran on ``uuid`` for ``seconds``; spans for other GPUs are ignored."""
         index = self._index_by_uuid.get(uuid)
         if index is None or seconds < 0 or batch_size < 1:

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from enum import StrEnum
+from typing import Protocol
+
+
+class GpuSourceKind(StrEnum):
+    """The values of ``--gpu-source``: a backend, ``auto`` (DCGM, else NVML, else none) or none."""
+
+    AUTO = "auto"
+    NVML = "nvml"
+    DCGM = "dcgm"
+    SIMULATED = "simulated"
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,9 @@ class GpuReading:
     temperature_celsius: float | None = None
     # xid -> errors seen since the source started; type ("volatile_corrected", ...) -> count
     xid_errors_total: Mapping[int, int] = field(default_factory=dict)
+    # False where the source cannot watch this GPU's XIDs (NVML refused the event
+    # registration): its XID totals are then absent, not 0.
+    xid_supported: bool = True
     ecc_errors_total: Mapping[str, int] | None = None
 
 
@@ -77,12 +91,10 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
-@runtime_checkable
-class ComputeActivitySink(Protocol):
-    """Implemented by the simulated source: the exporter reports each batch it sees,
-    so that simulated occupancy follows the real workload (bigger batches, busier GPU).
+class ComputeObserver(Protocol):
+    """Told of every batch span the exporter ingests. The simulated source is one, so
+    that simulated occupancy follows the real workload (bigger batches, busier GPU).
     """
 
-    def record_compute(
-        self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
-    ) -> None: ...
+    def observe_compute(self, uuid: str, seconds: float, batch_size: int, max_size: int) -> None:
+        """A batch of ``batch_size`` (of at most ``max_size``) ran ``seconds`` on ``uuid``."""

@@ -15,16 +15,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import flags
-from gpuscope.exporter.gpu.collector import COUNTERS, GAUGES
+from gpuscope.exporter.gpu.metrics import CLOCK_EVENT_ACTIVE, ECC_ERRORS, PER_GPU
 from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
 
 # GpuReading field -> the metric name it is served under
-FIELD_METRICS: dict[str, str] = {attr: name for name, attr, _ in GAUGES} | {
-    attr: f"{name}_total" for name, attr, _ in COUNTERS
-}
-FIELD_METRICS |= {
-    "clock_event_reasons": "gpuscope_gpu_clock_event_active",
-    "ecc_errors_total": "gpuscope_gpu_ecc_errors_total",
+FIELD_METRICS: dict[str, str] = {row.field: row.sample_name for row in PER_GPU} | {
+    "clock_event_reasons": CLOCK_EVENT_ACTIVE.sample_name,
+    "ecc_errors_total": ECC_ERRORS.sample_name,
 }
 
 

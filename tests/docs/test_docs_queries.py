@@ -120,7 +120,9 @@ async def fed_exporter() -> AsyncIterator[RunningExporter]:
     clock = Clock(0.0)
     source = SimulatedSource(2, faults, clock=clock)
     clock.now = 45.0  # GPU 0 is thermally throttled from 30 s to 90 s
-    exporter = await start_exporter(loopback_config(gpu_interval=0.1), gpu_source=source)
+    exporter = await start_exporter(
+        loopback_config(gpu_interval=0.1), gpu_source=source, compute_observers=[source]
+    )
     try:
         yield exporter
     finally:

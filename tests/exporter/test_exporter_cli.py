@@ -12,9 +12,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpuscope import spans as attr
 from gpuscope.exporter.cli import main
 from gpuscope.exporter.config import ConfigError, ExporterConfig, build_parser, parse_config
+from gpuscope.exporter.gpu.simulated import simulated_uuid
 from gpuscope.flags import env_name
+from support.exporter_fixtures import SpanFactory, encode, samples, value
 
 
 def test_defaults_flags_and_environment_twins() -> None:
@@ -86,9 +89,28 @@ async def test_command_serves_and_stops_cleanly_on_sigterm() -> None:
                 assert response.status == 200
             async with session.get(url + "/metrics") as response:
                 assert 'gpuscope_gpu_up{gpu="1"' in await response.text()
+            await _busy_after_a_batch(session, url)
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def _busy_after_a_batch(session: aiohttp.ClientSession, url: str) -> None:
+    """The simulated source is told of the batches the command ingests: GPU 0 turns busy."""
+    batch = SpanFactory().batch(8, duration_s=0.5, attrs={attr.GPU_UUID: simulated_uuid(0)})
+    body = encode([batch]).SerializeToString()
+    headers = {"Content-Type": "application/x-protobuf"}
+    async with session.post(url + "/v1/traces", data=body, headers=headers) as response:
+        assert response.status == 200
+    deadline = asyncio.get_running_loop().time() + 30
+    busy = None
+    while not busy and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.2)
+        async with session.get(url + "/metrics") as response:
+            scraped = samples(await response.text())
+        busy = value(scraped, "gpuscope_gpu_utilization_ratio", {"gpu": "0"})
+    assert busy, "the simulated GPU never saw the batch"
+    assert value(scraped, "gpuscope_gpu_utilization_ratio", {"gpu": "1"}) == 0.0

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuscope.exporter.app import STATE
 from gpuscope.exporter.connections import AcceptErrorLog
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.server import RunningExporter, start_exporter
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 

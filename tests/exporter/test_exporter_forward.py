@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpuscope.exporter.app import STATE
 from gpuscope.exporter.forward import BackendHealth
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.server import start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans
 

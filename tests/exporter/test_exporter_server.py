@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from gpuscope import spans as attr
-from gpuscope.exporter.app import STATE
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.server import RunningExporter, start_exporter
 from support.exporter_fixtures import (
     FakeGpuSource,
@@ -197,7 +197,9 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
     source = FakeGpuSource()
-    exporter = await start_exporter(loopback_config(gpu_interval=0.05), gpu_source=source)
+    exporter = await start_exporter(
+        loopback_config(gpu_interval=0.05), gpu_source=source, compute_observers=[source]
+    )
     try:
         async with exporter_http.get(exporter.url + "/healthz") as response:
             assert response.status == 200
@@ -215,7 +217,7 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
         assert value(scraped, "gpuscope_request_duration_seconds_count", joined) == 2
         assert value(scraped, "gpuscope_gpu_up", {"uuid": "GPU-bbbb"}) == 1
         assert value(scraped, "gpuscope_collector_success", {"collector": "fake"}) == 1
-        assert [(uuid, size) for uuid, _, _, size, _ in source.compute] == [("GPU-bbbb", 2)]
+        assert [(uuid, size) for uuid, _, size, _ in source.compute] == [("GPU-bbbb", 2)]
     finally:
         await exporter.stop()
     assert source.closed.is_set()

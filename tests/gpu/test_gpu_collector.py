@@ -10,7 +10,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-from gpuscope.exporter.gpu.collector import COUNTERS, GAUGES, GpuCollector
+from gpuscope.exporter.gpu.collector import GpuCollector
+from gpuscope.exporter.gpu.metrics import PER_GPU
 from gpuscope.exporter.gpu.nvml import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.scenario import parse_scenario
@@ -50,10 +51,8 @@ def test_every_gpu_family_is_served_and_promtool_accepts_it() -> None:
     poller.poll_once()
     registry = registry_for(poller)
     text = generate_latest(registry).decode()
-    for name, _, _ in GAUGES:
-        assert f"\n{name}{{" in text, name
-    for name, _, _ in COUNTERS:
-        assert f"\n{name}_total{{" in text, name
+    for row in PER_GPU:
+        assert f"\n{row.sample_name}{{" in text, row.name
     assert registry.get_sample_value("gpuscope_gpu_up", labels(0)) == 1.0
     assert (
         registry.get_sample_value(

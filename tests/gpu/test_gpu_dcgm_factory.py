@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from gpuscope.exporter.gpu.dcgm import FIELD_IDS, DcgmSource, DcgmUnavailable, load_dcgm_bindings
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.simulated import SimulatedSource
+from gpuscope.exporter.gpu.source import GpuSourceKind
 from support.gpu_fake_dcgm import FakeDcgmHost, FakeValue
 
 
@@ -93,24 +95,28 @@ def test_missing_bindings_say_where_they_were_looked_for() -> None:
 
 
 def test_factory_kinds() -> None:
-    assert open_gpu_source("none", scenario=None, simulated_count=1) is None
-    source = open_gpu_source("simulated", scenario=None, simulated_count=3)
+    assert open_gpu_source(GpuSourceKind.NONE, scenario=None, simulated_count=1) is None
+    source = open_gpu_source(GpuSourceKind.SIMULATED, scenario=None, simulated_count=3)
     assert isinstance(source, SimulatedSource) and len(source.devices()) == 3
     # no DCGM, no NVML driver on this machine: auto settles for request metrics only
-    assert open_gpu_source("auto", scenario=None, simulated_count=1) is None
+    assert open_gpu_source(GpuSourceKind.AUTO, scenario=None, simulated_count=1) is None
 
 
 @pytest.mark.parametrize(
     ("kind", "count", "error", "message"),
     [
-        ("cuda", 1, ValueError, "--gpu-source must be one of"),
-        ("simulated", 0, ValueError, "--simulated-gpus must be at least 1"),
-        ("nvml", 1, GpuSourceUnavailable, "--gpu-source nvml: nvmlInit failed"),
-        ("dcgm", 1, GpuSourceUnavailable, "--gpu-source dcgm: DCGM Python bindings not found"),
+        (cast(GpuSourceKind, "cuda"), 1, ValueError, "--gpu-source must be one of"),
+        (GpuSourceKind.NVML, 1, GpuSourceUnavailable, "--gpu-source nvml: nvmlInit failed"),
+        (
+            GpuSourceKind.DCGM,
+            1,
+            GpuSourceUnavailable,
+            "--gpu-source dcgm: DCGM Python bindings not found",
+        ),
     ],
 )
 def test_factory_errors_name_the_flag(
-    kind: str, count: int, error: type[Exception], message: str
+    kind: GpuSourceKind, count: int, error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
         open_gpu_source(kind, scenario=None, simulated_count=count)
@@ -120,6 +126,6 @@ def test_factory_scenario_errors_name_the_flag(tmp_path: Path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text("events: [{at: 0, gpu: 5, fault: fall_off_bus}]\n")
     with pytest.raises(ValueError, match=r"--gpu-scenario .*names GPU 5"):
-        open_gpu_source("simulated", scenario=scenario, simulated_count=2)
+        open_gpu_source(GpuSourceKind.SIMULATED, scenario=scenario, simulated_count=2)
     with pytest.raises(ValueError, match="--gpu-scenario applies to --gpu-source simulated"):
-        open_gpu_source("nvml", scenario=scenario, simulated_count=2)
+        open_gpu_source(GpuSourceKind.NVML, scenario=scenario, simulated_count=2)

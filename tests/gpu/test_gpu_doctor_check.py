@@ -16,6 +16,7 @@ from gpuscope.exporter.doctor import DoctorConfig, diagnose, parse_args, run
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.nvml import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.gpu.validation import (
     check_clock_power_memory,
     check_doctor,
@@ -66,7 +67,7 @@ def test_doctor_json_matches_what_the_exporter_serves() -> None:
 
 def test_doctor_flags_and_environment_twins() -> None:
     assert parse_args(["--gpu-source", "simulated", "--json"], {}) == DoctorConfig(
-        "simulated", None, 1, True
+        GpuSourceKind.SIMULATED, None, 1, True
     )
     assert (
         parse_args(

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from prometheus_client.samples import Sample
 
-from gpuscope.exporter.app import STATE
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
+from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.server import RunningExporter, start_exporter
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
@@ -34,7 +34,9 @@ class Clock:
 async def scenario_exporter() -> AsyncIterator[tuple[RunningExporter, Clock]]:
     clock = Clock()
     source = SimulatedSource(2, load_scenario(FAULTS), clock=clock)
-    running = await start_exporter(loopback_config(gpu_interval=0.02), gpu_source=source)
+    running = await start_exporter(
+        loopback_config(gpu_interval=0.02), gpu_source=source, compute_observers=[source]
+    )
     try:
         yield running, clock
     finally:

@@ -6,10 +6,13 @@ import inspect
 
 import pynvml
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
+from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.nvml import Backoff, NvmlSource, NvmlUnavailable
 from gpuscope.exporter.gpu.nvml_events import COLLECTOR, XidCounts, XidEventWatcher
+from gpuscope.exporter.gpu.poller import GpuPoller
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
 
@@ -267,6 +270,22 @@ def test_gpu_without_xid_events_is_explained() -> None:
     assert "XID" in source.unsupported_metrics()[0]["xid_errors"]
     assert "xid_errors" not in source.unsupported_metrics()[1]
     source.close()
+
+
+def test_xid_totals_are_absent_on_a_gpu_whose_events_cannot_be_watched() -> None:
+    fake = FakeNvml([fake_gpu(0, xid_events_supported=False), fake_gpu(1)])
+    poller = GpuPoller(open_source(fake), 1.0)
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(poller))
+    readings = poller.poll_once().readings
+    assert [r.xid_supported for r in readings] == [False, True]
+    text = generate_latest(registry).decode()
+    poller.stop()
+    xid_lines = [line for line in text.splitlines() if line.startswith("gpuscope_gpu_xid_")]
+    # GPU 1 reads 0 from the first scrape on; GPU 0 has no XID series at all
+    uuids = [gpu.uuid for gpu in fake.gpus]
+    assert xid_lines == [f'gpuscope_gpu_xid_events_total{{gpu="1",uuid="{uuids[1]}"}} 0.0']
+    assert f'gpuscope_gpu_up{{gpu="0",uuid="{uuids[0]}"}} 1.0' in text
 
 
 def test_gpu_lost_at_start_up_is_skipped_and_the_others_report() -> None:

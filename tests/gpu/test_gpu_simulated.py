@@ -21,7 +21,7 @@ from gpuscope.exporter.gpu.simulated import (
     SimulatedSource,
     simulated_uuid,
 )
-from gpuscope.exporter.gpu.source import ComputeActivitySink
+from gpuscope.exporter.gpu.source import ComputeObserver
 
 SCENARIOS = Path(__file__).parents[2] / "exporter" / "gpu" / "scenarios"
 
@@ -47,7 +47,8 @@ def test_uuids_are_deterministic_and_nvml_shaped() -> None:
     assert simulated_uuid(3).startswith("GPU-") and len(simulated_uuid(3)) == 40
     source = SimulatedSource(2)
     assert [d.uuid for d in source.devices()] == [simulated_uuid(0), simulated_uuid(1)]
-    assert isinstance(source, ComputeActivitySink)
+    observer: ComputeObserver = source  # mypy checks that it is one
+    assert observer is source
 
 
 def test_idle_gpu_clocks_down_with_the_idle_reason() -> None:
@@ -63,16 +64,15 @@ def test_idle_gpu_clocks_down_with_the_idle_reason() -> None:
 def test_compute_spans_drive_occupancy_power_and_pcie() -> None:
     source, clock = source_with([])
     source.sample()
-    end_ns = int(clock.now * 1e9)
     for _ in range(10):  # 10 batches of 0.2 s within the 5 s window: 40% busy
         clock.now += 0.25
-        source.record_compute(simulated_uuid(0), end_ns, 0.2, batch_size=8, max_size=8)
-    source.record_compute("GPU-someone-else", end_ns, 1.0, 8, 8)  # ignored
+        source.observe_compute(simulated_uuid(0), 0.2, batch_size=8, max_size=8)
+    source.observe_compute("GPU-someone-else", 1.0, 8, 8)  # ignored
     small, small_clock = source_with([])
     small.sample()
     for _ in range(10):
         small_clock.now += 0.25
-        small.record_compute(simulated_uuid(0), end_ns, 0.2, batch_size=1, max_size=8)
+        small.observe_compute(simulated_uuid(0), 0.2, batch_size=1, max_size=8)
     full, idle = source.sample()
     half = small.sample()[0]
     assert full.utilization_ratio == pytest.approx(0.4)

@@ -152,7 +152,7 @@ async def post_spans(
 
 
 class FakeGpuSource:
-    """Two GPUs with fixed readings; records the compute activity it is told about."""
+    """Two GPUs with fixed readings; as a ``ComputeObserver``, records the batches it is told of."""
 
     name = "fake"
 
@@ -161,7 +161,7 @@ class FakeGpuSource:
             GpuDevice(index=0, uuid="GPU-aaaa", name="Fake H100", pci_bus_id="0000:01:00.0"),
             GpuDevice(index=1, uuid="GPU-bbbb", name="Fake H100", pci_bus_id="0000:02:00.0"),
         )
-        self.compute: list[tuple[str, int, float, int, int]] = []
+        self.compute: list[tuple[str, float, int, int]] = []
         self.closed = threading.Event()
         self._lock = threading.Lock()
 
@@ -177,11 +177,9 @@ class FakeGpuSource:
     def close(self) -> None:
         self.closed.set()
 
-    def record_compute(
-        self, uuid: str, end_epoch_ns: int, seconds: float, batch_size: int, max_size: int
-    ) -> None:
+    def observe_compute(self, uuid: str, seconds: float, batch_size: int, max_size: int) -> None:
         with self._lock:
-            self.compute.append((uuid, end_epoch_ns, seconds, batch_size, max_size))
+            self.compute.append((uuid, seconds, batch_size, max_size))
 
 
 def loopback_config(**overrides: Any) -> ExporterConfig:

@@ -136,7 +136,7 @@ async def _exporter(
     config = loopback_config(
         gpu_source="simulated", gpu_interval=0.25, forward_otlp=forward, shutdown_timeout=2.0
     )
-    exporter = await start_exporter(config, gpu_source=source)
+    exporter = await start_exporter(config, gpu_source=source, compute_observers=[source])
     try:
         yield exporter, clock
     finally:

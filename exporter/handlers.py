@@ -1,0 +1,191 @@
+"""The exporter's request handlers and the state they share.
+
+``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzipped), ``GET /metrics``
+(text, or OpenMetrics with exemplars when asked; gzip when accepted), ``GET /healthz``
+(serving), ``GET /readyz`` (started, first GPU poll done, not shutting down).
+
+Everything that changes the metric state runs on the event loop's thread. A scrape
+renders in a worker thread (reading each series consistently, see ``series``), so a
+large ``/metrics`` does not hold up ingest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import hdrs, web
+from prometheus_client.exposition import gzip_accepted
+from prometheus_client.registry import CollectorRegistry
+
+from gpuscope.exporter import otlp
+from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.connections import ConnectionGuard
+from gpuscope.exporter.forward import OtlpForwarder
+from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.source import GpuSource
+from gpuscope.exporter.metrics import SelfMetrics
+from gpuscope.exporter.render import render_chunks
+from gpuscope.exporter.security import Authenticator
+from gpuscope.exporter.series import HistogramFamily
+
+log = logging.getLogger(__name__)
+
+TRACES_PATH = "/v1/traces"
+
+
+@dataclass
+class ExporterState:
+    """What the handlers share; one per app."""
+
+    config: ExporterConfig
+    aggregator: SpanAggregator
+    metrics: SelfMetrics
+    registry: CollectorRegistry
+    authenticator: Authenticator
+    gpu_source: GpuSource | None
+    limits: otlp.Limits
+    guard: ConnectionGuard
+    # Set when the shutdown timeout has passed: bodies still uploading get a 503.
+    drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
+    render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    forwarder: OtlpForwarder | None = None
+    poller: GpuPoller | None = None
+    started: bool = False
+    stopping: bool = False
+    _devices: object = field(default=None, repr=False)
+
+    def refresh_gpu_devices(self) -> None:
+        """Keep the aggregator's uuid -> index map in step with the poller's device list."""
+        if self.poller is None:
+            return
+        devices = self.poller.devices()
+        if devices is not self._devices:
+            self._devices = devices
+            self.aggregator.set_gpu_devices(devices)
+
+
+STATE = web.AppKey("gpuscope_exporter_state", ExporterState)
+
+
+async def receive_traces(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    # Error bodies follow the request's format when it is one of ours, else protobuf.
+    reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
+    try:
+        media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
+        body = await _read_body(request, state)
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+        decoded = otlp.decode_request(otlp.decompress(body, encoding, state.limits), media)
+    except otlp.OtlpError as exc:
+        state.metrics.requests_rejected[exc.reason] += 1
+        log.debug("rejected export request: %s", exc)
+        response = otlp_error(reply_media, exc.status, str(exc))
+        if exc.status == 503:
+            response.headers[hdrs.RETRY_AFTER] = "1"
+        return response
+    state.refresh_gpu_devices()
+    result = state.aggregator.ingest(decoded)
+    state.metrics.spans_received += result.received
+    state.metrics.spans_rejected.update(result.rejected)
+    if state.forwarder is not None and result.received:
+        state.forwarder.submit(body, media, encoding, result.received)
+    answer = otlp.encode_response(media, result.rejected_total, result.error_message())
+    return web.Response(body=answer, content_type=media)
+
+
+async def _read_body(request: web.Request, state: ExporterState) -> bytes:
+    limit = state.limits.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise otlp.OtlpError(
+            413, otlp.BODY_TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}"
+        )
+    try:  # at shutdown, a body still uploading may take until the shutdown timeout
+        return await _read_before(request, state.drain_expired)
+    except web.HTTPRequestEntityTooLarge:
+        raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
+
+
+async def _read_before(request: web.Request, deadline: asyncio.Event) -> bytes:
+    """The body, or a 503 ``OtlpError`` if ``deadline`` is set before it is all in."""
+    reading = asyncio.ensure_future(request.read())
+    expiry = asyncio.ensure_future(deadline.wait())
+    try:
+        done, _ = await asyncio.wait((reading, expiry), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        reading.cancel()
+        raise
+    finally:
+        expiry.cancel()
+    if reading not in done:
+        reading.cancel()
+        raise otlp.OtlpError(
+            503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
+        )
+    try:
+        return reading.result()
+    except ConnectionResetError:  # the client went away mid-upload
+        raise otlp.OtlpError(
+            400, otlp.INCOMPLETE_BODY, "connection closed before the body was complete"
+        ) from None
+
+
+def otlp_error(media: str, status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status, body=otlp.encode_status(media, status, message), content_type=media
+    )
+
+
+async def serve_metrics(request: web.Request) -> web.StreamResponse:
+    """The scrape, rendered and compressed in a worker thread so that ingest goes on
+    meanwhile (each series is read consistently, see ``series``), and written a chunk
+    at a time. One render at a time."""
+    state = request.app[STATE]
+    accept = request.headers.get(hdrs.ACCEPT, "")
+    compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
+    async with state.render_lock:
+        chunks, content_type = await asyncio.to_thread(
+            _render, state.registry, state.aggregator.histograms, accept, compress
+        )
+    headers = {hdrs.CONTENT_TYPE: content_type}
+    if compress:
+        headers[hdrs.CONTENT_ENCODING] = "gzip"
+    if len(chunks) == 1:
+        return web.Response(body=chunks[0], headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_length = sum(len(chunk) for chunk in chunks)
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+def _render(
+    registry: CollectorRegistry,
+    histograms: Sequence[HistogramFamily],
+    accept: str,
+    compress: bool,
+) -> tuple[list[bytes], str]:
+    chunks, content_type = render_chunks(registry, histograms, accept)
+    if compress:
+        packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing
+        chunks = [packer.compress(chunk) for chunk in chunks] + [packer.flush()]
+    return [chunk for chunk in chunks if chunk], content_type
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.started or state.stopping:
+        return web.Response(status=503, text="not ready: starting or stopping\n")
+    if state.poller is not None and state.poller.snapshot().round < 1:
+        return web.Response(status=503, text="not ready: first GPU poll pending\n")
+    return web.Response(text="ready\n")

@@ -1,0 +1,183 @@
+"""The metric families the exporter serves: the definition tables, a live scrape and the
+docs all agree with one golden list, so a renamed family or label cannot slip through."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import aiohttp
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from gpuscope import spans as attr
+from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef
+from gpuscope.exporter.gpu.metrics import GPU_METRICS
+from gpuscope.exporter.gpu.scenario import parse_scenario
+from gpuscope.exporter.gpu.simulated import SimulatedSource
+from gpuscope.exporter.server import start_exporter
+from support.exporter_fixtures import T0, SpanFactory, encode, loopback_config, post_spans, scrape
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+_GPU = ("gpu", "uuid")
+_STOCK = (
+    "service_name",
+    "span_name",
+    "span_kind",
+    "status_code",
+    "http_status_code",
+    "rpc_grpc_status_code",
+)
+
+# (name, type, unit, labels): what dashboards, alerts and users' queries rely on.
+GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
+    (
+        "gpuscope_request_duration_seconds",
+        "histogram",
+        "seconds",
+        ("service", "model", "operation", "route", "code", "uuid", "gpu"),
+    ),
+    (
+        "gpuscope_request_phase_seconds",
+        "histogram",
+        "seconds",
+        ("phase", "service", "model", "uuid", "gpu"),
+    ),
+    (
+        "gpuscope_time_to_first_token_seconds",
+        "histogram",
+        "seconds",
+        ("service", "model", "operation", "uuid", "gpu"),
+    ),
+    (
+        "gpuscope_time_per_output_token_seconds",
+        "histogram",
+        "seconds",
+        ("service", "model", "operation", "uuid", "gpu"),
+    ),
+    ("gpuscope_batch_size", "histogram", "", ("service", "model", "uuid", "gpu")),
+    ("gpuscope_tokens", "counter", "", ("direction", "service", "model", "operation")),
+    ("gpuscope_span_calls", "counter", "", _STOCK),
+    ("gpuscope_span_duration_seconds", "histogram", "seconds", _STOCK),
+    ("gpuscope_series_overflow", "counter", "", ("metric",)),
+    ("gpuscope_build_info", "gauge", "", ("version",)),
+    ("gpuscope_spans_received", "counter", "", ()),
+    ("gpuscope_spans_rejected", "counter", "", ("reason",)),
+    ("gpuscope_otlp_requests_rejected", "counter", "", ("reason",)),
+    ("gpuscope_forward_spans_sent", "counter", "", ()),
+    ("gpuscope_forward_spans_dropped", "counter", "", ("reason",)),
+    ("gpuscope_http_connections", "gauge", "", ("state",)),
+    ("gpuscope_http_connections_max", "gauge", "", ()),
+    ("gpuscope_http_connections_closed", "counter", "", ("reason",)),
+    (
+        "gpuscope_gpu_info",
+        "gauge",
+        "",
+        ("gpu", "uuid", "name", "pci_bus_id", "numa_node", "driver_version"),
+    ),
+    ("gpuscope_gpu_up", "gauge", "", _GPU),
+    ("gpuscope_gpu_sm_clock_hertz", "gauge", "hertz", _GPU),
+    ("gpuscope_gpu_sm_clock_max_hertz", "gauge", "hertz", _GPU),
+    ("gpuscope_gpu_memory_clock_hertz", "gauge", "hertz", _GPU),
+    ("gpuscope_gpu_memory_clock_max_hertz", "gauge", "hertz", _GPU),
+    ("gpuscope_gpu_utilization_ratio", "gauge", "ratio", _GPU),
+    ("gpuscope_gpu_sm_occupancy_ratio", "gauge", "ratio", _GPU),
+    ("gpuscope_gpu_sm_active_ratio", "gauge", "ratio", _GPU),
+    ("gpuscope_gpu_tensor_active_ratio", "gauge", "ratio", _GPU),
+    ("gpuscope_gpu_dram_active_ratio", "gauge", "ratio", _GPU),
+    ("gpuscope_gpu_pcie_link_generation", "gauge", "", _GPU),
+    ("gpuscope_gpu_pcie_link_width", "gauge", "", _GPU),
+    ("gpuscope_gpu_memory_used_bytes", "gauge", "bytes", _GPU),
+    ("gpuscope_gpu_memory_total_bytes", "gauge", "bytes", _GPU),
+    ("gpuscope_gpu_power_watts", "gauge", "watts", _GPU),
+    ("gpuscope_gpu_power_limit_watts", "gauge", "watts", _GPU),
+    ("gpuscope_gpu_temperature_celsius", "gauge", "celsius", _GPU),
+    ("gpuscope_gpu_pcie_transmit_bytes", "counter", "bytes", _GPU),
+    ("gpuscope_gpu_pcie_receive_bytes", "counter", "bytes", _GPU),
+    ("gpuscope_gpu_energy_joules", "counter", "joules", _GPU),
+    ("gpuscope_gpu_clock_event_active", "gauge", "", (*_GPU, "reason")),
+    ("gpuscope_gpu_xid_events", "counter", "", _GPU),
+    ("gpuscope_gpu_xid_errors", "counter", "", (*_GPU, "xid")),
+    ("gpuscope_gpu_ecc_errors", "counter", "", (*_GPU, "type")),
+    ("gpuscope_collector_success", "gauge", "", ("collector",)),
+    ("gpuscope_collector_duration_seconds", "gauge", "seconds", ("collector",)),
+]
+
+
+def _row(definition: MetricDef) -> tuple[str, str, str, tuple[str, ...]]:
+    return definition.name, str(definition.type), definition.unit, definition.labels
+
+
+def test_definition_tables_match_the_golden_list() -> None:
+    tables = [_row(d) for d in (*EXPORTER_METRICS, *GPU_METRICS)]
+    assert len(set(tables)) == len(tables)  # no family defined twice
+    assert sorted(tables) == sorted(GOLDEN)
+
+
+def test_docs_name_every_family() -> None:
+    text = (DOCS / "exporter.md").read_text() + (DOCS / "gpu.md").read_text()
+    documented = set(re.findall(r"`(gpuscope_[a-z_]+)", text))
+    missing = [d.sample_name for d in (*EXPORTER_METRICS, *GPU_METRICS)]
+    assert [name for name in missing if name not in documented] == []
+
+
+def _foreign_server_span() -> ReadableSpan:
+    """A SERVER span of another instrumentation scope (feeds the stock-span families)."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "other"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("opentelemetry.instrumentation.asgi")
+    span = tracer.start_span(
+        "GET /x", kind=SpanKind.SERVER, attributes={"http.route": "/x"}, start_time=T0
+    )
+    span.end(end_time=T0 + 10_000_000)
+    return memory.get_finished_spans()[-1]
+
+
+def _spans() -> list[ReadableSpan]:
+    factory = SpanFactory()
+    server = factory.server(
+        0.05,
+        phases=dict.fromkeys(attr.PHASES, 0.001),
+        attrs={
+            attr.TIME_TO_FIRST_TOKEN: 0.02,
+            attr.TIME_PER_OUTPUT_TOKEN: 0.003,
+            attr.GEN_AI_USAGE_INPUT_TOKENS: 5,
+            attr.GEN_AI_OPERATION_NAME: "chat",
+        },
+    )
+    return [server, factory.batch(4), _foreign_server_span()]
+
+
+async def test_a_scrape_serves_the_golden_families_with_their_labels(
+    exporter_http: aiohttp.ClientSession,
+) -> None:
+    scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
+    config = loopback_config(gpu_interval=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
+    exporter = await start_exporter(config, gpu_source=SimulatedSource(1, scenario))
+    try:
+        body = encode(_spans()).SerializeToString()
+        assert (await post_spans(exporter_http, exporter, body))[0] == 200
+        text = ""
+        for _ in range(200):  # until the first GPU poll is in (bounded: 10 s)
+            text = await scrape(exporter_http, exporter, accept=OPENMETRICS)
+            if "gpuscope_gpu_up{" in text:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await exporter.stop()
+    served = {}
+    for family in text_string_to_metric_families(text):  # type: ignore[no-untyped-call]
+        labels = {name for s in family.samples for name in s.labels} - {"le"}
+        served[family.name] = (family.type, family.unit, labels)
+    golden = {name: (kind, unit, set(labels)) for name, kind, unit, labels in GOLDEN}
+    assert set(served) == set(golden)
+    for name, (kind, unit, labels) in golden.items():
+        # every family here has samples, so its label names are all visible
+        assert served[name] == (kind, unit, labels), name
