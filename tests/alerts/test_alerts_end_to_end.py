@@ -1,5 +1,6 @@
-"""The rules in a real Prometheus scraping the real exporter and worker, alerting to a real
-Alertmanager: a fast variant of the rules (1 s evaluation, 2 s ``for:``) from alerts/build.py.
+"""The rules in a real Prometheus scraping the real exporter and the worker's own /metrics,
+alerting to a real Alertmanager: a fast variant of the rules (1 s evaluation, 2 s ``for:``)
+from alerts/build.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from support.pack_stack import PackStack, run_pack_stack
+from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
 
 REPO = Path(__file__).parents[2]
@@ -30,8 +31,15 @@ GPU_ALERTS = (
     "GpuscopeGpuLost",
     "GpuscopeGpuCollectorFailing",
 )
+# alerts about the serving engine; none may fire on a lightly loaded worker
+WORKER_ALERTS = (
+    "GpuscopeKvCacheExhausted",
+    "GpuscopeRequestsWaitingOnKvCache",
+    "GpuscopeWorkerMetricsDown",
+)
 
 
+QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
 FAST = ("--interval", "1s", "--for", "2s", "--window", "10s")
 
 
@@ -78,7 +86,7 @@ def served_metric_names(text: str) -> set[str]:
 
 
 def metrics_in_exprs(rules_dir: Path) -> set[str]:
-    """Exporter metrics the rule expressions select (recorded names excluded)."""
+    """Exporter and worker metrics the rule expressions select (recorded names excluded)."""
     exprs = [rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")]
     return set(re.findall(r"\bgpuscope_\w+", "\n".join(exprs))) - {
         name.split(":")[1] for name in recorded_names(rules_dir)
@@ -120,12 +128,14 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
         ) as stack,
         aiohttp.ClientSession() as session,
     ):
-        async with session.get(stack.exporter_url + "/metrics") as response:
-            scrape = await response.text()
+        scrape = ""
+        for url in (stack.exporter_url, stack.worker_url):
+            async with session.get(url + "/metrics") as response:
+                scrape += await response.text()
         missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape)
-        assert missing == set(), "rules use metrics the exporter does not serve"
+        assert missing == set(), "rules use metrics neither the exporter nor the worker serves"
         missing = labels_in_exprs(rules_dir) - served_label_names(scrape)
-        assert missing == set(), "rules use labels the exporter does not serve"
+        assert missing == set(), "rules use labels neither the exporter nor the worker serves"
         for record in recorded_names(rules_dir):
             await wait_until(
                 lambda record=record: instant_query(session, stack.prometheus_url, record),
@@ -135,6 +145,14 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
         )
         assert [v["metric"]["uuid"] for v in verdicts] == [stack.gpu_uuids[0]]
+        # the worker's configured window, joined to its model through gpuscope_worker_info
+        windows = await instant_query(session, stack.prometheus_url, QUEUE_DELAY)
+        assert [(w["metric"], float(w["value"][1])) for w in windows] == [
+            (
+                {"__name__": QUEUE_DELAY, "model": stack.model},
+                WORKER_CONFIG.max_queue_delay_ms / 1000,
+            )
+        ]
         assert verdicts[0]["metric"]["cause"] in {
             "queue",
             "batch_wait",
@@ -152,12 +170,13 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             ),
             "six rule evaluations",
         )
+        quiet = (*GPU_ALERTS, *WORKER_ALERTS)
         firing = await instant_query(
-            session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(GPU_ALERTS)}"}}'
+            session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(quiet)}"}}'
         )
         assert firing == []
         sent = {name for name, _ in await alertmanager_alerts(session, stack)}
-        assert sent & set(GPU_ALERTS) == set()
+        assert sent & set(quiet) == set()
 
 
 async def test_faults_reach_alertmanager(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@
   most ``load_s`` seconds, stopped when the stack stops);
 - a real Alertmanager (clustering off, storage in ``workdir``) with
   ``alertmanager_config`` (default: a single receiver that sends nowhere);
-- a real Prometheus scraping the exporter as job ``gpuscope`` every
-  ``scrape_interval``, exemplar storage on, loading every ``*.yml`` of ``rules_dir``
-  (if given) and evaluating them at the scrape interval, alerting to that Alertmanager.
+- a real Prometheus scraping the exporter as job ``gpuscope`` and the worker's own
+  ``/metrics`` as job ``gpuscope-worker`` every ``scrape_interval``, exemplar storage
+  on, loading every ``*.yml`` of ``rules_dir`` (if given) and evaluating them at the
+  scrape interval, alerting to that Alertmanager.
 
 It yields a ``PackStack`` once Prometheus has seen request rates above zero, so
 ``rate(...)`` panels and recording rules have data straight away::
@@ -53,7 +54,10 @@ from support.worker_servers import SMALL
 REPO = Path(__file__).parents[2]
 SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
+WORKER_JOB = "gpuscope-worker"
 SERVICE = "pack-worker"
+# The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
+WORKER_CONFIG = replace(SMALL, max_new_tokens=32)
 SILENT_ALERTMANAGER = (
     "route: {receiver: none, group_wait: 1s, group_interval: 1s}\nreceivers: [{name: none}]\n"
 )
@@ -90,6 +94,7 @@ class PackStack:
     prometheus_url: str
     alertmanager_url: str
     exporter_instance: str  # the ``instance`` label Prometheus gives the exporter
+    worker_instance: str  # ... and the worker
     gpu_uuids: tuple[str, ...]  # simulated GPU i has gpu_uuids[i]; requests run on GPU 0
     service: str
     model: str
@@ -149,7 +154,7 @@ async def _worker(exporter_url: str) -> AsyncIterator[str]:
     provider = setup_tracing(
         exporter_url + "/v1/traces", SERVICE, schedule_delay_ms=200, set_global=False
     )
-    config = replace(SMALL, gpu_uuid=simulated_uuid(0), max_new_tokens=32)
+    config = replace(WORKER_CONFIG, gpu_uuid=simulated_uuid(0))
     try:
         with run_uvicorn(create_app(config, tracer_provider=provider)) as url:
             yield url
@@ -186,6 +191,11 @@ async def _load(worker_url: str, load_s: float, concurrency: int) -> AsyncIterat
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _host_port(url: str) -> str:
+    """``127.0.0.1:PORT`` of ``http://127.0.0.1:PORT``: a scrape target, an ``instance``."""
+    return url.removeprefix("http://").rstrip("/")
 
 
 def _rule_files(rules_dir: Path | None) -> list[Path]:
@@ -228,23 +238,24 @@ async def run_pack_stack(
             rule_files=rule_files,
             alertmanager=alertmanager_url,
             job=JOB,
+            more_jobs={WORKER_JOB: [_host_port(worker_url)]},
         ) as prometheus_url,
     ):
         async with aiohttp.ClientSession() as session:
-            await wait_for_result(
-                session,
-                prometheus_url,
+            for ready in (
                 "sum(rate(gpuscope_request_duration_seconds_count[1m])) > 0",
-                ready_timeout_s,
-            )
+                f'up{{job="{WORKER_JOB}"}} == 1',
+            ):
+                await wait_for_result(session, prometheus_url, ready, ready_timeout_s)
         yield PackStack(
             exporter_url=exporter.url,
             worker_url=worker_url,
             prometheus_url=prometheus_url,
             alertmanager_url=alertmanager_url,
             exporter_instance=f"127.0.0.1:{exporter.port}",
+            worker_instance=_host_port(worker_url),
             gpu_uuids=tuple(simulated_uuid(i) for i in range(gpus)),
             service=SERVICE,
-            model=SMALL.model_name,
+            model=WORKER_CONFIG.model_name,
             clock=clock,
         )
