@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,15 @@ WORKER_ALERTS = (
 
 
 QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+# A KV cache of 32 blocks of 16 tokens under 8 clients whose completions grow to 216
+# tokens: sequences outgrow the pool, so the oldest run while the youngest are preempted.
+EXHAUSTED_WORKER = replace(
+    WORKER_CONFIG,
+    batching="continuous",
+    kv_cache_blocks=32,
+    kv_block_size=16,
+    max_new_tokens=200,
+)
 FAST = ("--interval", "1s", "--for", "2s", "--window", "10s")
 
 
@@ -214,3 +224,43 @@ async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
     # only the GPU the scenario throttles, only the GPU that had XIDs
     assert ("GpuscopeGpuClockThrottled", "1") not in seen
     assert ("GpuscopeGpuXidErrors", "0") not in seen
+
+
+async def worker_alerts(session: aiohttp.ClientSession, stack: PackStack) -> set[tuple[str, str]]:
+    """(alertname, instance) of every worker alert Alertmanager holds."""
+    async with session.get(stack.alertmanager_url + "/api/v2/alerts") as response:
+        listed = await response.json()
+    return {
+        (a["labels"]["alertname"], a["labels"].get("instance", ""))
+        for a in listed
+        if a["labels"]["alertname"] in WORKER_ALERTS
+    }
+
+
+async def test_kv_cache_exhaustion_reaches_alertmanager(tmp_path: Path) -> None:
+    """A worker whose KV cache keeps running out: preemptions, then the alert, sent."""
+    rules_dir = fast_rules(tmp_path / "rules")
+    seen: set[tuple[str, str]] = set()
+
+    async def arrived() -> bool:
+        seen.update(await worker_alerts(session, stack))
+        return ("GpuscopeKvCacheExhausted", stack.worker_instance) in seen
+
+    async with (
+        run_pack_stack(
+            tmp_path,
+            rules_dir=rules_dir,
+            alertmanager_config=ALERTMANAGER_CONFIG,
+            worker=EXHAUSTED_WORKER,
+            concurrency=8,
+            output_tokens="200",
+            load_s=90,
+        ) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        await wait_until(arrived, "the KV-cache exhaustion alert", seen, timeout_s=60)
+        preempting = await instant_query(
+            session, stack.prometheus_url, "instance:gpuscope_worker_preemptions:rate10s > 0"
+        )
+    assert [p["metric"]["instance"] for p in preempting] == [stack.worker_instance]
+    assert ("GpuscopeWorkerMetricsDown", stack.worker_instance) not in seen
