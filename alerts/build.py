@@ -97,6 +97,8 @@ class Settings:
     # waits until its blocks fit, so a cache that keeps running out averages 80-90 %
     # (measured on the reference worker), not 100 %.
     kv_cache_full_ratio: float = 0.8
+    # the requests that hold KV-cache blocks (generation; embeddings hold none)
+    kv_cache_endpoints: str = 'endpoint="completions"'
     kv_cache_waiting_requests: float = 1.0
     # throttling: SM clock under this fraction of its maximum while utilisation is high
     throttle_clock_ratio: float = 0.8
@@ -353,7 +355,7 @@ def _indent(text: str) -> str:
 INSTANCE = "job, instance"
 KV_USAGE = "instance:gpuscope_worker_kv_cache_usage_ratio:avg"
 PREEMPTIONS = "instance:gpuscope_worker_preemptions:rate"
-WAITING = "instance:gpuscope_worker_requests_waiting:avg"
+WAITING = "instance_endpoint:gpuscope_worker_requests_waiting:avg"
 QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
 
 
@@ -368,10 +370,11 @@ def worker_rules(s: Settings) -> list[dict[str, Any]]:
             f"{PREEMPTIONS}{w}",
             f"sum by ({INSTANCE}) (rate(gpuscope_worker_preemptions_total{sel}[{w}]))",
         ),
-        # every endpoint's waiting requests (queued, or preempted and waiting to resume)
+        # requests queued, or preempted and waiting to resume, per endpoint
         _rule(
             f"{WAITING}{w}",
-            f"sum by ({INSTANCE}) (avg_over_time(gpuscope_worker_requests_waiting{sel}[{w}]))",
+            f"sum by ({INSTANCE}, endpoint) "
+            f"(avg_over_time(gpuscope_worker_requests_waiting{sel}[{w}]))",
         ),
         # the largest configured window among the workers serving a model
         _rule(
@@ -682,13 +685,14 @@ def worker_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeRequestsWaitingOnKvCache",
-            f"{WAITING}{w} >= {s.kv_cache_waiting_requests:g}\nand on ({INSTANCE})\n"
+            f"{WAITING}{w}{{{s.kv_cache_endpoints}}} >= {s.kv_cache_waiting_requests:g}\n"
+            f"and on ({INSTANCE})\n"
             f"{KV_USAGE}{w} > {full}",
             s.for_(s.for_kv_cache_capacity),
             "warning",
             "Requests wait for a full KV cache: the server is out of capacity.",
-            f"{{{{ $value | humanize }}}} requests waited on average on {on} over {w} "
-            f"while its KV cache stayed over {s.kv_cache_full_ratio:.0%} full.",
+            f"{{{{ $value | humanize }}}} {{{{ $labels.endpoint }}}} requests waited on average "
+            f"on {on} over {w} while its KV cache stayed over {s.kv_cache_full_ratio:.0%} full.",
         ),
         _alert(
             s,
