@@ -9,7 +9,10 @@ rule files under ``alerts/rules/`` are generated from it and committed::
 Recording rules are named ``level:metric:operation``. A level of ``gpu`` keeps the
 ``gpu`` and ``uuid`` labels (the UUID is unique across hosts, so it is the join key
 between request metrics and GPU metrics); ``service_model_gpu`` keeps ``service``,
-``model``, ``gpu`` and ``uuid``.
+``model``, ``gpu`` and ``uuid``. The serving engine's series (``gpuscope_worker_*``,
+the worker's own ``/metrics``, scraped as a job of its own) are recorded per
+``instance`` (keeping ``job`` and ``instance``) and, for its configuration, per
+``model`` (joined from ``gpuscope_worker_info``).
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class Settings:
     """The one table: everything a user may tune, each written once."""
 
     job_selector: str = 'job="gpuscope"'
+    # the inference server's own /metrics (gpuscope_worker_*), scraped as its own job
+    worker_job_selector: str = 'job="gpuscope-worker"'
     # where alerts/runbook.md is served; each alert links to its section
     runbook: str = "https://github.com/gpuscope/gpuscope/blob/main/alerts/runbook.md"
     # requests an SLO counts: model calls, not /v1/models or health checks
@@ -82,8 +87,19 @@ class Settings:
     underfed_queue_share: float = 0.25  # requests are queueing
     underfed_occupancy: float = 0.7  # SM occupancy under this while queueing: underfed
     # batch wait: the batcher's configured window and how far over it P99 may go
+    # (the window is read from gpuscope_worker_max_queue_delay_seconds where a worker of
+    # that model exports it; this value holds for the others)
     batch_wait_window_seconds: float = 0.005
     batch_wait_tolerance: float = 2.0
+    # KV cache: usage (averaged over ``window``) counted as full, and the requests that
+    # may wait on average while it is full before that is a capacity problem. A
+    # recompute preemption frees a whole sequence's blocks, and the head of the queue
+    # waits until its blocks fit, so a cache that keeps running out averages 80-90 %
+    # (measured on the reference worker), not 100 %.
+    kv_cache_full_ratio: float = 0.8
+    # the requests that hold KV-cache blocks (generation; embeddings hold none)
+    kv_cache_endpoints: str = 'endpoint="completions"'
+    kv_cache_waiting_requests: float = 1.0
     # throttling: SM clock under this fraction of its maximum while utilisation is high
     throttle_clock_ratio: float = 0.8
     throttle_min_utilization: float = 0.5
@@ -116,12 +132,19 @@ class Settings:
     for_gpu_lost: str = "1m"
     for_exporter: str = "5m"
     for_exporter_signals: str = "10m"
+    for_kv_cache: str = "10m"
+    for_kv_cache_capacity: str = "15m"
+    for_worker: str = "5m"
     increase_window: str = "10m"  # XID, ECC, overflow and drop counts
     spans_idle_window: str = "10m"
 
     def sel(self, extra: str = "") -> str:
         """A label selector with the job and ``extra`` matchers."""
         return "{" + ", ".join(m for m in (self.job_selector, extra) if m) + "}"
+
+    def worker_sel(self) -> str:
+        """The selector of the worker's own metrics."""
+        return "{" + self.worker_job_selector + "}"
 
     def for_(self, duration: str) -> str:
         return self.for_override if self.for_override is not None else duration
@@ -328,6 +351,40 @@ def _indent(text: str) -> str:
     return text.replace("\n", "\n  ")
 
 
+# Per-instance series of the worker's /metrics, and the configured batching window per model.
+INSTANCE = "job, instance"
+KV_USAGE = "instance:gpuscope_worker_kv_cache_usage_ratio:avg"
+PREEMPTIONS = "instance:gpuscope_worker_preemptions:rate"
+WAITING = "instance_endpoint:gpuscope_worker_requests_waiting:avg"
+QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+
+
+def worker_rules(s: Settings) -> list[dict[str, Any]]:
+    w, sel = s.window, s.worker_sel()
+    return [
+        _rule(
+            f"{KV_USAGE}{w}",
+            f"max by ({INSTANCE}) (avg_over_time(gpuscope_worker_kv_cache_usage_ratio{sel}[{w}]))",
+        ),
+        _rule(
+            f"{PREEMPTIONS}{w}",
+            f"sum by ({INSTANCE}) (rate(gpuscope_worker_preemptions_total{sel}[{w}]))",
+        ),
+        # requests queued, or preempted and waiting to resume, per endpoint
+        _rule(
+            f"{WAITING}{w}",
+            f"sum by ({INSTANCE}, endpoint) "
+            f"(avg_over_time(gpuscope_worker_requests_waiting{sel}[{w}]))",
+        ),
+        # the largest configured window among the workers serving a model
+        _rule(
+            QUEUE_DELAY,
+            f"max by (model) (\n  gpuscope_worker_max_queue_delay_seconds{sel}\n"
+            f"  * on ({INSTANCE}) group_left (model)\n  gpuscope_worker_info{sel}\n)",
+        ),
+    ]
+
+
 def recording_groups(s: Settings) -> list[dict[str, Any]]:
     slo_rules_all = [*slo_rules(s, s.latency_slo), *slo_rules(s, s.ttft_slo)]
     return [
@@ -336,6 +393,7 @@ def recording_groups(s: Settings) -> list[dict[str, Any]]:
         ]},
         {"name": "gpuscope-gpus", "interval": s.interval, "rules": gpu_rules(s)},
         {"name": "gpuscope-bottleneck", "interval": s.interval, "rules": verdict_rules(s)},
+        {"name": "gpuscope-worker", "interval": s.interval, "rules": worker_rules(s)},
     ]  # fmt: skip
 
 
@@ -370,7 +428,6 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
     share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
     p99 = f"service_model_gpu:gpuscope_request_phase_seconds:p99_{w}"
     where = "{{ $labels.service }}/{{ $labels.model }} on GPU {{ $labels.gpu }}"
-    batch_limit = s.batch_wait_window_seconds * s.batch_wait_tolerance
     return [
         _alert(
             s,
@@ -385,12 +442,12 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeBatchWaitAboveWindow",
-            f'{p99}{{phase="batch_wait"}} > {batch_limit:g}',
+            batch_wait_expr(s, f'{p99}{{phase="batch_wait"}}'),
             s.for_(s.for_phase),
             "warning",
             "Batch wait exceeds the batcher's configured window.",
             f"P99 batch wait of {where} is {{{{ $value | humanizeDuration }}}}, over "
-            f"{s.batch_wait_tolerance:g}x the {s.batch_wait_window_seconds * 1000:g} ms window.",
+            f"{s.batch_wait_tolerance:g}x the {_window_text(s)} window.",
         ),
         _alert(
             s,
@@ -416,6 +473,27 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
             "{{ $labels.model }} answered 5xx over the last " + w + ".",
         ),
     ]
+
+
+def batch_wait_expr(s: Settings, p99: str) -> str:
+    """Over the tolerance times the window the model's workers export (when above
+    zero), else times the table's window."""
+    configured = f"({QUEUE_DELAY} > 0)"
+    return (
+        f"(\n  {p99}\n  > on (model) group_left ()\n"
+        f"  {s.batch_wait_tolerance:g} * {configured}\n)\nor\n"
+        f"(\n  {p99} > {s.batch_wait_window_seconds * s.batch_wait_tolerance:g}\n"
+        f"  unless on (model)\n  {configured}\n)"
+    )
+
+
+def _window_text(s: Settings) -> str:
+    """The window in the alert's text: the exported one, else the table's."""
+    lookup = f'printf "{QUEUE_DELAY}{{model=%q}} > 0" $labels.model | query'
+    return (
+        f"{{{{ with {lookup} }}}}{{{{ . | first | value | humanizeDuration }}}}"
+        f"{{{{ else }}}}{s.batch_wait_window_seconds * 1000:g}ms{{{{ end }}}}"
+    )
 
 
 def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
@@ -589,6 +667,46 @@ def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
     ]
 
 
+def worker_alerts(s: Settings) -> list[dict[str, Any]]:
+    w, full = s.window, f"{s.kv_cache_full_ratio:g}"
+    on = "{{ $labels.instance }}"
+    return [
+        _alert(
+            s,
+            "GpuscopeKvCacheExhausted",
+            f"{KV_USAGE}{w} > {full}\nand on ({INSTANCE})\n{PREEMPTIONS}{w} > 0",
+            s.for_(s.for_kv_cache),
+            "warning",
+            "The KV cache is full and running sequences are preempted.",
+            f"The KV cache of {on} averaged {{{{ $value | humanizePercentage }}}} of its "
+            f"blocks over {w} while running sequences were preempted: their tokens are "
+            "computed again and latency grows.",
+        ),
+        _alert(
+            s,
+            "GpuscopeRequestsWaitingOnKvCache",
+            f"{WAITING}{w}{{{s.kv_cache_endpoints}}} >= {s.kv_cache_waiting_requests:g}\n"
+            f"and on ({INSTANCE})\n"
+            f"{KV_USAGE}{w} > {full}",
+            s.for_(s.for_kv_cache_capacity),
+            "warning",
+            "Requests wait for a full KV cache: the server is out of capacity.",
+            f"{{{{ $value | humanize }}}} {{{{ $labels.endpoint }}}} requests waited on average "
+            f"on {on} over {w} while its KV cache stayed over {s.kv_cache_full_ratio:.0%} full.",
+        ),
+        _alert(
+            s,
+            "GpuscopeWorkerMetricsDown",
+            f"up{s.worker_sel()} == 0",
+            s.for_(s.for_worker),
+            "warning",
+            "Prometheus cannot scrape an inference server's own metrics.",
+            f"{on} of job {{{{ $labels.job }}}} has been down for {s.for_(s.for_worker)}: "
+            "the serving-engine panels and the KV-cache alerts see nothing from it.",
+        ),
+    ]
+
+
 def alerting_groups(s: Settings) -> list[dict[str, Any]]:
     return [
         {"name": "gpuscope-request-alerts", "interval": s.interval, "rules": [
@@ -597,6 +715,7 @@ def alerting_groups(s: Settings) -> list[dict[str, Any]]:
         {"name": "gpuscope-gpu-alerts", "interval": s.interval, "rules": gpu_alerts(s)},
         {"name": "gpuscope-exporter-alerts", "interval": s.interval,
          "rules": exporter_alerts(s)},
+        {"name": "gpuscope-worker-alerts", "interval": s.interval, "rules": worker_alerts(s)},
     ]  # fmt: skip
 
 
@@ -646,12 +765,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--for", dest="for_override", help="every alert's for: (e.g. 2s)")
     parser.add_argument("--window", help="window of rates and averages (e.g. 10s)")
     parser.add_argument("--job-selector", help='e.g. job="gpuscope"')
+    parser.add_argument("--worker-job-selector", help='e.g. job="gpuscope-worker"')
     parser.add_argument("--runbook", help="URL of runbook.md that alerts link to")
     args = parser.parse_args(argv)
     overrides = {
         k: v
         for k, v in vars(args).items()
-        if k in {"interval", "for_override", "window", "job_selector", "runbook"} and v is not None
+        if k
+        in {"interval", "for_override", "window", "job_selector", "worker_job_selector", "runbook"}
+        and v is not None
     }
     for path in build(dataclasses.replace(Settings(), **overrides), args.out):
         print(path)

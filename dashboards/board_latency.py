@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import serving
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from panels import (
@@ -52,7 +54,8 @@ def build() -> Dashboard:
         UID,
         "gpuscope / Inference latency",
         "Where each request's milliseconds went: rate, latency quantiles, time per phase "
-        "(preprocess, queue, batch_wait, compute, postprocess), streaming and batching.",
+        "(preprocess, queue, batch_wait, compute, postprocess), streaming, batching, and "
+        "the serving engine's queue, KV cache and preemptions (from the worker's /metrics).",
         REQUEST_CHAIN,
     )
     count = "gpuscope_request_duration_seconds_count"
@@ -171,12 +174,43 @@ def build() -> Dashboard:
     board.with_panel(
         timeseries(
             "Mean batch size and batch rate",
-            "Mean requests per batch (left) and batches executed per second.",
+            "Mean requests per batch and batches executed per second, beside the largest "
+            "batch the workers are configured for (from the worker's /metrics).",
             [
                 query(f"{batch_sum}\n/\n{batch_count}", "mean batch size"),
                 query(batch_count, "batches/s"),
+                query(serving.configured("gpuscope_worker_max_batch_size"), "configured maximum"),
             ],
             "short",
         )
     )
+    board.with_panel(batch_wait_panel())
+    serving.add_row(board)
     return board
+
+
+def batch_wait_panel() -> timeseries_builders.Panel:
+    """Measured batch wait against the window the batcher is configured to wait."""
+    wait = selector("job", "instance", "service", "model", "gpu", extra=['phase="batch_wait"'])
+    bucket = "gpuscope_request_phase_seconds_bucket"
+    return timeseries(
+        "Batch wait against the configured window",
+        "P50 and P99 of the time a request waited for its batch to fill, beside the "
+        "max_queue_delay the workers are configured with (from the worker's /metrics). "
+        "P99 well over the window: the batcher or the event loop is late, not the traffic.",
+        [
+            *(
+                query(
+                    f"histogram_quantile({q}, {rate(bucket, wait, 'le')})",
+                    f"P{round(q * 100)}",
+                    exemplar=True,
+                )
+                for q in (0.5, 0.99)
+            ),
+            query(
+                serving.configured("gpuscope_worker_max_queue_delay_seconds"), "configured window"
+            ),
+        ],
+        "s",
+        FULL,
+    )

@@ -1,5 +1,6 @@
-"""The rules in a real Prometheus scraping the real exporter and worker, alerting to a real
-Alertmanager: a fast variant of the rules (1 s evaluation, 2 s ``for:``) from alerts/build.py.
+"""The rules in a real Prometheus scraping the real exporter and the worker's own /metrics,
+alerting to a real Alertmanager: a fast variant of the rules (1 s evaluation, 2 s ``for:``)
+from alerts/build.py.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
 
-from support.pack_stack import PackStack, run_pack_stack
+from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
 
 REPO = Path(__file__).parents[2]
@@ -30,8 +32,24 @@ GPU_ALERTS = (
     "GpuscopeGpuLost",
     "GpuscopeGpuCollectorFailing",
 )
+# alerts about the serving engine; none may fire on a lightly loaded worker
+WORKER_ALERTS = (
+    "GpuscopeKvCacheExhausted",
+    "GpuscopeRequestsWaitingOnKvCache",
+    "GpuscopeWorkerMetricsDown",
+)
 
 
+QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+# A KV cache of 32 blocks of 16 tokens under 8 clients whose completions grow to 216
+# tokens: sequences outgrow the pool, so the oldest run while the youngest are preempted.
+EXHAUSTED_WORKER = replace(
+    WORKER_CONFIG,
+    batching="continuous",
+    kv_cache_blocks=32,
+    kv_block_size=16,
+    max_new_tokens=200,
+)
 FAST = ("--interval", "1s", "--for", "2s", "--window", "10s")
 
 
@@ -78,7 +96,7 @@ def served_metric_names(text: str) -> set[str]:
 
 
 def metrics_in_exprs(rules_dir: Path) -> set[str]:
-    """Exporter metrics the rule expressions select (recorded names excluded)."""
+    """Exporter and worker metrics the rule expressions select (recorded names excluded)."""
     exprs = [rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")]
     return set(re.findall(r"\bgpuscope_\w+", "\n".join(exprs))) - {
         name.split(":")[1] for name in recorded_names(rules_dir)
@@ -120,12 +138,14 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
         ) as stack,
         aiohttp.ClientSession() as session,
     ):
-        async with session.get(stack.exporter_url + "/metrics") as response:
-            scrape = await response.text()
+        scrape = ""
+        for url in (stack.exporter_url, stack.worker_url):
+            async with session.get(url + "/metrics") as response:
+                scrape += await response.text()
         missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape)
-        assert missing == set(), "rules use metrics the exporter does not serve"
+        assert missing == set(), "rules use metrics neither the exporter nor the worker serves"
         missing = labels_in_exprs(rules_dir) - served_label_names(scrape)
-        assert missing == set(), "rules use labels the exporter does not serve"
+        assert missing == set(), "rules use labels neither the exporter nor the worker serves"
         for record in recorded_names(rules_dir):
             await wait_until(
                 lambda record=record: instant_query(session, stack.prometheus_url, record),
@@ -135,6 +155,14 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
         )
         assert [v["metric"]["uuid"] for v in verdicts] == [stack.gpu_uuids[0]]
+        # the worker's configured window, joined to its model through gpuscope_worker_info
+        windows = await instant_query(session, stack.prometheus_url, QUEUE_DELAY)
+        assert [(w["metric"], float(w["value"][1])) for w in windows] == [
+            (
+                {"__name__": QUEUE_DELAY, "model": stack.model},
+                WORKER_CONFIG.max_queue_delay_ms / 1000,
+            )
+        ]
         assert verdicts[0]["metric"]["cause"] in {
             "queue",
             "batch_wait",
@@ -152,12 +180,13 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             ),
             "six rule evaluations",
         )
+        quiet = (*GPU_ALERTS, *WORKER_ALERTS)
         firing = await instant_query(
-            session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(GPU_ALERTS)}"}}'
+            session, stack.prometheus_url, f'ALERTS{{alertname=~"{"|".join(quiet)}"}}'
         )
         assert firing == []
         sent = {name for name, _ in await alertmanager_alerts(session, stack)}
-        assert sent & set(GPU_ALERTS) == set()
+        assert sent & set(quiet) == set()
 
 
 async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
@@ -195,3 +224,43 @@ async def test_faults_reach_alertmanager(tmp_path: Path) -> None:
     # only the GPU the scenario throttles, only the GPU that had XIDs
     assert ("GpuscopeGpuClockThrottled", "1") not in seen
     assert ("GpuscopeGpuXidErrors", "0") not in seen
+
+
+async def worker_alerts(session: aiohttp.ClientSession, stack: PackStack) -> set[tuple[str, str]]:
+    """(alertname, instance) of every worker alert Alertmanager holds."""
+    async with session.get(stack.alertmanager_url + "/api/v2/alerts") as response:
+        listed = await response.json()
+    return {
+        (a["labels"]["alertname"], a["labels"].get("instance", ""))
+        for a in listed
+        if a["labels"]["alertname"] in WORKER_ALERTS
+    }
+
+
+async def test_kv_cache_exhaustion_reaches_alertmanager(tmp_path: Path) -> None:
+    """A worker whose KV cache keeps running out: preemptions, then the alert, sent."""
+    rules_dir = fast_rules(tmp_path / "rules")
+    seen: set[tuple[str, str]] = set()
+
+    async def arrived() -> bool:
+        seen.update(await worker_alerts(session, stack))
+        return ("GpuscopeKvCacheExhausted", stack.worker_instance) in seen
+
+    async with (
+        run_pack_stack(
+            tmp_path,
+            rules_dir=rules_dir,
+            alertmanager_config=ALERTMANAGER_CONFIG,
+            worker=EXHAUSTED_WORKER,
+            concurrency=8,
+            output_tokens="200",
+            load_s=90,
+        ) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        await wait_until(arrived, "the KV-cache exhaustion alert", seen, timeout_s=60)
+        preempting = await instant_query(
+            session, stack.prometheus_url, "instance:gpuscope_worker_preemptions:rate10s > 0"
+        )
+    assert [p["metric"]["instance"] for p in preempting] == [stack.worker_instance]
+    assert ("GpuscopeWorkerMetricsDown", stack.worker_instance) not in seen

@@ -174,9 +174,34 @@ def test_load_script_compiles() -> None:
     assert SERVICES["load"]["entrypoint"] == ["python", "-c"]
 
 
-def test_scrape_job_is_the_one_the_rules_select() -> None:
+def scrape_jobs() -> dict[str, list[str]]:
+    """Job name -> targets of deploy/prometheus.yml."""
     config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
-    (job,) = [scrape["job_name"] for scrape in config["scrape_configs"]]
+    return {
+        scrape["job_name"]: [t for static in scrape["static_configs"] for t in static["targets"]]
+        for scrape in config["scrape_configs"]
+    }
+
+
+def test_scrape_jobs_are_the_ones_the_rules_select() -> None:
+    """The exporter's job and the worker's, each selected by name in the rules."""
+    jobs = set(scrape_jobs())
     rules = "".join(path.read_text() for path in (REPO / "alerts" / "rules").glob("*.yml"))
     selected = set(re.findall(r'\bjob="([^"]*)"', rules))
-    assert selected == {job}, f"rules select jobs {selected}, Prometheus scrapes {job!r}"
+    assert selected == jobs == {"gpuscope", "gpuscope-worker"}
+
+
+def test_scrape_targets_are_services_on_their_ports() -> None:
+    """Each target is a service alias that listens on that port in every profile."""
+    for job, job_targets in scrape_jobs().items():
+        for target in job_targets:
+            host, port = target.split(":")
+            serving = [
+                service
+                for name, service in SERVICES.items()
+                if host == name
+                or host in service.get("networks", {}).get("default", {}).get("aliases", [])
+            ]
+            assert serving, f"{job}: no service answers to {host}"
+            for service in serving:
+                assert any(p.endswith(f":{port}") for p in service.get("ports", [])), service

@@ -1,5 +1,8 @@
 """Every dashboard query against the running pack: real exporter, worker, load, Prometheus.
 
+Prometheus scrapes the exporter and the worker's own /metrics (the serving-engine
+panels), so every metric a panel names must be served by one of the two.
+
 The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
 the error panels have series too. Grafana's variables are resolved the way Grafana
 does (``label_values`` through Prometheus' label-values API, each filtered by the
@@ -9,6 +12,7 @@ default state, every variable on "All".
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -43,6 +47,9 @@ VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
 # and a short step, with room for a loaded machine.
 TIME_VALUES = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "5s"}
 XID_AT_S = 120  # faults.yaml: XID 48 on GPU 1; GPU 1 falls off the bus at 150 s
+# Every gpuscope metric name in an expression, with or without a selector (not the
+# middle part of a recording rule's name).
+GPUSCOPE_NAME = re.compile(r"(?<![\w:])(gpuscope_\w+)(?![\w:])")
 
 
 def recording_rules() -> set[str]:
@@ -53,13 +60,20 @@ def recording_rules() -> set[str]:
     return names
 
 
-def served_labels(metrics_text: str) -> dict[str, set[str]]:
-    """Sample name -> label names, from the exporter's /metrics."""
+def served_labels(*metrics_texts: str) -> dict[str, set[str]]:
+    """Sample name -> label names, from /metrics texts (the exporter's, the worker's)."""
     served: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            served.setdefault(sample.name, set()).update(sample.labels)
+    for text in metrics_texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                served.setdefault(sample.name, set()).update(sample.labels)
     return served
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/metrics") as response:
+        assert response.status == 200, url
+        return await response.text()
 
 
 async def label_values(
@@ -138,12 +152,30 @@ def unknown_names(target: Target, served: dict[str, set[str]], rules: set[str]) 
                 problems.append(f"{metric}: no recording rule of that name in {RULES_DIR}")
             continue
         if metric not in served:
-            problems.append(f"{metric}: not in the exporter's /metrics")
+            problems.append(f"{metric}: not in the exporter's or the worker's /metrics")
             continue
         missing = set(labels) - served[metric] - TARGET_LABELS
         if missing:
-            problems.append(f"{metric}: the exporter serves no label {sorted(missing)}")
+            problems.append(f"{metric}: no /metrics serves it with label {sorted(missing)}")
+    braced = {metric for metric, _ in selected_metrics(target.expr)}
+    for metric in sorted(set(GPUSCOPE_NAME.findall(target.expr)) - braced - set(served)):
+        problems.append(f"{metric}: not in the exporter's or the worker's /metrics")
     return [f"{target.board} / {target.panel}: {problem}" for problem in problems]
+
+
+def test_unknown_names_catches_bare_and_selected_names() -> None:
+    served = {"gpuscope_worker_info": {"model", "batching"}, "gpuscope_worker_x": set()}
+    expr = (
+        "sum by (instance) (rate(gpuscope_worker_y[1m]) * on (job, instance)\n"
+        'group_left (model) gpuscope_worker_info{model=~"m", nope="1"})\n'
+        "* gpuscope_worker_x + gpu:gpuscope_gpu_sm_clock:ratio"
+    )
+    target = Target("b.json", "p", "timeseries", "s", expr, False)
+    problems = unknown_names(target, served, {"gpu:gpuscope_gpu_sm_clock:ratio"})
+    assert problems == [
+        "b.json / p: gpuscope_worker_info: no /metrics serves it with label ['nope']",
+        "b.json / p: gpuscope_worker_y: not in the exporter's or the worker's /metrics",
+    ]
 
 
 def names_not_served(served: dict[str, set[str]]) -> list[str]:
@@ -195,8 +227,9 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
     ):
         await wait_for_xid(session, stack)
         await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
-        async with session.get(stack.exporter_url + "/metrics") as response:
-            served = served_labels(await response.text())
+        served = served_labels(
+            await scrape(session, stack.exporter_url), await scrape(session, stack.worker_url)
+        )
         not_served = names_not_served(served)
         no_data = await failing_targets(session, stack.prometheus_url)
         capacity = await pcie_capacities(session, stack.prometheus_url)

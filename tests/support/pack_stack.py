@@ -7,15 +7,17 @@
 - the exporter, in this process, with ``gpus`` simulated GPUs running a scenario
   (``"demo"`` or ``"faults"``, from ``exporter/gpu/scenarios/``, or a path), whose
   clock the test can move (``stack.jump_scenario_to(seconds)``);
-- the reference worker (small synthetic models, dynamic batching) on uvicorn,
-  sending every span to the exporter, told GPU 0's UUID;
+- the reference worker (``worker``: by default small synthetic models, dynamic
+  batching) on uvicorn, sending every span to the exporter, told GPU 0's UUID;
 - a bounded load (``gpuscope.loadgen``'s client loops: ``concurrency`` clients for at
-  most ``load_s`` seconds, stopped when the stack stops);
+  most ``load_s`` seconds, completions of ``output_tokens``, stopped when the stack
+  stops);
 - a real Alertmanager (clustering off, storage in ``workdir``) with
   ``alertmanager_config`` (default: a single receiver that sends nowhere);
-- a real Prometheus scraping the exporter as job ``gpuscope`` every
-  ``scrape_interval``, exemplar storage on, loading every ``*.yml`` of ``rules_dir``
-  (if given) and evaluating them at the scrape interval, alerting to that Alertmanager.
+- a real Prometheus scraping the exporter as job ``gpuscope`` and the worker's own
+  ``/metrics`` as job ``gpuscope-worker`` every ``scrape_interval``, exemplar storage
+  on, loading every ``*.yml`` of ``rules_dir`` (if given) and evaluating them at the
+  scrape interval, alerting to that Alertmanager.
 
 It yields a ``PackStack`` once Prometheus has seen request rates above zero, so
 ``rate(...)`` panels and recording rules have data straight away::
@@ -45,6 +47,7 @@ from gpuscope.loadgen.client import discover_model, send
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
 from gpuscope.middleware import setup_tracing
 from gpuscope.worker.app import create_app
+from gpuscope.worker.config import WorkerConfig
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
 from support.servers import run_uvicorn
@@ -53,7 +56,10 @@ from support.worker_servers import SMALL
 REPO = Path(__file__).parents[2]
 SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
+WORKER_JOB = "gpuscope-worker"
 SERVICE = "pack-worker"
+# The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
+WORKER_CONFIG = replace(SMALL, max_new_tokens=32)
 SILENT_ALERTMANAGER = (
     "route: {receiver: none, group_wait: 1s, group_interval: 1s}\nreceivers: [{name: none}]\n"
 )
@@ -90,6 +96,7 @@ class PackStack:
     prometheus_url: str
     alertmanager_url: str
     exporter_instance: str  # the ``instance`` label Prometheus gives the exporter
+    worker_instance: str  # ... and the worker
     gpu_uuids: tuple[str, ...]  # simulated GPU i has gpu_uuids[i]; requests run on GPU 0
     service: str
     model: str
@@ -144,12 +151,12 @@ async def _exporter(
 
 
 @asynccontextmanager
-async def _worker(exporter_url: str) -> AsyncIterator[str]:
+async def _worker(exporter_url: str, worker: WorkerConfig) -> AsyncIterator[str]:
     """The worker in a uvicorn thread, its spans sent to the exporter every 200 ms."""
     provider = setup_tracing(
         exporter_url + "/v1/traces", SERVICE, schedule_delay_ms=200, set_global=False
     )
-    config = replace(SMALL, gpu_uuid=simulated_uuid(0), max_new_tokens=32)
+    config = replace(worker, gpu_uuid=simulated_uuid(0))
     try:
         with run_uvicorn(create_app(config, tracer_provider=provider)) as url:
             yield url
@@ -157,12 +164,15 @@ async def _worker(exporter_url: str) -> AsyncIterator[str]:
         await asyncio.to_thread(provider.shutdown)
 
 
-async def run_load(worker_url: str, load_s: float, concurrency: int) -> None:
-    """``concurrency`` closed-loop clients sending loadgen's default mix for ``load_s``."""
+async def run_load(
+    worker_url: str, load_s: float, concurrency: int, output_tokens: str = "16"
+) -> None:
+    """``concurrency`` closed-loop clients sending loadgen's default mix for ``load_s``,
+    completions asking for ``output_tokens`` (a loadgen length: ``16``, ``uniform:8:64``)."""
     specs = synthetic_requests(
         {"embeddings": 1, "completions-stream": 1},
         Lengths.parse("prompt", "uniform:4:16"),
-        Lengths.parse("output", "16"),
+        Lengths.parse("output", output_tokens),
         seed=0,
     )
     base = worker_url.rstrip("/") + "/v1"
@@ -178,14 +188,21 @@ async def run_load(worker_url: str, load_s: float, concurrency: int) -> None:
 
 
 @asynccontextmanager
-async def _load(worker_url: str, load_s: float, concurrency: int) -> AsyncIterator[None]:
-    task = asyncio.create_task(run_load(worker_url, load_s, concurrency))
+async def _load(
+    worker_url: str, load_s: float, concurrency: int, output_tokens: str
+) -> AsyncIterator[None]:
+    task = asyncio.create_task(run_load(worker_url, load_s, concurrency, output_tokens))
     try:
         yield
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _host_port(url: str) -> str:
+    """``127.0.0.1:PORT`` of ``http://127.0.0.1:PORT``: a scrape target, an ``instance``."""
+    return url.removeprefix("http://").rstrip("/")
 
 
 def _rule_files(rules_dir: Path | None) -> list[Path]:
@@ -203,6 +220,8 @@ async def run_pack_stack(
     start_at_s: float = 0.0,
     load_s: float = 120.0,
     concurrency: int = 2,
+    output_tokens: str = "16",
+    worker: WorkerConfig = WORKER_CONFIG,
     scrape_interval: str = "1s",
     ready_timeout_s: float = 60.0,
 ) -> AsyncIterator[PackStack]:
@@ -218,8 +237,8 @@ async def run_pack_stack(
     async with (
         _otlp_sink() as sink,
         _exporter(scenario, gpus, start_at_s, sink) as (exporter, clock),
-        _worker(exporter.url) as worker_url,
-        _load(worker_url, load_s, concurrency),
+        _worker(exporter.url, worker) as worker_url,
+        _load(worker_url, load_s, concurrency, output_tokens),
         run_alertmanager(alertmanager_config, workdir) as alertmanager_url,
         run_prometheus(
             [f"127.0.0.1:{exporter.port}"],
@@ -228,23 +247,24 @@ async def run_pack_stack(
             rule_files=rule_files,
             alertmanager=alertmanager_url,
             job=JOB,
+            more_jobs={WORKER_JOB: [_host_port(worker_url)]},
         ) as prometheus_url,
     ):
         async with aiohttp.ClientSession() as session:
-            await wait_for_result(
-                session,
-                prometheus_url,
+            for ready in (
                 "sum(rate(gpuscope_request_duration_seconds_count[1m])) > 0",
-                ready_timeout_s,
-            )
+                f'up{{job="{WORKER_JOB}"}} == 1',
+            ):
+                await wait_for_result(session, prometheus_url, ready, ready_timeout_s)
         yield PackStack(
             exporter_url=exporter.url,
             worker_url=worker_url,
             prometheus_url=prometheus_url,
             alertmanager_url=alertmanager_url,
             exporter_instance=f"127.0.0.1:{exporter.port}",
+            worker_instance=_host_port(worker_url),
             gpu_uuids=tuple(simulated_uuid(i) for i in range(gpus)),
             service=SERVICE,
-            model=SMALL.model_name,
+            model=worker.model_name,
             clock=clock,
         )

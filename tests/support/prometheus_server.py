@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -102,16 +102,18 @@ def prometheus_config(
     rule_files: Sequence[Path] = (),
     alertmanager: str | None = None,
     job: str = "gpuscope",
+    more_jobs: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
-    """The text of a prometheus.yml scraping ``targets`` (``host:port``) as ``job``."""
-    listed = ", ".join(f"'{target}'" for target in targets)
+    """The text of a prometheus.yml scraping ``targets`` (``host:port``) as ``job``, and
+    each of ``more_jobs`` (job name -> targets) likewise."""
     lines = [
         f"global: {{scrape_interval: {scrape_interval}, scrape_timeout: {scrape_interval}, "
         f"evaluation_interval: {evaluation_interval or scrape_interval}}}",
         "scrape_configs:",
-        f"  - job_name: {job}",
-        f"    static_configs: [{{targets: [{listed}]}}]",
     ]
+    for name, listed in {job: targets, **(more_jobs or {})}.items():
+        quoted = ", ".join(f"'{target}'" for target in listed)
+        lines += [f"  - job_name: {name}", f"    static_configs: [{{targets: [{quoted}]}}]"]
     if rule_files:
         lines += ["rule_files:", *(f"  - '{path}'" for path in rule_files)]
     if alertmanager is not None:
@@ -133,8 +135,10 @@ async def run_prometheus(
     rule_files: Sequence[Path] = (),
     alertmanager: str | None = None,
     job: str = "gpuscope",
+    more_jobs: Mapping[str, Sequence[str]] | None = None,
 ) -> AsyncIterator[str]:
-    """Start Prometheus scraping ``targets`` (``host:port``) as ``job``; yields its base URL.
+    """Start Prometheus scraping ``targets`` (``host:port``) as ``job``, and ``more_jobs``
+    (job name -> targets); yields its base URL.
 
     ``rule_files`` are loaded and evaluated every ``evaluation_interval`` (default:
     the scrape interval); alerts go to the Alertmanager at ``alertmanager`` (a URL).
@@ -149,6 +153,7 @@ async def run_prometheus(
             rule_files=rule_files,
             alertmanager=alertmanager,
             job=job,
+            more_jobs=more_jobs,
         )
     )
 

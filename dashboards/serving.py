@@ -1,0 +1,127 @@
+"""The serving engine's own state: the worker's ``/metrics`` (``gpuscope_worker_*``).
+
+These series come from scraping the inference server itself, not the exporter, so
+they carry only that scrape's ``job`` and ``instance`` (plus ``endpoint`` on the
+request gauges). Each query joins ``gpuscope_worker_info`` on (job, instance) to
+pick up its ``model`` label, which the ``$model`` variable then filters: the
+exporter's ``$job`` and ``$instance`` do not apply to another scrape job.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+from panels import RATE, THIRD, query, row, timeseries
+
+WORKER_INFO = 'gpuscope_worker_info{model=~"$model"}'
+
+
+def for_model(metric: str) -> str:
+    """``metric`` of the workers serving ``$model``, labelled with their model."""
+    return f"{metric}\n* on (job, instance) group_left (model)\n{WORKER_INFO}"
+
+
+def per_instance(metric: str, by: str = "instance") -> str:
+    return f"sum by ({by}) (\n{for_model(metric)}\n)"
+
+
+def configured(metric: str) -> str:
+    """The largest configured value across the workers serving ``$model``."""
+    return f"max (\n{for_model(metric)}\n)"
+
+
+def add_row(board: Dashboard) -> None:
+    """The "Serving engine" row: queue, KV cache, preemptions, iterations, outcomes."""
+    board.with_row(row("Serving engine (worker /metrics)"))
+    board.with_panel(
+        timeseries(
+            "Requests running and waiting",
+            "Requests in the batch on the device, and requests waiting for one (queued or "
+            "preempted), per worker and endpoint. Waiting that grows while running stays "
+            "at the batch size means the server is at capacity.",
+            [
+                query(
+                    per_instance("gpuscope_worker_requests_running", "instance, endpoint"),
+                    "running {{endpoint}} {{instance}}",
+                ),
+                query(
+                    per_instance("gpuscope_worker_requests_waiting", "instance, endpoint"),
+                    "waiting {{endpoint}} {{instance}}",
+                ),
+            ],
+            "short",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "KV-cache usage",
+            "Share of the paged KV cache's blocks held by sequences. Near 100 %, new "
+            "sequences wait for blocks and running ones get preempted.",
+            [query(per_instance("gpuscope_worker_kv_cache_usage_ratio"), "{{instance}}")],
+            "percentunit",
+            THIRD,
+            max_value=1,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "KV-cache blocks",
+            "Blocks held by sequences against the pool's size, per worker.",
+            [
+                query(per_instance("gpuscope_worker_kv_cache_blocks_used"), "used {{instance}}"),
+                query(per_instance("gpuscope_worker_kv_cache_blocks_total"), "total {{instance}}"),
+            ],
+            "short",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Preemptions",
+            "Running sequences evicted per second because the KV cache ran out; each is "
+            "recomputed later, so its tokens are paid for twice.",
+            [
+                query(
+                    per_instance(f"rate(gpuscope_worker_preemptions_total[{RATE}])"), "{{instance}}"
+                )
+            ],
+            "suffix: /s",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Batch iterations",
+            "Model calls per second: one per batch (embeddings), one per decoding step "
+            "(generation).",
+            [
+                query(
+                    per_instance(
+                        f"rate(gpuscope_worker_batch_iterations_total[{RATE}])",
+                        "instance, endpoint",
+                    ),
+                    "{{endpoint}} {{instance}}",
+                )
+            ],
+            "suffix: /s",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Scheduler outcomes",
+            "Requests the worker's scheduler finished per second, by endpoint and outcome "
+            "(completed, rejected_queue_full, timed_out, cancelled, failed).",
+            [
+                query(
+                    per_instance(
+                        f"rate(gpuscope_worker_requests_total[{RATE}])", "endpoint, outcome"
+                    ),
+                    "{{endpoint}} {{outcome}}",
+                )
+            ],
+            "reqps",
+            THIRD,
+            stacked=True,
+        )
+    )
