@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gpuscope.worker.config import BatchingMode
 from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
 
@@ -45,7 +46,7 @@ QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
 # tokens: sequences outgrow the pool, so the oldest run while the youngest are preempted.
 EXHAUSTED_WORKER = replace(
     WORKER_CONFIG,
-    batching="continuous",
+    batching=BatchingMode.CONTINUOUS,
     kv_cache_blocks=32,
     kv_block_size=16,
     max_new_tokens=200,
