@@ -128,7 +128,7 @@ _HELP: Final = {
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
     "max_connections": "open client connections at most; past it the oldest idle one is "
-    "closed (lowered to fit the file descriptor limit)",
+    "closed, else the oldest upload is cut (lowered to fit the file descriptor limit)",
     "header_timeout": "seconds from a request's first byte to its complete head",
     "idle_timeout": "seconds a connection may stay open without a request (keep-alive)",
     "body_timeout": "seconds from a request's complete head to its complete body; later "
