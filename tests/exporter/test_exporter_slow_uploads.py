@@ -34,9 +34,11 @@ class SlowUploader:
         self.trickling: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @classmethod
-    async def open(cls, exporter: RunningExporter, interval_s: float) -> SlowUploader:
+    async def open(
+        cls, exporter: RunningExporter, interval_s: float, head: bytes = HEAD
+    ) -> SlowUploader:
         uploader = cls(*await asyncio.open_connection(exporter.host, exporter.port))
-        uploader.writer.write(HEAD)
+        uploader.writer.write(head)
         uploader.trickling = asyncio.ensure_future(uploader._trickle(interval_s))
         return uploader
 
@@ -167,4 +169,20 @@ async def test_at_the_cap_every_slow_uploader_is_answered_and_counted() -> None:
     finally:
         for uploader in uploaders:
             uploader.close()
+        await exporter.stop()
+
+
+async def test_a_slow_body_on_a_route_that_does_not_read_it_is_dropped_after_the_answer() -> None:
+    """No handler reads it, so it is no upload: answered at once, then the rest is read
+    and dropped for a moment and the connection closed (not held until the idle timeout)."""
+    exporter = await start(body_timeout=60, idle_timeout=60, header_timeout=60)
+    head = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    uploader = await SlowUploader.open(exporter, interval_s=0.1, head=head)
+    try:
+        status, _ = await uploader.answered()
+        assert status == 405
+        assert uploader.sent < 999
+        assert len(exporter.app[STATE].guard) == 0
+    finally:
+        uploader.close()
         await exporter.stop()
