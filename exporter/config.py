@@ -47,6 +47,7 @@ class ExporterConfig:
     max_connections: int = 512
     header_timeout: float = flags.option(10.0, flag="--header-timeout-s")
     idle_timeout: float = flags.option(60.0, flag="--idle-timeout-s")
+    body_timeout: float = flags.option(30.0, flag="--body-timeout-s")
     shutdown_timeout: float = flags.option(
         10.0, flag="--shutdown-timeout-s", deprecated=("--shutdown-timeout",)
     )
@@ -72,6 +73,7 @@ class ExporterConfig:
             ("--shutdown-timeout-s", self.shutdown_timeout),
             ("--header-timeout-s", self.header_timeout),
             ("--idle-timeout-s", self.idle_timeout),
+            ("--body-timeout-s", self.body_timeout),
         ):
             check_positive(flag, seconds)
         if self.forward_otlp is not None:
@@ -126,9 +128,11 @@ _HELP: Final = {
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
     "max_connections": "open client connections at most; past it the oldest idle one is "
-    "closed (lowered to fit the file descriptor limit)",
+    "closed, else the oldest upload is cut (lowered to fit the file descriptor limit)",
     "header_timeout": "seconds from a request's first byte to its complete head",
     "idle_timeout": "seconds a connection may stay open without a request (keep-alive)",
+    "body_timeout": "seconds from a request's complete head to its complete body; later "
+    "bodies get 408 and their connection is closed",
     "shutdown_timeout": "on SIGTERM, seconds in-flight requests (uploads included) and "
     "forwarding may take; bodies still uploading then get 503",
     "log_level": "log level",

@@ -10,13 +10,17 @@ connection is doing. A connection is in one of three states:
   Closed ``header_timeout`` after those first bytes (a client that sends its headers
   one byte at a time gets no more than that).
 - busy: a request is being handled (``request_middleware`` marks it); no deadline
-  of its own, the handler's limits apply.
+  of its own, the handler's limits apply (``--body-timeout-s`` for a body). While the
+  handler reads a body (``uploading``), the connection also notes since when.
 
 At ``max_connections``, a new connection makes room by closing the oldest connection
 that is not busy, so a well-behaved scraper still gets ``/metrics`` while idle or
-slow clients hold every slot; only when every connection is busy is the new one
-answered 503 and closed. The cap also keeps the exporter below the process's file
-descriptor limit, where ``accept()`` itself would start to fail.
+slow clients hold every slot. If every connection is busy, the one whose body has been
+uploading longest is cut instead: its handler answers 503 and closes it, so slow
+uploaders cannot lock a scraper out either. Only when every connection is busy and
+none is uploading is the new one answered 503 and closed. The cap also keeps the
+exporter below the process's file descriptor limit, where ``accept()`` itself would
+start to fail.
 
 Shutdown uses the same bookkeeping: ``close_idle`` closes every connection that is
 not busy, ``wait_until_idle`` returns as soon as no request is in flight.
@@ -30,6 +34,7 @@ import logging
 import resource
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +58,11 @@ _REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 27\r\n\r\ntoo many connections, retry"
 )
+# After an answer sent before its request's body was all in (408, 503, 413...): how long
+# the rest is read and dropped before closing, so that the client can read the answer
+# (closing with bytes unread sends a TCP reset, which can discard it). aiohttp's
+# ``lingering_time``; also the bound on a cut upload's last answer.
+LINGER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,9 @@ class GuardedProtocol(asyncio.Protocol):
         self.state = State.IDLE
         self.transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        # loop time at which the handler began reading a body; None while it is not
+        self.uploading_since: float | None = None
+        self.cut = asyncio.Event()  # set when the cap sheds this upload
 
     # --- asyncio.Protocol, forwarded --------------------------------------------------
 
@@ -100,7 +113,7 @@ class GuardedProtocol(asyncio.Protocol):
         self.guard.opened(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.state is State.IDLE:
+        if self.state is State.IDLE and not self.cut.is_set():  # a cut one only lingers
             self.state = State.HEAD
             self.set_deadline(self.guard.limits.header_timeout, "header_timeout")
         self.inner.data_received(data)
@@ -129,6 +142,12 @@ class GuardedProtocol(asyncio.Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+
+    def close_later(self, seconds: float) -> None:
+        """Close the connection after ``seconds`` unless it is closed before (uncounted)."""
+        assert self.transport is not None
+        self.cancel_deadline()
+        self._deadline = asyncio.get_running_loop().call_later(seconds, self.transport.close)
 
     def close(self, reason: str) -> None:
         """Close the connection now, counted under ``reason``."""
@@ -163,7 +182,8 @@ class ConnectionGuard:
 
     def opened(self, connection: GuardedProtocol) -> None:
         assert connection.transport is not None
-        if len(self._open) >= self.max_connections and not self._shed_one():
+        at_cap = len(self._open) >= self.max_connections
+        if at_cap and not self._shed_one() and not self._cut_oldest_upload():
             connection.guard.closed_by_reason["refused_at_cap"] += 1
             connection.transport.write(_REFUSAL)
             connection.transport.close()
@@ -185,6 +205,22 @@ class ConnectionGuard:
                 return True
         return False
 
+    def _cut_oldest_upload(self) -> bool:
+        """Cut the busy connection whose body has been uploading longest; False if none.
+
+        It leaves the books at once (the newcomer takes its slot); its handler sees
+        ``cut`` set, answers 503 and closes it, within ``LINGER_S`` at the latest."""
+        uploads = [c for c in self._open.values() if c.uploading_since is not None]
+        if not uploads:
+            return False
+        oldest = min(uploads, key=lambda c: c.uploading_since or 0.0)
+        del self._open[oldest.transport]
+        self._request_done()  # ``request_finished`` skips a connection no longer open
+        oldest.cut.set()
+        oldest.close_later(LINGER_S)
+        self.closed_by_reason["shed_at_cap"] += 1
+        return True
+
     # --- requests -------------------------------------------------------------------
 
     def request_started(self, transport: object) -> GuardedProtocol | None:
@@ -204,6 +240,20 @@ class ConnectionGuard:
         if connection.transport in self._open:
             connection.set_deadline(self.limits.idle_timeout, "idle_timeout")
             self._request_done()
+
+    @contextmanager
+    def uploading(self, transport: object) -> Iterator[asyncio.Event]:
+        """Around a handler's body read: marks the connection as uploading, so that the
+        cap may cut it; yields the event that says it was cut."""
+        connection = self._open.get(transport)
+        if connection is None:  # not one of ours (or already cut): never cut
+            yield asyncio.Event()
+            return
+        connection.uploading_since = asyncio.get_running_loop().time()
+        try:
+            yield connection.cut
+        finally:
+            connection.uploading_since = None
 
     def _request_done(self) -> None:
         self._busy -= 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,8 @@ from gpuscope.exporter.series import HistogramFamily
 log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
+# Reasons after which the connection closes instead of reading the rest of the body.
+_BODY_LEFT_UNREAD = frozenset((otlp.BODY_TIMEOUT, otlp.SHED_AT_CAP))
 
 
 @dataclass
@@ -87,6 +90,8 @@ async def receive_traces(request: web.Request) -> web.Response:
         response = otlp_error(reply_media, exc.status, str(exc))
         if exc.status == 503:
             response.headers[hdrs.RETRY_AFTER] = "1"
+        if exc.reason in _BODY_LEFT_UNREAD:  # the rest of the body is not waited for
+            response.force_close()
         return response
     state.refresh_gpu_devices()
     result = state.aggregator.ingest(decoded)
@@ -104,34 +109,50 @@ async def _read_body(request: web.Request, state: ExporterState) -> bytes:
         raise otlp.OtlpError(
             413, otlp.BODY_TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}"
         )
-    try:  # at shutdown, a body still uploading may take until the shutdown timeout
-        return await _read_before(request, state.drain_expired)
+    try:
+        with state.guard.uploading(request.transport) as cut:
+            return await _read_within(request, state.config.body_timeout, cut, state.drain_expired)
     except web.HTTPRequestEntityTooLarge:
         raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
 
 
-async def _read_before(request: web.Request, deadline: asyncio.Event) -> bytes:
-    """The body, or a 503 ``OtlpError`` if ``deadline`` is set before it is all in."""
+async def _read_within(
+    request: web.Request, timeout_s: float, cut: asyncio.Event, shutdown: asyncio.Event
+) -> bytes:
+    """The body, if it is all in within ``timeout_s`` (408 ``OtlpError`` if not), before
+    the cap cuts this upload (503) and before the shutdown timeout runs out (503)."""
     reading = asyncio.ensure_future(request.read())
-    expiry = asyncio.ensure_future(deadline.wait())
+    stops = [asyncio.ensure_future(event.wait()) for event in (cut, shutdown)]
     try:
-        done, _ = await asyncio.wait((reading, expiry), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((reading, *stops), timeout=timeout_s, return_when=FIRST_COMPLETED)
     except asyncio.CancelledError:
         reading.cancel()
         raise
     finally:
-        expiry.cancel()
-    if reading not in done:
+        for stop in stops:
+            stop.cancel()
+    # checked last, with no await after it: once the upload ends it can no longer be cut
+    if cut.is_set() or not reading.done():
         reading.cancel()
-        raise otlp.OtlpError(
-            503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
-        )
+        raise _stopped_early(cut, shutdown, timeout_s)
     try:
         return reading.result()
     except ConnectionResetError:  # the client went away mid-upload
         raise otlp.OtlpError(
             400, otlp.INCOMPLETE_BODY, "connection closed before the body was complete"
         ) from None
+
+
+def _stopped_early(cut: asyncio.Event, shutdown: asyncio.Event, timeout_s: float) -> otlp.OtlpError:
+    if cut.is_set():
+        return otlp.OtlpError(
+            503, otlp.SHED_AT_CAP, "too many connections: the slowest upload was cut; retry"
+        )
+    if shutdown.is_set():
+        return otlp.OtlpError(
+            503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
+        )
+    return otlp.OtlpError(408, otlp.BODY_TIMEOUT, f"the body did not arrive within {timeout_s:g} s")
 
 
 def otlp_error(media: str, status: int, message: str) -> web.Response:

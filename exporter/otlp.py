@@ -39,6 +39,8 @@ INVALID_PROTOBUF = "invalid_protobuf"
 INVALID_JSON = "invalid_json"
 SHUTTING_DOWN = "shutting_down"
 INCOMPLETE_BODY = "incomplete_body"
+BODY_TIMEOUT = "body_timeout"
+SHED_AT_CAP = "shed_at_cap"
 REQUEST_REJECT_REASONS = (
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
@@ -50,6 +52,8 @@ REQUEST_REJECT_REASONS = (
     INVALID_JSON,
     SHUTTING_DOWN,
     INCOMPLETE_BODY,
+    BODY_TIMEOUT,
+    SHED_AT_CAP,
 )
 
 # Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
@@ -58,6 +62,7 @@ MAX_JSON_DEPTH: Final = 64
 # google.rpc.Code of the Status body of error responses, by HTTP status.
 _RPC_CODE_FOR_HTTP = {
     401: code_pb2.UNAUTHENTICATED,
+    408: code_pb2.DEADLINE_EXCEEDED,
     413: code_pb2.RESOURCE_EXHAUSTED,
     503: code_pb2.UNAVAILABLE,
 }

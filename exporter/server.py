@@ -28,7 +28,7 @@ from aiohttp import web
 
 from gpuscope.exporter.app import create_app
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.connections import AcceptErrorLog, ConnectionGuard
+from gpuscope.exporter.connections import LINGER_S, AcceptErrorLog, ConnectionGuard
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
 from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.security import WebConfig, load_web_config, read_bearer_token
@@ -135,6 +135,7 @@ async def start_exporter(
         shutdown_timeout=LAST_ANSWERS_S,
         # a backstop only: the guard's idle and header timeouts close connections first
         keepalive_timeout=config.idle_timeout + config.header_timeout,
+        lingering_time=LINGER_S,
         access_log=None,
     )
     await runner.setup()

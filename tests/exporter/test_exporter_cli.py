@@ -28,6 +28,8 @@ def test_defaults_flags_and_environment_twins() -> None:
     assert config.max_series == 70  # the flag wins over its twin
     assert config.listen_address() == ("127.0.0.1", 1234)
     assert parse_config([], {"GPUSCOPE_GPU_INTERVAL": "0.25"}).gpu_interval == 0.25
+    assert parse_config([], {"GPUSCOPE_BODY_TIMEOUT_S": "2.5"}).body_timeout == 2.5
+    assert ExporterConfig().body_timeout == 30.0
     assert ExporterConfig(listen="[::1]:9420").listen_address() == ("::1", 9420)
 
 
@@ -47,6 +49,7 @@ def test_every_flag_has_an_environment_twin_in_its_help() -> None:
         (["--max-series", "many"], "--max-series"),
         (["--gpu-source", "tpu"], "--gpu-source"),
         (["--gpu-interval-s", "0"], "--gpu-interval-s"),
+        (["--body-timeout-s", "0"], "--body-timeout-s"),
         (["--forward-otlp", "tempo:4318"], "--forward-otlp"),
         (["--web-config-file", "/nonexistent/web.yml"], "--web-config-file"),
         (["--log-level", "loud"], "--log-level"),

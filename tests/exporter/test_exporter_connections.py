@@ -121,27 +121,30 @@ async def test_at_the_cap_a_scraper_still_gets_metrics() -> None:
         await exporter.stop()
 
 
-async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503() -> None:
+async def test_at_the_cap_with_every_connection_busy_and_none_uploading_a_new_one_gets_503() -> (
+    None
+):
     exporter = await start(max_connections=3, header_timeout=60, idle_timeout=60)
-    uploads = []
+    state = exporter.app[STATE]
+    scrapes = []
     try:
-        for _ in range(3):  # each stays busy: its body never finishes
+        async with state.render_lock:  # each scrape stays busy, waiting for the render
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                scrapes.append((reader, writer))
+            for _ in range(3000):  # the scrapes reach the handler in their own time
+                if state.guard.busy == 3:
+                    break
+                await asyncio.sleep(0.01)
             reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
-            writer.write(
-                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-                b"Content-Length: 100\r\n\r\n0123456789"
-            )
-            uploads.append((reader, writer))
-        for _ in range(3000):  # the uploads reach the handler in their own time
-            if exporter.app[STATE].guard.busy == 3:
-                break
-            await asyncio.sleep(0.01)
-        reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
-        refused = await read_to_eof(reader)
-        writer.close()
+            refused = await read_to_eof(reader)
+            writer.close()
         assert refused.startswith(b"HTTP/1.1 503")
+        for reader, _ in scrapes:  # served once the render is free again
+            assert (await asyncio.wait_for(reader.readline(), 30)).startswith(b"HTTP/1.1 200")
     finally:
-        for _, writer in uploads:
+        for _, writer in scrapes:
             writer.close()
         await exporter.stop()
 
