@@ -55,7 +55,8 @@ class Handlers:
         self.worker = worker
 
     async def _body(self, request: Request) -> Any:
-        return await read_json(request, self.worker.config.max_body_bytes)
+        config = self.worker.config
+        return await read_json(request, config.max_body_bytes, config.request_timeout_s)
 
     async def embeddings(self, request: Request) -> Response:
         worker = self.worker

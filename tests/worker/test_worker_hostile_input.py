@@ -1,0 +1,126 @@
+"""Hostile but well-formed JSON and stalled bodies against the worker on a real server:
+every one is answered in OpenAI's error shape, and the worker serves the next request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuscope.worker.backends import numpy_models
+from gpuscope.worker.kv_cache import BlockPool, SequenceState
+from gpuscope.worker.model_api import Generator
+from support.raw_http import raw_exchange, status_of
+from support.worker_servers import SMALL, serve_worker
+
+MODEL = SMALL.model_name
+LONE_SURROGATE = "\ud800"  # valid JSON ("\\ud800"), not encodable as UTF-8
+
+
+def _chat(content: Any = "hi", role: Any = "user") -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": role, "content": content}], "max_tokens": 2}
+
+
+HOSTILE = [
+    ("/v1/completions", {"model": MODEL, "prompt": LONE_SURROGATE, "max_tokens": 2}, 400),
+    ("/v1/completions", {"model": MODEL, "prompt": ["ok", LONE_SURROGATE]}, 400),
+    ("/v1/completions", {"model": LONE_SURROGATE, "prompt": "hi"}, 404),
+    ("/v1/chat/completions", _chat(content=f"a{LONE_SURROGATE}b"), 400),
+    ("/v1/chat/completions", _chat(content=[{"type": "text", "text": LONE_SURROGATE}]), 400),
+    ("/v1/chat/completions", _chat(role=["user"]), 400),
+    ("/v1/chat/completions", _chat(role={"user": 1}), 400),
+    ("/v1/embeddings", {"model": MODEL, "input": LONE_SURROGATE}, 400),
+    ("/v1/embeddings", {"model": MODEL, "input": ["x", LONE_SURROGATE]}, 400),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status"), HOSTILE)
+async def test_worker_hostile_json_values_get_openai_errors(
+    path: str, body: dict[str, Any], status: int
+) -> None:
+    raw = json.dumps(body)  # ASCII with \\ud800 escapes, as a client would send it
+    with serve_worker() as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            headers = {"content-type": "application/json"}
+            answer = await client.post(path, content=raw, headers=headers)
+            after = await client.post(path.replace("chat/", ""), json=_valid(path))
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert after.status_code == 200  # the same server, still serving
+
+
+def _valid(path: str) -> dict[str, Any]:
+    if path == "/v1/embeddings":
+        return {"model": MODEL, "input": "fine"}
+    return {"model": MODEL, "prompt": "fine", "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # A declared length never reached.
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        # A chunked body whose last chunk never comes.
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+    ],
+    ids=["short-content-length", "unterminated-chunked"],
+)
+async def test_worker_stalled_body_gets_408_after_the_request_timeout(
+    request_bytes: bytes,
+) -> None:
+    with serve_worker(request_timeout_s=0.5) as url:
+        host, port = url.removeprefix("http://").split(":")
+        # The client keeps its half open: only the server's timeout can end this.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(request_bytes)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 20)
+        finally:
+            writer.close()
+        health = await raw_exchange(
+            host, int(port), b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+    assert status_of(answer) == 408
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert status_of(health) == 200
+
+
+class _BrokenGenerator:
+    """A plug-in model with a bug: ``start`` raises what no handler expects."""
+
+    def __init__(self, inner: Generator) -> None:
+        self._inner = inner
+
+    @property
+    def max_context(self) -> int:
+        return self._inner.max_context
+
+    @property
+    def kv_pool(self) -> BlockPool:
+        return self._inner.kv_pool
+
+    def start(self, prompt: Sequence[int]) -> SequenceState:
+        raise RuntimeError("a bug in the plug-in")
+
+    def step(self, sequences: Sequence[SequenceState]) -> list[int]:
+        return self._inner.step(sequences)
+
+
+async def test_worker_unexpected_error_is_a_500_in_openai_shape() -> None:
+    _, generator = numpy_models(SMALL)
+    with serve_worker(generator=_BrokenGenerator(generator)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            answer = await client.post("/v1/completions", json=_valid("/v1/completions"))
+            health = await client.get("/healthz")
+    assert answer.status_code == 500
+    assert answer.json()["error"]["type"] == "server_error"
+    assert health.status_code == 200
