@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ from gpuscope.worker.backends import numpy_models
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
 from gpuscope.worker.model_api import Generator
 from support.raw_http import raw_exchange, status_of
-from support.worker_servers import SMALL, serve_worker
+from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
 
 MODEL = SMALL.model_name
 LONE_SURROGATE = "\ud800"  # valid JSON ("\\ud800"), not encodable as UTF-8
@@ -124,3 +125,43 @@ async def test_worker_unexpected_error_is_a_500_in_openai_shape() -> None:
     assert answer.status_code == 500
     assert answer.json()["error"]["type"] == "server_error"
     assert health.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("prompts", "status", "counter"),
+    [
+        # Room for two more sequences in the queue, three asked for at once.
+        (["a", "b", "c"], 429, "rejected_queue_full"),
+        # The third prompt can never fit in the cache (BOS + 100 + 32 - 1 > 128).
+        ([[65] * 10, [65] * 10, [65] * 100], 400, None),
+    ],
+    ids=["queue-full", "third-prompt-too-long-for-the-cache"],
+)
+async def test_worker_refused_multi_prompt_request_counts_once_and_queues_nothing(
+    prompts: list[Any], status: int, counter: str | None
+) -> None:
+    gate = Gate()
+    _, generator = numpy_models(replace(SMALL, kv_cache_blocks=8, kv_block_size=16))
+    with serve_worker(
+        generator=GatedGenerator(generator, gate),
+        batching="none",
+        max_queue=2,
+        kv_cache_blocks=8,
+        kv_block_size=16,
+    ) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            gate.close()
+            body = {"model": MODEL, "prompt": "busy", "max_tokens": 4}
+            busy = asyncio.create_task(client.post("/v1/completions", json=body))
+            await asyncio.to_thread(gate.entered.wait, 10)  # it holds the device
+            many = {"model": MODEL, "prompt": prompts, "max_tokens": 32}
+            refused = await client.post("/v1/completions", json=many)
+            health = (await client.get("/healthz")).json()["completions"]
+            gate.open()
+            assert (await busy).status_code == 200
+    assert refused.status_code == status, refused.text
+    assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+    assert health["queued"] == 0
+    assert health["cancelled"] == 0  # nothing was queued, so nothing was withdrawn
+    if counter is not None:
+        assert health[counter] == 1
