@@ -83,19 +83,21 @@ class TuneOptions(LoadOptions):
         """The worker's arguments for one value; checked by the worker's own parser."""
         from gpuscope.worker.config import parse_config
 
-        extra = shlex.split(self.worker_args)
-        for flag in OWN_WORKER_FLAGS:
-            if flags.flag_name(flag) in extra:
-                raise ConfigError(f"--worker-args: {flags.flag_name(flag)} is set by the tuner")
+        own = {"host": "127.0.0.1", "port": port, "otlp_endpoint": otlp, "gpu_uuid": gpu_uuid}
         args = ["--host", "127.0.0.1", "--port", str(port), "--otlp-endpoint", otlp]
-        args += ["--log-level", "warning", *extra]
+        args += ["--log-level", "warning", *shlex.split(self.worker_args)]
         args += [f"--{self.flag}", value] + (["--gpu-uuid", gpu_uuid] if gpu_uuid else [])
         try:
-            parse_config(args, environ={})
+            config = parse_config(args, environ={})
         except SystemExit:
             raise ConfigError(f"--worker-args: the worker refuses {shlex.join(args)!r}") from None
         except ConfigError as exc:
             raise ConfigError(f"--sweep / --worker-args: {exc}") from None
+        # Checked on the parsed flags, not the words: argparse also takes --port=N and
+        # abbreviations such as --po N, which would move the worker where nobody waits.
+        for flag in OWN_WORKER_FLAGS:
+            if getattr(config, flag) != own.get(flag, False):
+                raise ConfigError(f"--worker-args: {flags.flag_name(flag)} is set by the tuner")
         return ["worker", *args]
 
 

@@ -176,6 +176,13 @@ def test_tune_arguments_are_checked() -> None:
         ["--objective", "min p99 at rate 50", "--rate", "10,20"],
         ["--worker-args", "--no-such-flag"],
         ["--worker-args", "--port 8000"],  # the tuner picks the port
+        # The same flags in the forms argparse also takes: =value, an abbreviation.
+        ["--worker-args", "--port=8000"],
+        ["--worker-args", "--po 8000"],
+        ["--worker-args", "--host=0.0.0.0"],
+        ["--worker-args", "--otlp-endpoint=http://127.0.0.1:1/v1/traces"],
+        ["--worker-args", "--no-tr"],
+        ["--worker-args", "--gpu-uuid=GPU-x"],
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})
