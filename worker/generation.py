@@ -41,11 +41,13 @@ from gpuscope.worker.model_api import Generator
 from gpuscope.worker.scheduler import (
     BatchPolicy,
     DeviceThread,
+    ModelFailed,
     QueueingScheduler,
     RequestTimedOut,
     SchedulerError,
     ShuttingDown,
     WorkItem,
+    logger,
 )
 
 _END: Final = -1  # sentinel in a token stream: the sequence is complete
@@ -303,7 +305,8 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
         try:
             tokens = await self.device.run(step)
         except Exception as exc:
-            self._fail(rows, exc)
+            logger.error("model step failed for %d sequences", len(rows), exc_info=exc)
+            self._fail(rows, ModelFailed(exc))
             return False
         for item, token in zip(rows, tokens, strict=True):
             self._deliver(item, token)

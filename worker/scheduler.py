@@ -74,6 +74,17 @@ class ShuttingDown(SchedulerError):
         super().__init__("the worker is shutting down")
 
 
+class ModelFailed(SchedulerError):
+    """The model raised during a call: the requests of that call fail (500, or an
+    error event once streaming); the scheduler carries on with the others."""
+
+    status = 500
+    code = "model_error"
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"the model failed ({type(error).__name__}); see the worker's log")
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     mode: BatchingMode

@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.worker.backends import numpy_models
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
-from gpuscope.worker.model_api import Generator
+from gpuscope.worker.model_api import FloatArray, Generator
 from support.raw_http import raw_exchange, status_of
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
 
@@ -165,3 +165,73 @@ async def test_worker_refused_multi_prompt_request_counts_once_and_queues_nothin
     assert health["cancelled"] == 0  # nothing was queued, so nothing was withdrawn
     if counter is not None:
         assert health[counter] == 1
+
+
+class _FailsOnceGenerator(_BrokenGenerator):
+    """A plug-in whose ``step`` raises once, at its ``fail_at``-th call (a device fault)."""
+
+    def __init__(self, inner: Generator, fail_at: int) -> None:
+        super().__init__(inner)
+        self._calls = 0
+        self._fail_at = fail_at
+
+    def start(self, prompt: Sequence[int]) -> SequenceState:
+        return self._inner.start(prompt)
+
+    def step(self, sequences: Sequence[SequenceState]) -> list[int]:
+        self._calls += 1
+        if self._calls == self._fail_at:
+            raise RuntimeError("device fault")
+        return self._inner.step(sequences)
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+async def test_worker_model_failure_mid_stream_ends_with_an_error_event(batching: str) -> None:
+    _, generator = numpy_models(SMALL)
+    with serve_worker(
+        generator=_FailsOnceGenerator(generator, fail_at=4), batching=batching
+    ) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"model": MODEL, "prompt": "go", "max_tokens": 20, "stream": True}
+            streamed = await client.post("/v1/completions", json=body)
+            after = await client.post("/v1/completions", json={**body, "stream": False})
+            metrics = (await client.get("/metrics")).text
+    events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert streamed.status_code == 200
+    assert len(events) >= 2 and events[-1] != "[DONE]"
+    error = json.loads(events[-1])["error"]
+    assert error["type"] == "server_error" and error["code"] == "model_error"
+    assert after.status_code == 200  # the scheduler survived the fault
+    assert 'outcome="failed"} 1.0' in metrics
+    assert "gpuscope_worker_kv_cache_blocks_used 0.0" in metrics
+
+
+async def test_worker_model_failure_is_a_500_in_openai_shape() -> None:
+    _, generator = numpy_models(SMALL)
+    with serve_worker(generator=_FailsOnceGenerator(generator, fail_at=2)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"model": MODEL, "prompt": "go", "max_tokens": 20}
+            failed = await client.post("/v1/completions", json=body)
+            after = await client.post("/v1/completions", json=body)
+    assert failed.status_code == 500
+    assert failed.json()["error"]["code"] == "model_error"
+    assert after.status_code == 200
+
+
+class _FailingEmbedder:
+    """A plug-in embedding model whose forward pass raises (a device fault)."""
+
+    dimensions = 8
+
+    def embed(self, batch: Sequence[Sequence[int]]) -> FloatArray:
+        raise RuntimeError("device fault")
+
+
+async def test_worker_embedding_model_failure_is_a_500_in_openai_shape() -> None:
+    with serve_worker(embedding_model=_FailingEmbedder()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            failed = await client.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
+            health = (await client.get("/healthz")).json()["embeddings"]
+    assert failed.status_code == 500
+    assert failed.json()["error"]["code"] == "model_error"
+    assert health["failed"] == 1
