@@ -81,6 +81,12 @@ class Handlers:
         parsed = protocol.parse_completion(
             await self._body(request), worker.limits, worker.tokenizer.encode
         )
+        if len(parsed.prompts) > worker.policy.max_queue:  # 429 would invite a vain retry
+            raise InvalidRequest(
+                f"'prompt' holds {len(parsed.prompts)} prompts; this worker queues at most "
+                f"{worker.policy.max_queue} (--max-queue)",
+                param="prompt",
+            )
         bodies = protocol.CompletionBodies(
             CompletionIds(worker.config.model_name), parsed.options.include_usage
         )

@@ -145,7 +145,7 @@ async def test_worker_refused_multi_prompt_request_counts_once_and_queues_nothin
     with serve_worker(
         generator=GatedGenerator(generator, gate),
         batching="none",
-        max_queue=2,
+        max_queue=3,
         kv_cache_blocks=8,
         kv_block_size=16,
     ) as url:
@@ -154,14 +154,19 @@ async def test_worker_refused_multi_prompt_request_counts_once_and_queues_nothin
             body = {"model": MODEL, "prompt": "busy", "max_tokens": 4}
             busy = asyncio.create_task(client.post("/v1/completions", json=body))
             await asyncio.to_thread(gate.entered.wait, 10)  # it holds the device
+            waiting = asyncio.create_task(client.post("/v1/completions", json=body))
+            for _ in range(400):  # it takes one of the three places in the queue
+                if (await client.get("/healthz")).json()["completions"]["queued"] == 1:
+                    break
+                await asyncio.sleep(0.025)
             many = {"model": MODEL, "prompt": prompts, "max_tokens": 32}
             refused = await client.post("/v1/completions", json=many)
             health = (await client.get("/healthz")).json()["completions"]
             gate.open()
-            assert (await busy).status_code == 200
+            assert (await busy).status_code == (await waiting).status_code == 200
     assert refused.status_code == status, refused.text
     assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
-    assert health["queued"] == 0
+    assert health["queued"] == 1  # only the request that was already waiting
     assert health["cancelled"] == 0  # nothing was queued, so nothing was withdrawn
     if counter is not None:
         assert health[counter] == 1
@@ -235,3 +240,18 @@ async def test_worker_embedding_model_failure_is_a_500_in_openai_shape() -> None
     assert failed.status_code == 500
     assert failed.json()["error"]["code"] == "model_error"
     assert health["failed"] == 1
+
+
+async def test_worker_more_prompts_than_the_whole_queue_is_a_400_not_a_retry() -> None:
+    with serve_worker(max_queue=2) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"model": MODEL, "prompt": ["a", "b", "c"], "max_tokens": 2}
+            refused = await client.post("/v1/completions", json=body)
+            fits = await client.post("/v1/completions", json={**body, "prompt": ["a", "b"]})
+            health = (await client.get("/healthz")).json()["completions"]
+    # 429 would invite a retry that can never succeed.
+    assert refused.status_code == 400
+    assert "retry-after" not in refused.headers
+    assert refused.json()["error"]["param"] == "prompt"
+    assert fits.status_code == 200
+    assert health["rejected_queue_full"] == 0
