@@ -36,9 +36,10 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return flags.parse_or_exit(LoadgenOptions, parser, argv, environ, ENV_PREFIX)
 
 
-# SIGTERM too: a supervisor, ``timeout`` or ``kill`` would otherwise end the parent at
-# once and orphan the children, which run in sessions of their own.
-STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+# SIGTERM (a supervisor, ``timeout``, ``kill``) and SIGHUP (the terminal closed) too:
+# either would otherwise end the parent at once and orphan the children, which run in
+# sessions of their own.
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def run_with_ctrl_c(make: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, bool]:
@@ -114,6 +115,9 @@ def main(argv: Sequence[str]) -> int:
     print(table(results, env), end="", file=table_stream(options), flush=True)
     write_outputs(options, results, env)
     if stopped:
-        print("stopped (Ctrl-C or SIGTERM); the table shows what was measured", file=sys.stderr)
+        print(
+            "stopped (Ctrl-C, SIGTERM or SIGHUP); the table shows what was measured",
+            file=sys.stderr,
+        )
         return 130
     return 0 if results and all(not r.errors for r in results) else 1

@@ -5,7 +5,7 @@ loopback port with that value (and, unless ``--exporter-url`` names one, a gpusc
 exporter with a simulated GPU is started once for the whole sweep), the ladder runs,
 the worker is stopped and the value's rows are appended to the record. At the end the
 table, and the best value under ``--objective`` with why the others lose. Every process
-started here is stopped on success, error, Ctrl-C and SIGTERM.
+started here is stopped on success, error, Ctrl-C, SIGTERM and SIGHUP.
 """
 
 from __future__ import annotations
@@ -187,6 +187,9 @@ def main(argv: Sequence[str]) -> int:
     print(table(steps, env) + "\n".join(verdict.lines), file=stream, flush=True)
     write_outputs(options, steps, env, with_record=False)  # the record grew value by value
     if stopped:
-        print("stopped (Ctrl-C or SIGTERM); every process it started is stopped", file=sys.stderr)
+        print(
+            "stopped (Ctrl-C, SIGTERM or SIGHUP); every process it started is stopped",
+            file=sys.stderr,
+        )
         return 130
     return 0 if verdict.best is not None else 1

@@ -100,7 +100,7 @@ def test_loadgen_ctrl_c_stops_and_prints_what_was_measured(worker_url: str) -> N
     finally:
         process.kill()
     assert process.returncode == 130, err
-    assert "stopped (Ctrl-C or SIGTERM)" in err
+    assert "stopped (Ctrl-C, SIGTERM or SIGHUP)" in err
     assert "c=2 (stopped)" in out  # the step it was in, with what it measured
     assert "c=4" not in out
 
@@ -144,9 +144,9 @@ def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: P
     assert gpuscope_processes() - before == set()
 
 
-# SIGTERM is what a supervisor, `timeout` or `kill` sends: it must not orphan the children
-# either (they run in sessions of their own, out of reach of the terminal's signals).
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+# SIGTERM is what a supervisor, `timeout` or `kill` sends, SIGHUP a closed terminal: neither
+# may orphan the children (they run in sessions of their own, out of the terminal's reach).
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_tune_ctrl_c_stops_every_process_it_started(stop_signal: signal.Signals) -> None:
     before = gpuscope_processes()
     argv = ["tune", "--sweep", "max-queue-delay-ms=1,2", "--concurrency", "2"]
