@@ -10,7 +10,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, Final, TextIO, TypeVar
 
 from gpuscope import flags
 from gpuscope.loadgen import record
@@ -36,17 +36,26 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return flags.parse_or_exit(LoadgenOptions, parser, argv, environ, ENV_PREFIX)
 
 
+# SIGTERM (a supervisor, ``timeout``, ``kill``) and SIGHUP (the terminal closed) too:
+# either would otherwise end the parent at once and orphan the children, which run in
+# sessions of their own.
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def run_with_ctrl_c(make: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, bool]:
-    """Run ``make(stop)``; SIGINT sets ``stop`` instead of raising. Returns (result, stopped)."""
+    """Run ``make(stop)``; SIGINT or SIGTERM sets ``stop`` instead of ending the process.
+    Returns (result, stopped)."""
 
     async def main() -> tuple[T, bool]:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, stop.set)
+        for stop_signal in STOP_SIGNALS:
+            loop.add_signal_handler(stop_signal, stop.set)
         try:
             return await make(stop), stop.is_set()
         finally:
-            loop.remove_signal_handler(signal.SIGINT)
+            for stop_signal in STOP_SIGNALS:
+                loop.remove_signal_handler(stop_signal)
 
     return asyncio.run(main())
 
@@ -106,6 +115,9 @@ def main(argv: Sequence[str]) -> int:
     print(table(results, env), end="", file=table_stream(options), flush=True)
     write_outputs(options, results, env)
     if stopped:
-        print("stopped by Ctrl-C; the table shows what was measured", file=sys.stderr)
+        print(
+            "stopped (Ctrl-C, SIGTERM or SIGHUP); the table shows what was measured",
+            file=sys.stderr,
+        )
         return 130
     return 0 if results and all(not r.errors for r in results) else 1

@@ -153,7 +153,7 @@ def run_demo(options: DemoOptions) -> StepResult:
         result, stopped = run_with_ctrl_c(lambda stop: _demo(options, children, stop))
         print(table([result], record.environment()), end="", flush=True)
         if stopped:
-            raise DemoFailed("stopped by Ctrl-C")
+            raise DemoFailed("stopped (Ctrl-C, SIGTERM or SIGHUP)")
         if problems := check_result(result):
             raise DemoFailed("; ".join(problems))
         if options.keep_running:

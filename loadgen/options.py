@@ -7,6 +7,7 @@ prefix (``GPUSCOPE_LOADGEN_CONCURRENCY``, ``GPUSCOPE_TUNE_SWEEP``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,13 @@ class LoadOptions:
         check_range("--warmup-s", self.warmup_s, 0)
         check_range("--max-in-flight", self.max_in_flight, 1)
         check_range("--late-ms", self.late_ms, 0)
+        for flag, path in (
+            ("--record", self.record),
+            ("--json", self.json),
+            ("--csv", self.csv),
+            ("--plot", self.plot),
+        ):
+            check_writable(flag, path)
         self.loads()  # raise on a bad ladder now, naming the flag
         try:
             self.request_stream()
@@ -106,6 +114,22 @@ def _number(flag: str, text: str, kind: type[int] | type[float]) -> float:
     if value <= 0:
         raise ConfigError(f"{flag}: every step must be greater than 0, got {text}")
     return float(value)
+
+
+def check_writable(flag: str, path: str | Path | None) -> None:
+    """Refuse an output file that cannot be written now, before minutes of load are
+    spent and lost on it (``-`` is standard output)."""
+    if path is None or str(path) == "-":
+        return
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ConfigError(f"{flag}: {str(path)!r} is a folder; name a file")
+    if not folder.is_dir():
+        raise ConfigError(f"{flag}: the folder {str(folder)!r} does not exist")
+    writable = os.access(target, os.W_OK) if target.exists() else os.access(folder, os.W_OK)
+    if not writable:
+        raise ConfigError(f"{flag}: cannot write {str(path)!r}")
 
 
 def check_url(flag: str, url: str | None) -> None:

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
@@ -48,6 +49,7 @@ COLUMNS = (
     "pcie MB/s",
     "env",
 )
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 TITLE = (
     "# gpuscope load record\n\nOne row per load step; phase columns: mean ms (share of the mean).\n"
 )
@@ -82,7 +84,12 @@ def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict
         "env": env,
     }
     row.update(_server_columns(result))
-    return {column: row.get(column, "").replace("|", "/") for column in COLUMNS}
+    return {column: _cell(row.get(column, "")) for column in COLUMNS}
+
+
+def _cell(text: str) -> str:
+    """A table cell on one line: a '|' or a line break (a label, say) would split the row."""
+    return _CONTROL.sub(" ", text.replace("|", "/")).strip()
 
 
 def _server_columns(result: StepResult) -> dict[str, str]:

@@ -5,7 +5,7 @@ loopback port with that value (and, unless ``--exporter-url`` names one, a gpusc
 exporter with a simulated GPU is started once for the whole sweep), the ladder runs,
 the worker is stopped and the value's rows are appended to the record. At the end the
 table, and the best value under ``--objective`` with why the others lose. Every process
-started here is stopped on success, error and Ctrl-C.
+started here is stopped on success, error, Ctrl-C, SIGTERM and SIGHUP.
 """
 
 from __future__ import annotations
@@ -83,19 +83,21 @@ class TuneOptions(LoadOptions):
         """The worker's arguments for one value; checked by the worker's own parser."""
         from gpuscope.worker.config import parse_config
 
-        extra = shlex.split(self.worker_args)
-        for flag in OWN_WORKER_FLAGS:
-            if flags.flag_name(flag) in extra:
-                raise ConfigError(f"--worker-args: {flags.flag_name(flag)} is set by the tuner")
+        own = {"host": "127.0.0.1", "port": port, "otlp_endpoint": otlp, "gpu_uuid": gpu_uuid}
         args = ["--host", "127.0.0.1", "--port", str(port), "--otlp-endpoint", otlp]
-        args += ["--log-level", "warning", *extra]
+        args += ["--log-level", "warning", *shlex.split(self.worker_args)]
         args += [f"--{self.flag}", value] + (["--gpu-uuid", gpu_uuid] if gpu_uuid else [])
         try:
-            parse_config(args, environ={})
+            config = parse_config(args, environ={})
         except SystemExit:
             raise ConfigError(f"--worker-args: the worker refuses {shlex.join(args)!r}") from None
         except ConfigError as exc:
             raise ConfigError(f"--sweep / --worker-args: {exc}") from None
+        # Checked on the parsed flags, not the words: argparse also takes --port=N and
+        # abbreviations such as --po N, which would move the worker where nobody waits.
+        for flag in OWN_WORKER_FLAGS:
+            if getattr(config, flag) != own.get(flag, False):
+                raise ConfigError(f"--worker-args: {flags.flag_name(flag)} is set by the tuner")
         return ["worker", *args]
 
 
@@ -185,6 +187,9 @@ def main(argv: Sequence[str]) -> int:
     print(table(steps, env) + "\n".join(verdict.lines), file=stream, flush=True)
     write_outputs(options, steps, env, with_record=False)  # the record grew value by value
     if stopped:
-        print("stopped by Ctrl-C; every process it started is stopped", file=sys.stderr)
+        print(
+            "stopped (Ctrl-C, SIGTERM or SIGHUP); every process it started is stopped",
+            file=sys.stderr,
+        )
         return 130
     return 0 if verdict.best is not None else 1

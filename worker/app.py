@@ -55,7 +55,8 @@ class Handlers:
         self.worker = worker
 
     async def _body(self, request: Request) -> Any:
-        return await read_json(request, self.worker.config.max_body_bytes)
+        config = self.worker.config
+        return await read_json(request, config.max_body_bytes, config.request_timeout_s)
 
     async def embeddings(self, request: Request) -> Response:
         worker = self.worker
@@ -80,6 +81,12 @@ class Handlers:
         parsed = protocol.parse_completion(
             await self._body(request), worker.limits, worker.tokenizer.encode
         )
+        if len(parsed.prompts) > worker.policy.max_queue:  # 429 would invite a vain retry
+            raise InvalidRequest(
+                f"'prompt' holds {len(parsed.prompts)} prompts; this worker queues at most "
+                f"{worker.policy.max_queue} (--max-queue)",
+                param="prompt",
+            )
         bodies = protocol.CompletionBodies(
             CompletionIds(worker.config.model_name), parsed.options.include_usage
         )

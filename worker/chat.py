@@ -74,7 +74,7 @@ def _messages(value: Any) -> list[tuple[str, str]]:
         if not isinstance(message, dict):
             raise InvalidRequest(f"'{param}' must be an object", param=param)
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(
                 f"'{param}.role' must be one of {', '.join(ROLES)}, got {role!r}",
                 param=f"{param}.role",

@@ -16,10 +16,12 @@ from gpuscope.worker.model_api import EmbeddingModel, FloatArray
 from gpuscope.worker.scheduler import (
     BatchPolicy,
     DeviceThread,
+    ModelFailed,
     QueueingScheduler,
     RequestTimedOut,
     ShuttingDown,
     WorkItem,
+    logger,
 )
 
 
@@ -90,10 +92,11 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
         try:
             vectors = await self.device.run(forward)
         except Exception as exc:
+            logger.error("model call failed for %d requests", len(live), exc_info=exc)
             for item in live:
                 if not item.future.done():
                     self.counters.failed += 1
-                    item.future.set_exception(exc)
+                    item.future.set_exception(ModelFailed(exc))
             return
         self._note_batch(time.monotonic() - started)
         offset = 0

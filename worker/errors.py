@@ -3,6 +3,7 @@ once for the whole app by Starlette exception handlers."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
@@ -18,6 +19,14 @@ from gpuscope.worker.streaming import ClientDisconnected, NoResponse, sse_event
 _KINDS: Final = {429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
 
 
+class ErrorResponse(JSONResponse):
+    """JSON escaped to ASCII: an error may quote what the client sent, lone surrogates
+    included, and those cannot be encoded as UTF-8."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def error_response(
     status: int,
     message: str,
@@ -28,7 +37,7 @@ def error_response(
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body = error_body(message, kind=kind, param=param, code=code)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return ErrorResponse(body, status_code=status, headers=headers)
 
 
 def refusal_kind(exc: SchedulerError) -> str:
@@ -67,6 +76,15 @@ async def _http(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, exc.detail, headers=exc.headers)
 
 
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """A bug, not the client's fault: still a 500 in OpenAI's shape (Starlette re-raises
+    for the server to log it, and the server then drops the connection: say so, or a
+    client reusing it loses its next request)."""
+    return error_response(
+        500, "internal error in the worker", kind="server_error", headers={"connection": "close"}
+    )
+
+
 Handler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
 
 EXCEPTION_HANDLERS: Final[Mapping[Any, Handler]] = {
@@ -74,4 +92,5 @@ EXCEPTION_HANDLERS: Final[Mapping[Any, Handler]] = {
     SchedulerError: _refused,
     ClientDisconnected: _disconnected,
     HTTPException: _http,
+    Exception: _unexpected,
 }

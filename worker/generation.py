@@ -41,11 +41,13 @@ from gpuscope.worker.model_api import Generator
 from gpuscope.worker.scheduler import (
     BatchPolicy,
     DeviceThread,
+    ModelFailed,
     QueueingScheduler,
     RequestTimedOut,
     SchedulerError,
     ShuttingDown,
     WorkItem,
+    logger,
 )
 
 _END: Final = -1  # sentinel in a token stream: the sequence is complete
@@ -126,10 +128,29 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
     def generate(
         self, prompt: list[int], max_tokens: int, timeline: RequestTimeline, *, timeout_s: float
     ) -> TokenStream:
-        """Queue a sequence at once (raising ``QueueFull``/``ShuttingDown``, or a 400 for
-        one the model or the cache cannot take, here) and return the stream of its
-        tokens; ``TokenStream.cancel()`` when leaving early.
+        """One sequence, as ``generate_all`` queues each of its prompts."""
+        return self.generate_all([prompt], max_tokens, timeline, timeout_s=timeout_s)[0]
+
+    def generate_all(
+        self,
+        prompts: Sequence[list[int]],
+        max_tokens: int,
+        timeline: RequestTimeline,
+        *,
+        timeout_s: float,
+    ) -> list[TokenStream]:
+        """Queue one sequence per prompt, all or none, and return the streams of their
+        tokens; ``TokenStream.cancel()`` when leaving early. Refused at once, with
+        nothing queued: ``QueueFull``/``ShuttingDown``, or a 400 for a prompt the model
+        or the cache cannot take.
         """
+        requests = [self._request(prompt, max_tokens) for prompt in prompts]
+        self.check_room(len(requests))
+        return [
+            TokenStream(self, self.submit(request, timeline), timeout_s) for request in requests
+        ]
+
+    def _request(self, prompt: list[int], max_tokens: int) -> GenerationRequest:
         try:
             state = self.model.start(prompt)
         except ValueError as exc:
@@ -137,8 +158,7 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
         request = GenerationRequest(prompt, max_tokens, state)
         if self.pool.blocks_for(request.positions(max_tokens)) > self.pool.total:
             raise CacheTooSmall(request.positions(max_tokens), self.pool.positions)
-        item = self.submit(request, timeline)
-        return TokenStream(self, item, timeout_s)
+        return request
 
     # -- request-level batches ------------------------------------------------------
 
@@ -285,7 +305,8 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
         try:
             tokens = await self.device.run(step)
         except Exception as exc:
-            self._fail(rows, exc)
+            logger.error("model step failed for %d sequences", len(rows), exc_info=exc)
+            self._fail(rows, ModelFailed(exc))
             return False
         for item, token in zip(rows, tokens, strict=True):
             self._deliver(item, token)

@@ -138,10 +138,19 @@ def _token_list(value: list[Any], param: str, limits: Limits) -> tuple[int, ...]
     return tuple(value)
 
 
+def _encode(text: str, param: str, encode: Encoder) -> list[int]:
+    """``text`` through the tokenizer; JSON may carry a lone surrogate (``"\\ud800"``),
+    which no UTF-8 tokenizer can take: a 400, not a crash."""
+    try:
+        return encode(text)
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"'{param}' is not valid Unicode: {exc.reason}", param=param) from None
+
+
 def tokenize(value: Any, param: str, limits: Limits, encode: Encoder) -> tuple[int, ...]:
     """One text (string or token ids) as token ids, non-empty and within the context."""
     if isinstance(value, str):
-        tokens = tuple(encode(value))
+        tokens = tuple(_encode(value, param, encode))
     elif isinstance(value, list):
         tokens = _token_list(value, param, limits)
     else:

@@ -4,11 +4,14 @@ A body over the limit is refused with 413 as soon as its declared length or the
 bytes read so far show it, before it is buffered; the connection is then closed, so
 what the client still sends is never read. JSON the parser cannot take (an integer
 of more than 4,300 digits, nesting that exhausts the recursion limit) is a 400 like
-any other bad JSON.
+any other bad JSON. A body that stops arriving (a declared length never reached, a
+chunked body never ended) is answered 408 once the request's timeout has passed,
+rather than holding the connection forever.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -27,16 +30,30 @@ def too_large(limit: int) -> InvalidRequest:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or ``InvalidRequest`` (413) once it is known to exceed ``limit``."""
+def too_slow(timeout_s: float) -> InvalidRequest:
+    return InvalidRequest(
+        f"the request body did not arrive within {timeout_s:g} s (--request-timeout-s)",
+        status=408,
+        code="request_timeout",
+        headers={"connection": "close"},
+    )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, or ``InvalidRequest``: 413 once it is known to exceed ``limit``,
+    408 when it has not all arrived within ``timeout_s``."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large(limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large(limit)
+    except TimeoutError:
+        raise too_slow(timeout_s) from None
     return bytes(body)
 
 
@@ -49,5 +66,5 @@ def parse_json(raw: bytes) -> Any:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    return parse_json(await read_body(request, limit))
+async def read_json(request: Request, limit: int, timeout_s: float) -> Any:
+    return parse_json(await read_body(request, limit, timeout_s))

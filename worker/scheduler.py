@@ -74,6 +74,17 @@ class ShuttingDown(SchedulerError):
         super().__init__("the worker is shutting down")
 
 
+class ModelFailed(SchedulerError):
+    """The model raised during a call: the requests of that call fail (500, or an
+    error event once streaming); the scheduler carries on with the others."""
+
+    status = 500
+    code = "model_error"
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"the model failed ({type(error).__name__}); see the worker's log")
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     mode: BatchingMode
@@ -167,13 +178,18 @@ class QueueingScheduler(Generic[P]):
     async def _run(self) -> None:
         raise NotImplementedError
 
-    def submit(self, payload: P, timeline: RequestTimeline) -> WorkItem[P]:
-        """Queue a request (marks ``enqueued``) or refuse it at once."""
+    def check_room(self, count: int) -> None:
+        """Refuse at once (counted once) unless ``count`` more items fit in the queue now,
+        so a request of several sequences is queued whole or not at all."""
         if not self.accepting:
             raise ShuttingDown()
-        if len(self._queue) >= self.policy.max_queue:
+        if len(self._queue) + count > self.policy.max_queue:
             self.counters.rejected_queue_full += 1
             raise QueueFull(self.policy.max_queue, self._retry_after_s())
+
+    def submit(self, payload: P, timeline: RequestTimeline) -> WorkItem[P]:
+        """Queue a request (marks ``enqueued``) or refuse it at once."""
+        self.check_room(1)
         item = WorkItem(payload, timeline)
         timeline.enqueued()
         self._queue.append(item)

@@ -114,16 +114,13 @@ class GenerationRun:
         self.options = options
         self.timeline = timeline
         self.prompt_tokens = sum(len(prompt) for prompt in prompts)
-        self.choices: list[Choice] = []
-        try:
-            for index, prompt in enumerate(prompts):
-                stream = scheduler.generate(
-                    list(prompt), options.max_tokens, timeline, timeout_s=timeout_s
-                )
-                self.choices.append(Choice(index, stream, decode, options.stop, timeline))
-        except BaseException:
-            self.cancel()
-            raise
+        streams = scheduler.generate_all(
+            [list(prompt) for prompt in prompts], options.max_tokens, timeline, timeout_s=timeout_s
+        )
+        self.choices = [
+            Choice(index, stream, decode, options.stop, timeline)
+            for index, stream in enumerate(streams)
+        ]
 
     def cancel(self) -> None:
         """Every sequence still running leaves its batch (no-op for the finished ones)."""

@@ -100,7 +100,7 @@ def test_loadgen_ctrl_c_stops_and_prints_what_was_measured(worker_url: str) -> N
     finally:
         process.kill()
     assert process.returncode == 130, err
-    assert "stopped by Ctrl-C" in err
+    assert "stopped (Ctrl-C, SIGTERM or SIGHUP)" in err
     assert "c=2 (stopped)" in out  # the step it was in, with what it measured
     assert "c=4" not in out
 
@@ -144,7 +144,10 @@ def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: P
     assert gpuscope_processes() - before == set()
 
 
-def test_tune_ctrl_c_stops_every_process_it_started() -> None:
+# SIGTERM is what a supervisor, `timeout` or `kill` sends, SIGHUP a closed terminal: neither
+# may orphan the children (they run in sessions of their own, out of the terminal's reach).
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_tune_ctrl_c_stops_every_process_it_started(stop_signal: signal.Signals) -> None:
     before = gpuscope_processes()
     argv = ["tune", "--sweep", "max-queue-delay-ms=1,2", "--concurrency", "2"]
     argv += ["--duration-s", "120", "--worker-args", SMALL_WORKER]
@@ -154,7 +157,7 @@ def test_tune_ctrl_c_stops_every_process_it_started() -> None:
     try:
         # the tuner, its exporter and its first worker
         wait_for(lambda: len(gpuscope_processes() - before) >= 3, "exporter and worker started")
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop_signal)
         _, err = process.communicate(timeout=60)
     finally:
         process.kill()
@@ -176,6 +179,13 @@ def test_tune_arguments_are_checked() -> None:
         ["--objective", "min p99 at rate 50", "--rate", "10,20"],
         ["--worker-args", "--no-such-flag"],
         ["--worker-args", "--port 8000"],  # the tuner picks the port
+        # The same flags in the forms argparse also takes: =value, an abbreviation.
+        ["--worker-args", "--port=8000"],
+        ["--worker-args", "--po 8000"],
+        ["--worker-args", "--host=0.0.0.0"],
+        ["--worker-args", "--otlp-endpoint=http://127.0.0.1:1/v1/traces"],
+        ["--worker-args", "--no-tr"],
+        ["--worker-args", "--gpu-uuid=GPU-x"],
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})

@@ -256,6 +256,15 @@ def test_the_record_round_trips_and_grows_under_one_header(tmp_path: Path) -> No
     assert rows[0]["when"] == "2026-01-02 03:04:05"
 
 
+def test_line_breaks_in_a_label_keep_the_record_one_row_per_step(tmp_path: Path) -> None:
+    path = tmp_path / "record.md"
+    row = record.step_row(_step("a\nb\r\nc|d\x00", 1, 5, 100), "env\n2")
+    record.append_record(path, [row, row])
+    rows = record.read_record(path.read_text())
+    assert len(rows) == 2
+    assert rows[0]["config"] == "a b c/d" and rows[0]["env"] == "env 2"
+
+
 def test_a_record_with_other_columns_gets_a_new_table_below(tmp_path: Path) -> None:
     path = tmp_path / "record.md"
     path.write_text("notes\n\n| a | b |\n|---|---|\n| 1 | 2 |")
@@ -355,6 +364,18 @@ def test_loadgen_flags_have_environment_twins_and_are_checked() -> None:
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})
+
+
+@pytest.mark.parametrize("flag", ["--record", "--json", "--csv", "--plot"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_load(
+    flag: str, tmp_path: Path
+) -> None:
+    from gpuscope.loadgen.cli import parse_args
+
+    for path in (tmp_path / "missing" / "out", tmp_path):  # no such folder; a folder
+        with pytest.raises(SystemExit):
+            parse_args([flag, str(path)], {})
+    assert parse_args([flag, str(tmp_path / "out")], {})  # a new file in a folder is fine
 
 
 # --- the progress line ----------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""Clients that give up while the paged cache preempts: over real sockets, every
+key/value block comes back and the scheduler's gauges return to zero."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Coroutine
+from dataclasses import replace
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuscope.worker.backends import numpy_models
+from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
+
+MODEL = SMALL.model_name
+# 128 positions: two long sequences overflow it.
+CONFIG = replace(SMALL, kv_cache_blocks=8, kv_block_size=16)
+
+
+def _gauges(text: str) -> dict[str, float]:
+    wanted = {
+        "gpuscope_worker_kv_cache_blocks_used",
+        "gpuscope_worker_requests_running",
+        "gpuscope_worker_requests_waiting",
+        "gpuscope_worker_preemptions_total",
+    }
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted and sample.labels.get("endpoint") != "embeddings":
+                found[sample.name] = sample.value
+    return found
+
+
+async def _stream_then_leave(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                return  # one event, then the connection closes
+
+
+async def _give_up(client: httpx.AsyncClient, body: dict[str, Any], after_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(client.post("/v1/completions", json=body), after_s)
+
+
+async def test_worker_cancel_storm_during_preemption_frees_every_block() -> None:
+    rng = random.Random(7)
+    gate = Gate()
+    _, generator = numpy_models(CONFIG)
+    with serve_worker(
+        generator=GatedGenerator(generator, gate),
+        batching="continuous",
+        max_batch_size=8,
+        kv_cache_blocks=CONFIG.kv_cache_blocks,
+        kv_block_size=CONFIG.kv_block_size,
+    ) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            gate.close()  # everything below is queued before the first step runs
+            first = {"model": MODEL, "prompt": "hold", "max_tokens": 60}
+            held = asyncio.create_task(client.post("/v1/completions", json=first))
+            await asyncio.to_thread(gate.entered.wait, 10)
+            work: list[Coroutine[Any, Any, object]] = []
+            for i in range(48):
+                prompts = [[65 + i % 20] * rng.randint(20, 50) for _ in range(1 + i % 3)]
+                body = {"model": MODEL, "prompt": prompts, "max_tokens": 60}
+                if i % 3 == 0:
+                    work.append(_stream_then_leave(client, {**body, "stream": True}))
+                elif i % 3 == 1:
+                    work.append(_give_up(client, body, rng.uniform(0.05, 1.0)))
+                else:
+                    work.append(client.post("/v1/completions", json=body))
+            tasks = [asyncio.ensure_future(w) for w in work]
+            await asyncio.sleep(0.2)  # let them reach the queue
+            gate.open()
+            results = await asyncio.wait_for(asyncio.gather(held, *tasks), 120)
+            for _ in range(200):  # the last leavers are noticed at the next iteration
+                after = _gauges((await client.get("/metrics")).text)
+                if after["gpuscope_worker_kv_cache_blocks_used"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            follow = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    answered = [r for r in results if isinstance(r, httpx.Response)]
+    assert answered and all(r.status_code == 200 for r in answered)
+    assert after["gpuscope_worker_preemptions_total"] > 0  # the storm hit a full cache
+    assert after["gpuscope_worker_kv_cache_blocks_used"] == 0
+    assert after["gpuscope_worker_requests_running"] == 0
+    assert after["gpuscope_worker_requests_waiting"] == 0
+    assert follow.status_code == 200
