@@ -91,7 +91,7 @@ class WorkerConfig:
             ("--kv-block-size", self.kv_block_size),
         ):
             check_range(flag, value, 1)
-        check_range("--cpu-threads", self.cpu_threads, 0)
+        check_range("--cpu-threads", self.cpu_threads, 0, 1024)
         check_range("--vocab-size", self.vocab_size, 300)  # bytes + specials
         check_range("--max-context", self.max_context, 2)
         check_range("--max-queue-delay-ms", self.max_queue_delay_ms, 0)

@@ -246,7 +246,9 @@ def generation_options(
     if not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be true or false", param="stream")
     _check_sampling(body)
-    return GenerationOptions(max_tokens, stream, _include_usage(body), _stop(body.get("stop")))
+    return GenerationOptions(
+        max_tokens, stream, _include_usage(body, stream), _stop(body.get("stop"))
+    )
 
 
 def _check_sampling(body: dict[str, Any]) -> None:
@@ -272,10 +274,14 @@ def _check_sampling(body: dict[str, Any]) -> None:
         raise InvalidRequest("'seed' must be an integer", param="seed")
 
 
-def _include_usage(body: dict[str, Any]) -> bool:
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
     options = body.get("stream_options")
     if options is None:
         return False
+    if not stream:  # as OpenAI's API and vLLM answer
+        raise InvalidRequest(
+            "'stream_options' is only allowed when 'stream' is true", param="stream_options"
+        )
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
     return bool(options.get("include_usage", False))

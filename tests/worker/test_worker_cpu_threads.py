@@ -31,5 +31,6 @@ def test_cpu_threads_flag_and_its_twin() -> None:
     assert parse_config([]).cpu_threads == 1
     assert parse_config(["--cpu-threads", "0"]).cpu_threads == 0
     assert parse_config([], {"GPUSCOPE_CPU_THREADS": "4"}).cpu_threads == 4
-    with pytest.raises(ConfigError, match="--cpu-threads"):
-        parse_config(["--cpu-threads", "-1"])
+    for wrong in ("-1", "1025"):
+        with pytest.raises(ConfigError, match="--cpu-threads"):
+            parse_config(["--cpu-threads", wrong])

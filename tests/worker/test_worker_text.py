@@ -91,7 +91,8 @@ def test_worker_chat_template_renders_roles_and_text_parts() -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 40}, "max_tokens"),  # prompt + 40 > the context of 64
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without streaming
     ],
 )
 def test_worker_chat_refuses_what_it_cannot_honour(change: dict[str, object], param: str) -> None:
