@@ -179,3 +179,21 @@ def test_tune_arguments_are_checked() -> None:
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("max-batch-size", "--sweep: expected WORKER-FLAG=V1,V2,..."),
+        ("warp-speed=1,2", "--sweep: the worker has no flag --warp-speed (see 'gpuscope worker"),
+        ("port=1,2", "--sweep: --port is set by the tuner, not swept"),
+    ],
+)
+def test_a_bad_sweep_says_what_is_wrong_with_it(
+    sweep: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuscope.loadgen.tune import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--sweep", sweep], {})
+    assert capsys.readouterr().err.startswith(f"gpuscope tune: {message}")
