@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpuscope import extras
 from gpuscope.loadgen import cli, record
 from support.worker_servers import serve_worker
 
@@ -122,8 +123,9 @@ def test_plot_without_matplotlib_is_refused_before_any_load(
         "find_spec",
         lambda name, *a: None if name == "matplotlib" else real(name, *a),
     )
+    monkeypatch.setattr(extras, "installed_from_directory", lambda record: "/src/gpuscope")
     assert cli.main(["--plot", str(tmp_path / "x.png"), "--url", "http://127.0.0.1:9/v1"]) == 2
-    assert "pip install 'gpuscope[plot]'" in capsys.readouterr().err
+    assert "pip install '/src/gpuscope[plot]'" in capsys.readouterr().err
 
 
 def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: Path) -> None:
