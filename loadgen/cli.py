@@ -10,7 +10,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, Final, TextIO, TypeVar
 
 from gpuscope import flags
 from gpuscope.loadgen import record
@@ -36,17 +36,25 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return flags.parse_or_exit(LoadgenOptions, parser, argv, environ, ENV_PREFIX)
 
 
+# Ctrl-C, and how a supervisor (kill, timeout, make, systemd) or a closed terminal asks
+# to stop: each ends the run cleanly, so the processes it started never outlive it.
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def run_with_ctrl_c(make: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, bool]:
-    """Run ``make(stop)``; SIGINT sets ``stop`` instead of raising. Returns (result, stopped)."""
+    """Run ``make(stop)``; SIGINT, SIGTERM or SIGHUP sets ``stop`` instead of ending the
+    process. Returns (result, stopped)."""
 
     async def main() -> tuple[T, bool]:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, stop.set)
+        for stop_signal in STOP_SIGNALS:
+            loop.add_signal_handler(stop_signal, stop.set)
         try:
             return await make(stop), stop.is_set()
         finally:
-            loop.remove_signal_handler(signal.SIGINT)
+            for stop_signal in STOP_SIGNALS:
+                loop.remove_signal_handler(stop_signal)
 
     return asyncio.run(main())
 

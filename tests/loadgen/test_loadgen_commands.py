@@ -4,9 +4,11 @@ their files, Ctrl-C, and no process left behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -199,3 +201,33 @@ def test_a_bad_sweep_says_what_is_wrong_with_it(
     with pytest.raises(SystemExit):
         parse_args(["--sweep", sweep], {})
     assert capsys.readouterr().err.startswith(f"gpuscope tune: {message}")
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_the_demo_stopped_by_a_supervisor_stops_what_it_started(
+    stop_signal: signal.Signals,
+) -> None:
+    # kill, timeout, make and systemd send SIGTERM; a closed terminal SIGHUP. The
+    # exporter and worker run in sessions of their own, so nothing else stops them.
+    before = gpuscope_processes()
+    argv = ["demo", "--duration-s", "1", "--concurrency", "2"]
+    argv += ["--exporter-port", "0", "--worker-port", "0"]
+    process = subprocess.Popen(
+        [*GPUSCOPE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # ends early, at EOF, if the demo fails
+            if line.startswith("serving on"):
+                break
+        assert len(gpuscope_processes() - before) == 3  # the demo, its exporter and worker
+        process.send_signal(stop_signal)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        left = gpuscope_processes() - before
+        for pid in left:  # so that a failure here leaves no process to the other tests
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 0, err
+    assert left == set()
