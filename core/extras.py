@@ -9,9 +9,12 @@ failing with an ``ImportError`` deep inside.
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 from importlib import metadata
+from urllib.parse import unquote, urlsplit
 
 DISTRIBUTION = "gpuscope"
 
@@ -69,4 +72,24 @@ def missing(extras: Iterable[str]) -> list[str]:
 
 
 def install_hint(extras: Sequence[str]) -> str:
-    return f"pip install '{DISTRIBUTION}[{','.join(extras)}]'"
+    """The pip command that adds ``extras``: from the checkout gpuscope was installed
+    from, when it was (``pip install '/src/gpuscope[exporter]'``), else by name."""
+    try:
+        direct_url = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        direct_url = None
+    source = installed_from_directory(direct_url) or DISTRIBUTION
+    return "pip install " + shlex.quote(f"{source}[{','.join(extras)}]")
+
+
+def installed_from_directory(direct_url: str | None) -> str | None:
+    """The local directory in pip's ``direct_url.json`` record (PEP 610), or None when
+    gpuscope came from an index, a wheel file or a VCS URL, or the record is unreadable."""
+    try:
+        record = json.loads(direct_url or "null")
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "dir_info" not in record:
+        return None
+    url = urlsplit(str(record.get("url", "")))
+    return unquote(url.path) if url.scheme == "file" and url.path else None

@@ -28,7 +28,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Final, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
@@ -276,6 +276,16 @@ def _metavar(kind: object, flag: str) -> str:
     return "VALUE"
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse, except that a bad flag is one line naming the flag and ``--help``.
+
+    argparse's own error prints the whole usage first, a dozen lines for a command
+    with many flags, in which the one line that matters is easy to miss."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser(
     config_type: type[Any],
     *,
@@ -287,7 +297,7 @@ def build_parser(
     """One flag per field of ``config_type``; every value is read as text, converted later.
 
     Raises ``TypeError`` for a field whose type no flag can set."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = _OneLineErrors(prog=prog, description=description)
     for record in _flags(config_type, env_prefix):
         text = _help_text(record, help[record.field])
         if record.kind is bool:
@@ -347,8 +357,8 @@ def parse_or_exit(
     environ: Mapping[str, str] | None = None,
     env_prefix: str = "GPUSCOPE_",
 ) -> T:
-    """``parse_config``, but a ``ConfigError`` ends the program with argparse's usage
-    message and exit status 2, like any other bad flag."""
+    """``parse_config``, but a ``ConfigError`` ends the program with a one-line message
+    and exit status 2, like any other bad flag."""
     try:
         return parse_config(config_type, parser, argv, environ, env_prefix)
     except ConfigError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from gpuscope.exporter.config import ConfigError, parse_config
@@ -64,6 +65,8 @@ def main(argv: list[str]) -> int:
             )
         )
     except OSError as exc:  # address in use, TLS files unreadable at bind time
-        print(f"gpuscope exporter: cannot serve on {config.listen}: {exc}", file=sys.stderr)
+        # asyncio's message repeats the address; the errno's text says it once.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        print(f"gpuscope exporter: cannot serve on {config.listen}: {reason}", file=sys.stderr)
         return 1
     return 0

@@ -36,15 +36,14 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return flags.parse_or_exit(LoadgenOptions, parser, argv, environ, ENV_PREFIX)
 
 
-# SIGTERM (a supervisor, ``timeout``, ``kill``) and SIGHUP (the terminal closed) too:
-# either would otherwise end the parent at once and orphan the children, which run in
-# sessions of their own.
+# Ctrl-C, and how a supervisor (kill, timeout, make, systemd) or a closed terminal asks
+# to stop: each ends the run cleanly, so the processes it started never outlive it.
 STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def run_with_ctrl_c(make: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, bool]:
-    """Run ``make(stop)``; SIGINT or SIGTERM sets ``stop`` instead of ending the process.
-    Returns (result, stopped)."""
+    """Run ``make(stop)``; SIGINT, SIGTERM or SIGHUP sets ``stop`` instead of ending the
+    process. Returns (result, stopped)."""
 
     async def main() -> tuple[T, bool]:
         stop = asyncio.Event()

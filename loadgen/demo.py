@@ -146,19 +146,29 @@ def check_result(result: StepResult) -> list[str]:
     return problems
 
 
+async def _demo_then_serve(
+    options: DemoOptions, children: Children, stop: asyncio.Event
+) -> StepResult:
+    result = await _demo(options, children, stop)
+    print(table([result], record.environment()), end="", flush=True)
+    if stop.is_set():
+        raise DemoFailed("stopped (Ctrl-C, SIGTERM or SIGHUP)")
+    if problems := check_result(result):
+        raise DemoFailed("; ".join(problems))
+    if options.keep_running:
+        print("serving on; point Prometheus at the exporter. Ctrl-C stops both.", flush=True)
+        await stop.wait()
+    return result
+
+
 def run_demo(options: DemoOptions) -> StepResult:
-    """Run the demo; raises ``DemoFailed`` (or ``ChildFailed``) on any failure."""
+    """Run the demo; raises ``DemoFailed`` (or ``ChildFailed``) on any failure.
+
+    One ``run_with_ctrl_c`` from the first child's start to the end, so that no moment
+    is left when a stop signal would end the demo without stopping its children."""
     check_ports(options)
     with Children(quiet=False) as children:
-        result, stopped = run_with_ctrl_c(lambda stop: _demo(options, children, stop))
-        print(table([result], record.environment()), end="", flush=True)
-        if stopped:
-            raise DemoFailed("stopped (Ctrl-C, SIGTERM or SIGHUP)")
-        if problems := check_result(result):
-            raise DemoFailed("; ".join(problems))
-        if options.keep_running:
-            print("serving on; point Prometheus at the exporter. Ctrl-C stops both.", flush=True)
-            run_with_ctrl_c(lambda stop: stop.wait())
+        result, _ = run_with_ctrl_c(lambda stop: _demo_then_serve(options, children, stop))
     return result
 
 

@@ -7,6 +7,7 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpuscope import extras
 from gpuscope.loadgen.results import StepResult
 from gpuscope.spans import PHASES
 
@@ -22,7 +23,7 @@ COLORS = {
 def require_matplotlib() -> str | None:
     """None when matplotlib can be imported, else what to install."""
     if importlib.util.find_spec("matplotlib") is None:
-        return "matplotlib is not installed; pip install 'gpuscope[plot]'"
+        return f"matplotlib is not installed; {extras.install_hint(['plot'])}"
     return None
 
 

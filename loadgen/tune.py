@@ -59,11 +59,16 @@ class TuneOptions(LoadOptions):
         from gpuscope.worker.config import WorkerConfig
 
         field = name.strip().replace("-", "_")
-        known = {f.name for f in fields(WorkerConfig)} - set(OWN_WORKER_FLAGS)
-        if not sep or field not in known:
+        if not sep:
             raise ConfigError(
                 f"--sweep: expected WORKER-FLAG=V1,V2,... such as {DEFAULT_SWEEP}, "
                 f"got {self.sweep!r}"
+            )
+        if field in OWN_WORKER_FLAGS:
+            raise ConfigError(f"--sweep: --{name.strip()} is set by the tuner, not swept")
+        if field not in {f.name for f in fields(WorkerConfig)}:
+            raise ConfigError(
+                f"--sweep: the worker has no flag --{name.strip()} (see 'gpuscope worker --help')"
             )
         return name.strip()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -81,12 +82,36 @@ def serve(
     server.run()
 
 
+def why_unbindable(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on right now, or None when it can.
+
+    uvicorn finds out only after the models are built, and says so in half a dozen
+    log lines; asking first gives one line and no wasted start-up."""
+    if port == 0:
+        return None
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.create_server((host, port), family=family):
+            return None
+    except socket.gaierror as exc:
+        return str(exc.strerror)
+    except OSError as exc:  # create_server's own text repeats the address
+        return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
 def main(argv: list[str]) -> int:
     try:
         config = parse_config(argv)
     except ConfigError as exc:
         print(f"gpuscope worker: {exc}", file=sys.stderr)
         return 2
+    problem = why_unbindable(config.host, config.port)
+    if problem is not None:
+        print(
+            f"gpuscope worker: cannot serve on {config.host}:{config.port}: {problem}",
+            file=sys.stderr,
+        )
+        return 1
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

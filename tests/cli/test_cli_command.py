@@ -68,6 +68,7 @@ def test_a_missing_extra_names_the_install_instead_of_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(extras, "is_installed", lambda name: name not in ("aiohttp", "numpy"))
+    monkeypatch.setattr(extras, "installed_from_directory", lambda record: None)
     assert main(["exporter", "--help"]) == 1
     assert capsys.readouterr().err == (
         "gpuscope exporter: missing aiohttp from the 'exporter' extra; "
@@ -80,3 +81,37 @@ def test_a_missing_extra_names_the_install_instead_of_a_traceback(
     )
     assert main(["worker", "--help"]) == 1  # numpy is the worker's
     assert "pip install 'gpuscope[worker]'" in capsys.readouterr().err
+
+
+def test_installed_from_a_checkout_the_hint_names_that_checkout(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Not on an index: 'gpuscope[loadgen]' would find nothing, or someone else's package.
+    monkeypatch.setattr(extras, "is_installed", lambda name: name != "aiohttp")
+    monkeypatch.setattr(extras, "installed_from_directory", lambda record: "/src/my gpuscope")
+    assert main(["loadgen"]) == 1
+    assert capsys.readouterr().err.endswith(
+        "install it with: pip install '/src/my gpuscope[loadgen]'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("record", "directory"),
+    [
+        ('{"dir_info": {}, "url": "file:///tmp/newcomer"}', "/tmp/newcomer"),
+        (
+            '{"dir_info": {"editable": true}, "url": "file:///src/my%20gpuscope"}',
+            "/src/my gpuscope",
+        ),
+        ('{"archive_info": {}, "url": "file:///tmp/gpuscope-0.1.0-py3-none-any.whl"}', None),
+        ('{"vcs_info": {"vcs": "git"}, "url": "https://example.com/gpuscope.git"}', None),
+        ('{"dir_info": {}, "url": "https://example.com/src"}', None),
+        ("not json", None),
+        ("[]", None),
+        (None, None),
+    ],
+)
+def test_the_checkout_is_read_from_pips_direct_url_record(
+    record: str | None, directory: str | None
+) -> None:
+    assert extras.installed_from_directory(record) == directory

@@ -268,3 +268,26 @@ def test_every_command_builds_its_flags_and_spells_their_units(
     current = re.sub(r"\(formerly [^)]*\)", "", " ".join(text.split()))
     for flag in set(re.findall(r"(--[a-z][a-z0-9-]+)", current)):
         assert not flag.endswith(_TIMING_WORDS), f"gpuscope {command} {flag}: name its unit"
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_an_unknown_flag_is_one_line_that_points_to_help(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--no-such-flag"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"gpuscope {command}: unrecognized arguments: --no-such-flag"
+        f" (see 'gpuscope {command} --help')\n"
+    )
+
+
+def test_a_value_that_cannot_be_read_is_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["loadgen", "--concurrency", "many"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "gpuscope loadgen: --concurrency: cannot read 'many' as a number"
+        " (see 'gpuscope loadgen --help')\n"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import socket
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -117,3 +118,13 @@ async def _busy_after_a_batch(session: aiohttp.ClientSession, url: str) -> None:
         busy = value(scraped, "gpuscope_gpu_utilization_ratio", {"gpu": "0"})
     assert busy, "the simulated GPU never saw the batch"
     assert value(scraped, "gpuscope_gpu_utilization_ratio", {"gpu": "1"}) == 0.0
+
+
+def test_a_taken_port_is_one_line_naming_the_address(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--listen", f"127.0.0.1:{port}", "--gpu-source", "none"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"gpuscope exporter: cannot serve on 127.0.0.1:{port}: Address already in use\n"

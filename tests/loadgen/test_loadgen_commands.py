@@ -4,9 +4,11 @@ their files, Ctrl-C, and no process left behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpuscope import extras
 from gpuscope.loadgen import cli, record
 from support.worker_servers import serve_worker
 
@@ -122,8 +125,9 @@ def test_plot_without_matplotlib_is_refused_before_any_load(
         "find_spec",
         lambda name, *a: None if name == "matplotlib" else real(name, *a),
     )
+    monkeypatch.setattr(extras, "installed_from_directory", lambda record: "/src/gpuscope")
     assert cli.main(["--plot", str(tmp_path / "x.png"), "--url", "http://127.0.0.1:9/v1"]) == 2
-    assert "pip install 'gpuscope[plot]'" in capsys.readouterr().err
+    assert "pip install '/src/gpuscope[plot]'" in capsys.readouterr().err
 
 
 def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: Path) -> None:
@@ -189,3 +193,51 @@ def test_tune_arguments_are_checked() -> None:
     ):
         with pytest.raises(SystemExit):
             parse_args(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("max-batch-size", "--sweep: expected WORKER-FLAG=V1,V2,..."),
+        ("warp-speed=1,2", "--sweep: the worker has no flag --warp-speed (see 'gpuscope worker"),
+        ("port=1,2", "--sweep: --port is set by the tuner, not swept"),
+    ],
+)
+def test_a_bad_sweep_says_what_is_wrong_with_it(
+    sweep: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuscope.loadgen.tune import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--sweep", sweep], {})
+    assert capsys.readouterr().err.startswith(f"gpuscope tune: {message}")
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_the_demo_stopped_by_a_supervisor_stops_what_it_started(
+    stop_signal: signal.Signals,
+) -> None:
+    # kill, timeout, make and systemd send SIGTERM; a closed terminal SIGHUP. The
+    # exporter and worker run in sessions of their own, so nothing else stops them.
+    before = gpuscope_processes()
+    argv = ["demo", "--duration-s", "1", "--concurrency", "2"]
+    argv += ["--exporter-port", "0", "--worker-port", "0"]
+    process = subprocess.Popen(
+        [*GPUSCOPE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # ends early, at EOF, if the demo fails
+            if line.startswith("serving on"):
+                break
+        assert len(gpuscope_processes() - before) == 3  # the demo, its exporter and worker
+        process.send_signal(stop_signal)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        left = gpuscope_processes() - before
+        for pid in left:  # so that a failure here leaves no process to the other tests
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 0, err
+    assert left == set()
