@@ -200,7 +200,8 @@ def request_rules(s: Settings) -> list[dict[str, Any]]:
     count = f"{hist}_count{s.sel(s.slo_selector)}"
     errors = hist + "_count" + s.sel(s.slo_selector + ', code=~"5.."')
     rules = [_rule(f"service_model:gpuscope_requests:rate{w}", _sum_rate(count, w))]
-    for window in s.slo_windows():
+    # the SLO windows, and ``window`` for GpuscopeErrorRatioHigh when it is none of them
+    for window in sorted({*s.slo_windows(), w}, key=_seconds):
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
         rules.append(
             _rule(

@@ -52,6 +52,16 @@ def test_overrides_change_interval_and_every_for(tmp_path: Path) -> None:
     assert {rule["for"] for group in groups for rule in group["rules"]} == {"2s"}
 
 
+@pytest.mark.parametrize("window", ["5m", "10s", "10m"])
+def test_every_recorded_series_an_alert_uses_is_recorded(tmp_path: Path, window: str) -> None:
+    """An alert on a series no rule records never fires, whatever the window."""
+    build_rules(tmp_path, "--window", window)
+    recorded = {rule["record"] for rule in rules_of(tmp_path / "recording.yml")}
+    for rule in rules_of(tmp_path / "alerting.yml"):
+        used = set(re.findall(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b", rule["expr"]))
+        assert used <= recorded, f"{rule['alert']} uses unrecorded {used - recorded}"
+
+
 @pytest.mark.parametrize("path", RULES, ids=lambda p: p.name)
 def test_promtool_accepts_the_rule_file(path: Path) -> None:
     promtool = require_binary("promtool")
