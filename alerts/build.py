@@ -28,6 +28,11 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
+# The PCIe per-lane table is the dashboards' (dashboards/pcie.py), so that the panels
+# and the rules agree on every generation's capacity.
+sys.path.insert(0, str(HERE.parent / "dashboards"))
+from pcie import LINK_GENERATIONS, lane_bytes_per_second  # noqa: E402
+
 PHASES = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
 SMG = "service, model, gpu, uuid"  # the labels of service_model_gpu:* series
 GPU = "gpu, uuid"
@@ -39,22 +44,6 @@ THROTTLE_REASONS = (
     "sw_thermal_slowdown",
     "sw_power_cap",
 )
-# PCIe generation -> (GT/s per lane, payload bits per line bit): 8b/10b for 1-2,
-# 128b/130b for 3-5, 242 of every 256 FLIT bytes for 6 (PCI Express Base Spec 1.0-6.0).
-PCIE_SIGNALLING = {
-    1: (2.5, 8 / 10),
-    2: (5.0, 8 / 10),
-    3: (8.0, 128 / 130),
-    4: (16.0, 128 / 130),
-    5: (32.0, 128 / 130),
-    6: (64.0, 242 / 256),
-}
-
-
-def pcie_lane_bytes_per_second(generation: int) -> float:
-    """One lane's capacity in one direction."""
-    transfers, efficiency = PCIE_SIGNALLING[generation]
-    return transfers * 1e9 * efficiency / 8
 
 
 @dataclass(frozen=True)
@@ -240,8 +229,8 @@ def gpu_rules(s: Settings) -> list[dict[str, Any]]:
     w = s.window
     capacity = "\n    + ".join(
         f"(gpuscope_gpu_pcie_link_generation{s.sel()} == bool {gen})"
-        f" * {pcie_lane_bytes_per_second(gen):.6g}"
-        for gen in PCIE_SIGNALLING
+        f" * {lane_bytes_per_second(gen):.6g}"
+        for gen in sorted(LINK_GENERATIONS)
     )
     throttling = s.sel(f'reason=~"{"|".join(THROTTLE_REASONS)}"')
     return [
