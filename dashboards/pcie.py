@@ -32,12 +32,14 @@ def capacity_expr(selector: str) -> str:
     """PromQL: bytes/s per direction of each GPU's current link, one series per GPU.
 
     ``generation == bool N`` is 1 for the matching generation and 0 otherwise, so the
-    sum picks that generation's per-lane figure; a generation outside the table
-    gives 0 rather than a made-up capacity.
+    sum picks that generation's per-lane figure; a generation outside the table (or a
+    width of 0) gives no series rather than a made-up capacity, or a 0 that a
+    utilisation would divide by.
     """
     per_lane = " + ".join(
         f"(gpuscope_gpu_pcie_link_generation{selector} == bool {generation})"
         f" * {lane_bytes_per_second(generation):.6g}"
         for generation in sorted(LINK_GENERATIONS)
     )
-    return f"gpuscope_gpu_pcie_link_width{selector} * ({per_lane})"
+    # parenthesised: a query divides by it, and "/" binds as tightly as "*"
+    return f"(gpuscope_gpu_pcie_link_width{selector} * ({per_lane}) > 0)"

@@ -208,6 +208,18 @@ async def pcie_capacities(session: aiohttp.ClientSession, base: str) -> list[flo
     return sorted(float(series["value"][1]) for series in result)
 
 
+async def pcie_utilizations(session: aiohttp.ClientSession, base: str) -> list[float]:
+    """Traffic over link capacity as the bottleneck dashboard's PCIe panel computes it."""
+    board = load_dashboards()["where-did-the-time-go.json"]
+    everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+    values = []
+    for target in targets("where-did-the-time-go.json", board):
+        if target.panel.startswith("PCIe") and "link_width" in target.expr:
+            expr = substitute(target.expr, everything, TIME_VALUES)
+            values += [float(s["value"][1]) for s in await instant_query(session, base, expr)]
+    return values
+
+
 def fast_rules(folder: Path) -> Path:
     """The pack's rules as alerts/build.py writes them, evaluated every second."""
     subprocess.run(
@@ -233,7 +245,10 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
         not_served = names_not_served(served)
         no_data = await failing_targets(session, stack.prometheus_url)
         capacity = await pcie_capacities(session, stack.prometheus_url)
+        utilization = await pcie_utilizations(session, stack.prometheus_url)
     assert not no_data, "\n\n".join(no_data)
+    # a share of the link: divided by the capacity, not by the lanes and times the rate
+    assert utilization and all(0 <= value <= 1 for value in utilization), utilization
     # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.
     assert capacity == pytest.approx([PCIE_GEN5_X16_BYTES_PER_S] * 2, rel=1e-3)
     assert not not_served, "\n".join(not_served)
