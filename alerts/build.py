@@ -256,10 +256,12 @@ def gpu_rules(s: Settings) -> list[dict[str, Any]]:
             "gpu:gpuscope_gpu_clock_throttle_reasons:active",
             f"max by ({GPU}) (gpuscope_gpu_clock_event_active{throttling})",
         ),
+        # "> 0": a generation outside the table (or a width of 0) has no known capacity;
+        # dividing by 0 would give +Inf, a saturated link, under any traffic
         _rule(
             "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second",
             f"max by ({GPU}) (\n  gpuscope_gpu_pcie_link_width{s.sel()}\n"
-            f"  * on (job, instance, gpu, uuid) (\n    {capacity}\n  )\n)",
+            f"  * on (job, instance, gpu, uuid) (\n    {capacity}\n  )\n)\n> 0",
         ),
         _rule(
             f"gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}",
