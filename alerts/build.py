@@ -656,6 +656,19 @@ def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
             "Prometheus cannot scrape a gpuscope exporter.",
             f"{on} of job {{{{ $labels.job }}}} has been down for {s.for_(s.for_exporter)}.",
         ),
+        # up == 0 needs a target: without one (a renamed job, empty service discovery)
+        # every other alert of the pack is silent too
+        _alert(
+            s,
+            "GpuscopeExporterAbsent",
+            f"absent(up{s.sel()})",
+            s.for_(s.for_exporter),
+            "critical",
+            "Prometheus has no gpuscope exporter to scrape.",
+            # absent() labels its series with the selector's equality matchers only
+            f"{{{{ with $labels.job }}}}Job {{{{ . }}}}{{{{ else }}}}up{s.sel()}{{{{ end }}}} "
+            "has no target: no request, GPU or exporter alert of gpuscope can fire.",
+        ),
     ]
 
 
