@@ -23,11 +23,12 @@ from pcie import capacity_expr
 UID = "gpuscope-gpu"
 GPU = selector("job", "instance", "gpu")
 EXPORTER = selector("job", "instance")
-LEGEND = "GPU {{gpu}}"
+LEGEND = "{{instance}} GPU {{gpu}}"
 
 
 def per_gpu(metric: str, legend: str = LEGEND) -> list[Dataquery]:
-    return [query(f"max by (gpu) ({metric}{GPU})", legend)]
+    # by instance too: GPU indexes repeat on every host, and "All" spans hosts
+    return [query(f"max by (instance, gpu) ({metric}{GPU})", legend)]
 
 
 def build() -> Dashboard:
@@ -62,7 +63,12 @@ def _health(board: Dashboard) -> None:
         stat_panel(
             "Collector success",
             "1 if the GPU collector's last run succeeded.",
-            [query(f"max by (collector) (gpuscope_collector_success{EXPORTER})", "{{collector}}")],
+            [
+                query(
+                    f"min by (instance, collector) (gpuscope_collector_success{EXPORTER})",
+                    "{{instance}} {{collector}}",
+                )
+            ],
             "bool_yes_no",
         )
     )
@@ -73,8 +79,8 @@ def _health(board: Dashboard) -> None:
             "during a scrape).",
             [
                 query(
-                    f"max by (collector) (gpuscope_collector_duration_seconds{EXPORTER})",
-                    "{{collector}}",
+                    f"max by (instance, collector) (gpuscope_collector_duration_seconds{EXPORTER})",
+                    "{{instance}} {{collector}}",
                 )
             ],
             "s",
@@ -102,7 +108,10 @@ def _activity(board: Dashboard) -> None:
             "Fraction of SMs busy, of time tensor cores were busy, and of peak DRAM bandwidth "
             "used (GPM/DCGM).",
             [
-                query(f"max by (gpu) (gpuscope_gpu_{name}_active_ratio{GPU})", f"{LEGEND} {name}")
+                query(
+                    f"max by (instance, gpu) (gpuscope_gpu_{name}_active_ratio{GPU})",
+                    f"{LEGEND} {name}",
+                )
                 for name in ("sm", "tensor", "dram")
             ],
             "percentunit",
@@ -130,8 +139,10 @@ def _clocks(board: Dashboard) -> None:
                 f"{title} against its maximum",
                 f"Current {title.lower()} and the maximum it could run at.",
                 [
-                    *per_gpu(f"gpuscope_gpu_{name}_clock_hertz", "GPU {{gpu}}"),
-                    *per_gpu(f"gpuscope_gpu_{name}_clock_max_hertz", "GPU {{gpu}} max"),
+                    *per_gpu(f"gpuscope_gpu_{name}_clock_hertz", "{{instance}} GPU {{gpu}}"),
+                    *per_gpu(
+                        f"gpuscope_gpu_{name}_clock_max_hertz", "{{instance}} GPU {{gpu}} max"
+                    ),
                 ],
                 "hertz",
                 THIRD,
@@ -144,8 +155,8 @@ def _clocks(board: Dashboard) -> None:
             "load mean the hardware is throttling; gpu_idle is harmless.",
             [
                 query(
-                    f"max by (gpu, reason) (gpuscope_gpu_clock_event_active{GPU})",
-                    "GPU {{gpu}} {{reason}}",
+                    f"max by (instance, gpu, reason) (gpuscope_gpu_clock_event_active{GPU})",
+                    "{{instance}} GPU {{gpu}} {{reason}}",
                 )
             ],
             THIRD,
@@ -162,8 +173,11 @@ def _pcie(board: Dashboard) -> None:
                 f"Bytes per second the GPU {metric}s over PCIe, and what its current link "
                 "(generation x width, after line coding) can carry per direction.",
                 [
-                    query(_pcie_rate(metric), "GPU {{gpu}}"),
-                    query(f"max by (gpu) ({capacity_expr(GPU)})", "GPU {{gpu}} capacity"),
+                    query(_pcie_rate(metric), "{{instance}} GPU {{gpu}}"),
+                    query(
+                        f"max by (instance, gpu) ({capacity_expr(GPU)})",
+                        "{{instance}} GPU {{gpu}} capacity",
+                    ),
                 ],
                 "Bps",
             )
@@ -171,7 +185,7 @@ def _pcie(board: Dashboard) -> None:
 
 
 def _pcie_rate(metric: str) -> str:
-    return f"sum by (gpu) (rate(gpuscope_gpu_pcie_{metric}_bytes_total{GPU}[{RATE}]))"
+    return f"sum by (instance, gpu) (rate(gpuscope_gpu_pcie_{metric}_bytes_total{GPU}[{RATE}]))"
 
 
 def _memory_power(board: Dashboard) -> None:
@@ -181,8 +195,8 @@ def _memory_power(board: Dashboard) -> None:
             "Memory used against total",
             "Device memory in use and in total.",
             [
-                *per_gpu("gpuscope_gpu_memory_used_bytes", "GPU {{gpu}} used"),
-                *per_gpu("gpuscope_gpu_memory_total_bytes", "GPU {{gpu}} total"),
+                *per_gpu("gpuscope_gpu_memory_used_bytes", "{{instance}} GPU {{gpu}} used"),
+                *per_gpu("gpuscope_gpu_memory_total_bytes", "{{instance}} GPU {{gpu}} total"),
             ],
             "bytes",
             QUARTER,
@@ -193,8 +207,8 @@ def _memory_power(board: Dashboard) -> None:
             "Power against limit",
             "Power draw and the enforced power limit.",
             [
-                *per_gpu("gpuscope_gpu_power_watts", "GPU {{gpu}}"),
-                *per_gpu("gpuscope_gpu_power_limit_watts", "GPU {{gpu}} limit"),
+                *per_gpu("gpuscope_gpu_power_watts", "{{instance}} GPU {{gpu}}"),
+                *per_gpu("gpuscope_gpu_power_limit_watts", "{{instance}} GPU {{gpu}} limit"),
             ],
             "watt",
             QUARTER,
@@ -215,7 +229,8 @@ def _memory_power(board: Dashboard) -> None:
             "Energy the GPU consumed over the dashboard's time range.",
             [
                 query(
-                    f"sum by (gpu) (increase(gpuscope_gpu_energy_joules_total{GPU}[$__range]))",
+                    "sum by (instance, gpu) "
+                    f"(increase(gpuscope_gpu_energy_joules_total{GPU}[$__range]))",
                     LEGEND,
                 )
             ],
@@ -233,12 +248,14 @@ def _errors(board: Dashboard) -> None:
             "ECC, 79: fallen off the bus, ...).",
             [
                 query(
-                    f"sum by (gpu) (increase(gpuscope_gpu_xid_events_total{GPU}[{RATE}]))",
-                    "GPU {{gpu}} all codes",
+                    "sum by (instance, gpu) "
+                    f"(increase(gpuscope_gpu_xid_events_total{GPU}[{RATE}]))",
+                    "{{instance}} GPU {{gpu}} all codes",
                 ),
                 query(
-                    f"sum by (gpu, xid) (increase(gpuscope_gpu_xid_errors_total{GPU}[{RATE}]))",
-                    "GPU {{gpu}} XID {{xid}}",
+                    "sum by (instance, gpu, xid) "
+                    f"(increase(gpuscope_gpu_xid_errors_total{GPU}[{RATE}]))",
+                    "{{instance}} GPU {{gpu}} XID {{xid}}",
                 ),
             ],
             "short",
@@ -250,8 +267,9 @@ def _errors(board: Dashboard) -> None:
             "ECC errors counted by the driver, by type; any uncorrected error needs action.",
             [
                 query(
-                    f"sum by (gpu, type) (increase(gpuscope_gpu_ecc_errors_total{GPU}[{RATE}]))",
-                    "GPU {{gpu}} {{type}}",
+                    "sum by (instance, gpu, type) "
+                    f"(increase(gpuscope_gpu_ecc_errors_total{GPU}[{RATE}]))",
+                    "{{instance}} GPU {{gpu}} {{type}}",
                 )
             ],
             "short",

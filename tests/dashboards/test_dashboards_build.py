@@ -139,6 +139,16 @@ def test_request_queries_aggregate_explicitly() -> None:
                 assert re.search(r"\bsum (by \([^)]*\) )?\(", target.expr), target.expr
 
 
+def test_gpu_board_keeps_hosts_apart() -> None:
+    """GPU indexes repeat on every host: "All" instances must not merge GPU 0s into one."""
+    for panel in panels(BOARDS["gpu.json"]):
+        for target in panel["targets"]:
+            for grouping in re.findall(r"\bby \(([^)]*)\)", target["expr"]):
+                labels = {label.strip() for label in grouping.split(",")}
+                assert "instance" in labels, f"{panel['title']}: {target['expr']}"
+            assert "{{instance}}" in target["legendFormat"], panel["title"]
+
+
 @pytest.mark.parametrize(
     ("generation", "x16_gb_per_s"),
     # Per-direction x16 figures as PCI-SIG and vendors publish them.
