@@ -119,12 +119,12 @@ def build() -> Dashboard:
     board.with_panel(
         timeseries(
             "Time per phase at the tail (P99)",
-            "P99 of each phase, stacked. Quantiles do not add up exactly; the stack shows "
+            "P99 of each phase, not stacked: quantiles do not add up, so a stack's top "
+            "would read as a request P99 that no request had. The share panel below shows "
             "which phase dominates the slowest requests.",
             [query(phase_p99(), "{{phase}}", exemplar=True)],
             "s",
             HALF,
-            stacked=True,
         )
     )
     board.with_panel(

@@ -139,6 +139,18 @@ def test_request_queries_aggregate_explicitly() -> None:
                 assert re.search(r"\bsum (by \([^)]*\) )?\(", target.expr), target.expr
 
 
+def test_no_panel_stacks_quantiles() -> None:
+    """Quantiles do not add up: a stack of P99s reads as a total that never happened."""
+    for name, board in BOARDS.items():
+        for panel in panels(board):
+            stacking = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
+            if stacking.get("stacking", {}).get("mode", "none") == "none":
+                continue
+            for target in panel["targets"]:
+                quantile = "histogram_quantile" in target["expr"]
+                assert not quantile or "/" in target["expr"], f"{name}: {panel['title']}"
+
+
 def test_gpu_board_keeps_hosts_apart() -> None:
     """GPU indexes repeat on every host: "All" instances must not merge GPU 0s into one."""
     for panel in panels(BOARDS["gpu.json"]):
