@@ -92,7 +92,12 @@ def build() -> Dashboard:
         timeseries(
             "SM occupancy",
             "Resident warps over capacity; low while requests queue means an underfed GPU.",
-            [query(f"max by (gpu) (gpuscope_gpu_sm_occupancy_ratio{GPU})", "occupancy")],
+            [
+                query(
+                    f"max by (instance, gpu) (gpuscope_gpu_sm_occupancy_ratio{GPU})",
+                    "{{instance}} occupancy",
+                )
+            ],
             "percentunit",
             THIRD,
             max_value=1,
@@ -105,9 +110,9 @@ def build() -> Dashboard:
             "reason active, means throttling.",
             [
                 query(
-                    f"max by (gpu) (gpuscope_gpu_sm_clock_hertz{GPU}\n/\n"
+                    f"max by (instance, gpu) (gpuscope_gpu_sm_clock_hertz{GPU}\n/\n"
                     f"gpuscope_gpu_sm_clock_max_hertz{GPU})",
-                    "SM clock",
+                    "{{instance}} SM clock",
                 )
             ],
             "percentunit",
@@ -122,9 +127,10 @@ def build() -> Dashboard:
             "Bytes per second each way over what the current link carries per direction.",
             [
                 query(
-                    f"max by (gpu) (rate(gpuscope_gpu_pcie_{metric}_bytes_total{GPU}[{RATE}])"
+                    "max by (instance, gpu) "
+                    f"(rate(gpuscope_gpu_pcie_{metric}_bytes_total{GPU}[{RATE}])"
                     f"\n/\n{capacity})",
-                    name,
+                    "{{instance}} " + name,
                 )
                 for metric, name in (("transmit", "TX"), ("receive", "RX"))
             ],
