@@ -166,7 +166,8 @@ def phase_rules(s: Settings) -> list[dict[str, Any]]:
         _rule(f"{level}_sum:rate{w}", f"sum by ({by}) (rate({hist}_sum{s.sel()}[{w}]))"),
         _rule(f"{level}_count:rate{w}", f"sum by ({by}) (rate({hist}_count{s.sel()}[{w}]))"),
         _rule(f"{level}_bucket:rate{w}", f"sum by ({by}, le) (rate({hist}_bucket{s.sel()}[{w}]))"),
-        _rule(f"{level}:mean{w}", f"{level}_sum:rate{w}\n/\n{level}_count:rate{w}"),
+        # "> 0": an idle series has no mean (and no share or verdict), not a NaN one
+        _rule(f"{level}:mean{w}", f"{level}_sum:rate{w}\n/\n({level}_count:rate{w} > 0)"),
         _rule(f"{level}:p99_{w}", f"histogram_quantile(0.99, {level}_bucket:rate{w})"),
         # Phases add up to the request, so each mean's share of their sum is its
         # share of the mean latency.
