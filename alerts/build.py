@@ -590,12 +590,15 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeGpuCollectorFailing",
-            f"gpuscope_collector_success{s.sel()} == 0",
+            # the share of failed runs, not the last one: one success between failures
+            # would restart ``for:`` and a collector failing most runs would never alert
+            f"1 - avg_over_time(gpuscope_collector_success{s.sel()}[{w}]) > 0.5",
             s.for_(s.for_gpu_hardware),
             "warning",
             "A GPU metrics collector keeps failing.",
-            "Collector {{ $labels.collector }} on {{ $labels.instance }} failed its last "
-            "runs: GPU metrics are stale or missing.",
+            "Collector {{ $labels.collector }} on {{ $labels.instance }} failed "
+            f"{{{{ $value | humanizePercentage }}}} of its runs over {w}: GPU metrics are "
+            "stale or missing.",
         ),
     ]
 
