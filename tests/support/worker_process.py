@@ -83,12 +83,11 @@ def worker_process(
             process.stdout.close()
 
 
-@dataclass
-class SlowGenerator:
-    """A generator on a slow device: every iteration takes ``step_s`` longer."""
+class WrappedGenerator:
+    """``inner`` as it is, except that ``before_step`` runs before every iteration."""
 
-    inner: Generator
-    step_s: float
+    def __init__(self, inner: Generator) -> None:
+        self.inner = inner
 
     @property
     def max_context(self) -> int:
@@ -102,8 +101,22 @@ class SlowGenerator:
         return self.inner.start(prompt)
 
     def step(self, sequences: Sequence[SequenceState]) -> list[int]:
-        time.sleep(self.step_s)  # another process: there is no test event to wait on
+        self.before_step()
         return self.inner.step(sequences)
+
+    def before_step(self) -> None:
+        pass
+
+
+class SlowGenerator(WrappedGenerator):
+    """A generator on a slow device: every iteration takes ``step_s`` longer."""
+
+    def __init__(self, inner: Generator, step_s: float) -> None:
+        super().__init__(inner)
+        self.step_s = step_s
+
+    def before_step(self) -> None:
+        time.sleep(self.step_s)  # another process: there is no test event to wait on
 
 
 def _slow_worker(argv: list[str]) -> int:

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
-from gpuscope.worker.kv_cache import BlockPool, SequenceState
 from gpuscope.worker.model_api import EmbeddingModel, FloatArray, Generator
 from support.servers import run_uvicorn
 from support.span_recorder import SpanRecorder
+from support.worker_process import WrappedGenerator
 
 # Small models: real compute, fast on two cores.
 SMALL = WorkerConfig(hidden_size=64, layers=1, vocab_size=512, max_context=512, max_new_tokens=450)
@@ -80,22 +80,10 @@ class GatedEmbeddingModel:
         return self.inner.embed(batch)
 
 
-class GatedGenerator:
+class GatedGenerator(WrappedGenerator):
     def __init__(self, inner: Generator, gate: Gate) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.gate = gate
 
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
-
-    @property
-    def kv_pool(self) -> BlockPool:
-        return self.inner.kv_pool
-
-    def start(self, prompt: Sequence[int]) -> SequenceState:
-        return self.inner.start(prompt)
-
-    def step(self, sequences: Sequence[SequenceState]) -> list[int]:
+    def before_step(self) -> None:
         self.gate.pass_through()
-        return self.inner.step(sequences)
