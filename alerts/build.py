@@ -33,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "dashboards"))
 from pcie import LINK_GENERATIONS, lane_bytes_per_second  # noqa: E402
 
-PHASES = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
 SMG = "service, model, gpu, uuid"  # the labels of service_model_gpu:* series
 GPU = "gpu, uuid"
 # Clock event reasons that mean the hardware holds clocks down (not idle, not a setting).
