@@ -33,7 +33,7 @@ typecheck: install
 	$(BIN)/mypy -p gpuscope
 	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py)
 	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
-	cd alerts && MYPYPATH=../dashboards ../$(BIN)/mypy --config-file ../pyproject.toml build.py
+	cd alerts && MYPYPATH=../dashboards ../$(BIN)/mypy --config-file ../pyproject.toml *.py
 
 unit: install system-deps
 	$(BIN)/pytest -q

@@ -1,0 +1,122 @@
+"""The one table of the generated rules: every threshold, selector, window and ``for:``.
+
+``alerts/build.py`` writes the rule files from a ``Settings``; its flags override a few
+fields for fast test variants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SMG = "service, model, gpu, uuid"  # the labels of service_model_gpu:* series
+GPU = "gpu, uuid"
+# Clock event reasons that mean the hardware holds clocks down (not idle, not a setting).
+THROTTLE_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+    "sw_power_cap",
+)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency objective over a histogram: ``objective`` of requests within ``le``."""
+
+    name: str  # recording-rule and alert name part
+    title: str  # for summaries
+    histogram: str
+    le: str  # a bucket boundary of the histogram, as Prometheus labels it
+    objective: float
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The one table: everything a user may tune, each written once."""
+
+    job_selector: str = 'job="gpuscope"'
+    # the inference server's own /metrics (gpuscope_worker_*), scraped as its own job
+    worker_job_selector: str = 'job="gpuscope-worker"'
+    # where alerts/runbook.md is served; each alert links to its section
+    runbook: str = "https://github.com/gpuscope/gpuscope/blob/main/alerts/runbook.md"
+    # requests an SLO counts: model calls, not /v1/models or health checks
+    slo_selector: str = 'model!=""'
+    interval: str = "30s"  # rule group evaluation interval
+    window: str = "5m"  # window of rates and averages outside the SLOs
+    for_override: str | None = None  # tests: every alert's ``for`` set to this
+    # phase shares of the mean request time
+    dominant_share: float = 0.5  # a phase above this share dominates latency
+    underfed_queue_share: float = 0.25  # requests are queueing
+    underfed_occupancy: float = 0.7  # SM occupancy under this while queueing: underfed
+    # batch wait: the batcher's configured window and how far over it P99 may go
+    # (the window is read from gpuscope_worker_max_queue_delay_seconds where a worker of
+    # that model exports it; this value holds for the others)
+    batch_wait_window_seconds: float = 0.005
+    batch_wait_tolerance: float = 2.0
+    # KV cache: usage (averaged over ``window``) counted as full, and the requests that
+    # may wait on average while it is full before that is a capacity problem. A
+    # recompute preemption frees a whole sequence's blocks, and the head of the queue
+    # waits until its blocks fit, so a cache that keeps running out averages 80-90 %
+    # (measured on the reference worker), not 100 %.
+    kv_cache_full_ratio: float = 0.8
+    # the requests that hold KV-cache blocks (generation; embeddings hold none)
+    kv_cache_endpoints: str = 'endpoint="completions"'
+    kv_cache_waiting_requests: float = 1.0
+    # throttling: SM clock under this fraction of its maximum while utilisation is high
+    throttle_clock_ratio: float = 0.8
+    throttle_min_utilization: float = 0.5
+    pcie_utilization: float = 0.9  # of the link's capacity, either direction
+    memory_used_ratio: float = 0.95
+    error_ratio: float = 0.05  # 5xx share of model requests
+    latency_slo: Slo = Slo(
+        "latency",
+        "Request latency",
+        "gpuscope_request_duration_seconds",
+        "1.0",
+        0.99,
+    )
+    ttft_slo: Slo = Slo(
+        "ttft",
+        "Time to first token",
+        "gpuscope_time_to_first_token_seconds",
+        "0.5",
+        0.99,
+    )
+    # multi-window multi-burn-rate (SRE workbook): (long, short, burn rate)
+    page_burns: tuple[tuple[str, str, float], ...] = (("1h", "5m", 14.4), ("6h", "30m", 6.0))
+    ticket_burns: tuple[tuple[str, str, float], ...] = (("1d", "2h", 3.0), ("3d", "6h", 1.0))
+    # ``for:`` durations
+    for_phase: str = "15m"
+    for_slo_page: str = "2m"
+    for_slo_ticket: str = "15m"
+    for_error_ratio: str = "5m"
+    for_gpu_hardware: str = "5m"
+    for_gpu_lost: str = "1m"
+    for_exporter: str = "5m"
+    for_exporter_signals: str = "10m"
+    for_kv_cache: str = "10m"
+    for_kv_cache_capacity: str = "15m"
+    for_worker: str = "5m"
+    increase_window: str = "10m"  # XID, ECC, overflow and drop counts
+    spans_idle_window: str = "10m"
+
+    def sel(self, extra: str = "") -> str:
+        """A label selector with the job and ``extra`` matchers."""
+        return "{" + ", ".join(m for m in (self.job_selector, extra) if m) + "}"
+
+    def worker_sel(self) -> str:
+        """The selector of the worker's own metrics."""
+        return "{" + self.worker_job_selector + "}"
+
+    def for_(self, duration: str) -> str:
+        return self.for_override if self.for_override is not None else duration
+
+    def slo_windows(self) -> list[str]:
+        burns = (*self.page_burns, *self.ticket_burns)
+        return sorted({w for long, short, _ in burns for w in (long, short)}, key=seconds_of)
+
+
+def seconds_of(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(duration[:-1]) * units[duration[-1]]
