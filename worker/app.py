@@ -26,13 +26,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpuscope import __version__
 from gpuscope.middleware import GpuscopeMiddleware, RequestTimeline
 from gpuscope.middleware import current_timeline as _current_timeline
-from gpuscope.worker import chat, protocol
+from gpuscope.worker import chat, protocol, responses
 from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.errors import EXCEPTION_HANDLERS
 from gpuscope.worker.metrics import WorkerCollector, metrics_endpoint
 from gpuscope.worker.model_api import EmbeddingModel, Generator
-from gpuscope.worker.protocol import CompletionIds, GenerationOptions, InvalidRequest
+from gpuscope.worker.protocol import GenerationOptions, InvalidRequest
 from gpuscope.worker.request_body import read_json
+from gpuscope.worker.responses import CompletionIds
 from gpuscope.worker.runtime import Worker, build_worker
 from gpuscope.worker.streaming import unless_disconnected
 from gpuscope.worker.text_generation import Bodies, GenerationRun
@@ -73,7 +74,7 @@ class Handlers:
             parsed.inputs, timeline, timeout_s=worker.config.request_timeout_s
         )
         vectors = await unless_disconnected(request, work)
-        return JSONResponse(protocol.embeddings_body(parsed, vectors, worker.config.model_name))
+        return JSONResponse(responses.embeddings_body(parsed, vectors, worker.config.model_name))
 
     async def completions(self, request: Request) -> Response:
         worker = self.worker
@@ -87,7 +88,7 @@ class Handlers:
                 f"{worker.policy.max_queue} (--max-queue)",
                 param="prompt",
             )
-        bodies = protocol.CompletionBodies(
+        bodies = responses.CompletionBodies(
             CompletionIds(worker.config.model_name), parsed.options.include_usage
         )
         return await self._generate(request, timeline, parsed.prompts, parsed.options, bodies)
@@ -134,12 +135,12 @@ class Handlers:
 
     def _card(self) -> dict[str, Any]:
         worker = self.worker
-        return protocol.model_card(
+        return responses.model_card(
             worker.config.model_name, worker.created, worker.limits.max_context
         )
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse(protocol.models_body([self._card()]))
+        return JSONResponse(responses.models_body([self._card()]))
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["model"]

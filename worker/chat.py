@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpuscope.worker.protocol import (
-    CompletionIds,
     Encoder,
     GenerationOptions,
     InvalidRequest,
@@ -29,6 +28,7 @@ from gpuscope.worker.protocol import (
     require_object,
     tokenize,
 )
+from gpuscope.worker.responses import CompletionIds
 
 ROLES: Final = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 UNSUPPORTED: Final = ("tools", "tool_choice", "functions", "function_call", "top_logprobs")

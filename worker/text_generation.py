@@ -20,7 +20,8 @@ from starlette.responses import JSONResponse, Response
 from gpuscope.middleware import RequestTimeline
 from gpuscope.worker.errors import error_event
 from gpuscope.worker.generation import GenerationScheduler, TokenStream
-from gpuscope.worker.protocol import GenerationOptions, usage
+from gpuscope.worker.protocol import GenerationOptions
+from gpuscope.worker.responses import usage
 from gpuscope.worker.scheduler import SchedulerError
 from gpuscope.worker.stopping import StopMatcher
 from gpuscope.worker.streaming import EventStreamResponse, sse_event, unless_disconnected

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpuscope.middleware import BatchRecorder, RequestTimeline
-from gpuscope.worker import protocol
+from gpuscope.worker import protocol, responses
 from gpuscope.worker.backends import load_backend, numpy_models
 from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig, parse_config
 from gpuscope.worker.embedding import EmbeddingScheduler
@@ -95,7 +95,7 @@ def test_worker_generator_packs_prefill_with_decode_and_grows_its_cache() -> Non
 def test_worker_embeddings_base64_matches_float() -> None:
     request = protocol.EmbeddingsRequest(((1, 2),), base64=True, dimensions=None)
     vectors = np.asarray([[0.5, -0.25]], dtype=np.float32)
-    body = protocol.embeddings_body(request, vectors, "m")
+    body = responses.embeddings_body(request, vectors, "m")
     decoded = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_array_equal(decoded, vectors[0])
 
