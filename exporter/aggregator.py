@@ -18,7 +18,6 @@ reason; the other spans of the same request still count.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -226,11 +225,12 @@ class SpanAggregator:
             raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"status code {code} is not 100-599")
         for slot in _SECONDS_SLOTS:
             seconds = values[slot]
-            # One chained comparison rejects NaN, negatives and infinity alike.
-            if seconds is not None and not 0.0 <= seconds < math.inf:
+            # One chained comparison rejects NaN, negatives, infinity and the absurd alike.
+            if seconds is not None and not 0.0 <= seconds <= defs.MAX_DURATION_S:
                 key = _SLOT_KEYS[slot]
                 raise SpanRejected(
-                    INVALID_DURATION, f"{key} is {seconds}, not a finite duration >= 0"
+                    INVALID_DURATION,
+                    f"{key} is {seconds}, not a duration in 0-{defs.MAX_DURATION_S:g} s",
                 )
         phases = values[_PHASE0:]
         ttft, tpot = values[_TTFT], values[_TPOT]

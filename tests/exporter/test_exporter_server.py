@@ -101,6 +101,24 @@ async def test_partial_success_for_bad_spans_and_the_good_ones_count(
     assert value(scraped, rejected, {"reason": "wrong_attribute_type"}) == 0
 
 
+async def test_durations_past_a_day_are_refused_so_a_sum_cannot_become_infinite(
+    running_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
+) -> None:
+    """Two spans with a TTFT of 1.7e308 used to be accepted and made ``_sum`` +Inf until
+    restart; now they are rejected with a reason, and a day exactly still counts."""
+    spans = SpanFactory()
+    poison = [spans.server(0.01, attrs={attr.TIME_TO_FIRST_TOKEN: 1.7e308}) for _ in range(2)]
+    longest = spans.server(0.01, attrs={attr.TIME_TO_FIRST_TOKEN: 86_400.0})
+    for sent in (poison, [longest]):
+        body = encode(sent).SerializeToString()
+        assert (await post_spans(exporter_http, running_exporter, body))[0] == 200
+    scraped = samples(await scrape(exporter_http, running_exporter))
+    ttft = "gpuscope_time_to_first_token_seconds"
+    assert value(scraped, ttft + "_count") == 1
+    assert value(scraped, ttft + "_sum") == 86_400.0
+    assert value(scraped, "gpuscope_spans_rejected_total", {"reason": "invalid_duration"}) == 2
+
+
 def _bomb() -> bytes:
     return gzip.compress(b"\0" * (8 << 20))
 
