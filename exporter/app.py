@@ -33,6 +33,7 @@ from gpuscope.exporter.handlers import (
     STATE,
     TRACES_PATH,
     ExporterState,
+    expect_traces_body,
     healthz,
     readyz,
     receive_traces,
@@ -85,7 +86,7 @@ def create_app(
         middlewares.append(auth_middleware(state))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
-    app.router.add_post(TRACES_PATH, receive_traces)
+    app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

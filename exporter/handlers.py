@@ -18,7 +18,7 @@ from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
@@ -77,22 +77,13 @@ STATE = web.AppKey("gpuscope_exporter_state", ExporterState)
 
 async def receive_traces(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    # Error bodies follow the request's format when it is one of ours, else protobuf.
-    reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
     try:
         media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
         body = await _read_body(request, state)
         encoding = request.headers.get(hdrs.CONTENT_ENCODING)
         decoded = otlp.decode_request(otlp.decompress(body, encoding, state.limits), media)
     except otlp.OtlpError as exc:
-        state.metrics.requests_rejected[exc.reason] += 1
-        log.debug("rejected export request: %s", exc)
-        response = otlp_error(reply_media, exc.status, str(exc))
-        if exc.status == 503:
-            response.headers[hdrs.RETRY_AFTER] = "1"
-        if exc.reason in _BODY_LEFT_UNREAD:  # the rest of the body is not waited for
-            response.force_close()
-        return response
+        return _refused(request, state, exc)
     state.refresh_gpu_devices()
     result = state.aggregator.ingest(decoded)
     state.metrics.spans_received += result.received
@@ -103,12 +94,51 @@ async def receive_traces(request: web.Request) -> web.Response:
     return web.Response(body=answer, content_type=media)
 
 
-async def _read_body(request: web.Request, state: ExporterState) -> bytes:
+def _refused(request: web.Request, state: ExporterState, exc: otlp.OtlpError) -> web.Response:
+    """The answer to an export request refused as a whole, counted by reason."""
+    state.metrics.requests_rejected[exc.reason] += 1
+    log.debug("rejected export request: %s", exc)
+    # Error bodies follow the request's format when it is one of ours, else protobuf.
+    reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
+    response = otlp_error(reply_media, exc.status, str(exc))
+    if exc.status == 503:
+        response.headers[hdrs.RETRY_AFTER] = "1"
+    if exc.reason in _BODY_LEFT_UNREAD:  # the rest of the body is not waited for
+        response.force_close()
+    return response
+
+
+async def expect_traces_body(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` on ``/v1/traces``: a declared length over
+    ``--max-body-bytes`` is answered 413 at once, so the client is never invited to send
+    a body that would be refused. Otherwise the ``100 Continue`` aiohttp would send."""
+    state = request.app[STATE]
+    try:
+        _check_declared_length(request, state)
+    except otlp.OtlpError as exc:
+        response = _refused(request, state, exc)
+        response.force_close()  # the client may send the body anyway: do not parse it
+        return response
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the interim answer is not part of the response
+    return None
+
+
+def _check_declared_length(request: web.Request, state: ExporterState) -> None:
     limit = state.limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise otlp.OtlpError(
             413, otlp.BODY_TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}"
         )
+
+
+async def _read_body(request: web.Request, state: ExporterState) -> bytes:
+    _check_declared_length(request, state)
+    limit = state.limits.max_body_bytes
     try:
         with state.guard.uploading(request.transport) as cut:
             return await _read_within(request, state.config.body_timeout, cut, state.drain_expired)

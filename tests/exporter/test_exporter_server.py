@@ -266,3 +266,32 @@ async def test_a_scrape_larger_than_a_chunk_arrives_whole(
     scraped = samples(text)
     counts = [s.value for s in scraped if s.name == "gpuscope_request_duration_seconds_count"]
     assert len(counts) == 800 and sum(counts) == 800
+
+
+async def expect_continue(exporter: RunningExporter, length: int) -> bytes:
+    """Sends a head with ``Expect: 100-continue`` and no body; the first line answered."""
+    reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+    try:
+        writer.write(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        return await asyncio.wait_for(reader.readline(), 30)
+    finally:
+        writer.close()
+
+
+async def test_expect_100_continue_over_the_limit_gets_413_at_once_and_under_it_continue(
+    exporter_http: aiohttp.ClientSession,
+) -> None:
+    """Before, a declared length over --max-body-bytes was invited with ``100 Continue``
+    and refused only once the client had sent the body."""
+    exporter = await start_exporter(loopback_config(max_body_bytes=1000))
+    try:
+        assert (await expect_continue(exporter, 1001)).startswith(b"HTTP/1.1 413")
+        assert (await expect_continue(exporter, 1000)) == b"HTTP/1.1 100 Continue\r\n"
+        scraped = samples(await scrape(exporter_http, exporter))
+        rejected = "gpuscope_otlp_requests_rejected_total"
+        assert value(scraped, rejected, {"reason": "body_too_large"}) == 1
+    finally:
+        await exporter.stop()
