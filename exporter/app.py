@@ -123,6 +123,7 @@ async def _forwarder(app: web.Application) -> AsyncIterator[None]:
     forwarder = OtlpForwarder(
         url,
         queue_size=state.config.forward_queue,
+        queue_bytes=state.config.forward_queue_bytes,
         timeout_s=state.config.forward_timeout,
         metrics=state.metrics,
     )

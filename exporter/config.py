@@ -35,6 +35,7 @@ class ExporterConfig:
     max_decompressed_bytes: int = 64 * MIB
     forward_otlp: str | None = None
     forward_queue: int = 256
+    forward_queue_bytes: int = 64 * MIB
     forward_timeout: float = flags.option(
         10.0, flag="--forward-timeout-s", deprecated=("--forward-timeout",)
     )
@@ -63,6 +64,7 @@ class ExporterConfig:
             ("--max-body-bytes", self.max_body_bytes, 1),
             ("--max-decompressed-bytes", self.max_decompressed_bytes, 1),
             ("--forward-queue", self.forward_queue, 1),
+            ("--forward-queue-bytes", self.forward_queue_bytes, 1),
             ("--simulated-gpus", self.simulated_gpus, 1),
             ("--max-connections", self.max_connections, 1),
         ):
@@ -120,6 +122,9 @@ _HELP: Final = {
     "max_decompressed_bytes": "largest /v1/traces body accepted after gunzip (bytes)",
     "forward_otlp": "also send every received export request, unchanged, to this OTLP/HTTP URL",
     "forward_queue": "export requests waiting to be forwarded before new ones are dropped",
+    "forward_queue_bytes": "bytes of export requests waiting to be forwarded (the one being "
+    "sent included) before new ones are dropped; bounds the forwarder's memory when the "
+    "backend is slow or never answers",
     "forward_timeout": "seconds one forwarded request may take",
     "web_config_file": "Prometheus exporter-toolkit web config (TLS, basic auth)",
     "bearer_token_file": "file holding the token that /v1/traces requests must bear",

@@ -1,10 +1,13 @@
 """``OtlpForwarder``: sends received export requests on to a trace backend, unchanged.
 
 The receiver never waits for the backend: ``submit`` puts the raw body (still
-gzipped if it came gzipped) on a bounded queue and returns at once; one task sends
-them in order. A full queue, a failed send and what is left at shutdown are counted
-as dropped, by reason. No retries: a backend that is down costs dropped traces,
-never ingest latency or unbounded memory.
+gzipped if it came gzipped) on a queue bounded both in requests (``--forward-queue``)
+and in bytes (``--forward-queue-bytes``, the request being sent included) and returns
+at once; one task sends them in order. A full queue, a failed send and what is left at
+shutdown are counted as dropped, by reason. No retries: a backend that is down costs
+dropped traces, never ingest latency or unbounded memory. Of the backend's answer only
+the status and at most ``RESPONSE_READ_BYTES`` of body are read; a longer body (a
+broken or hostile backend may send one without end) is dropped with its connection.
 
 The log says when the backend goes down and when it is back, and while it stays
 down a summary every ``summary_interval_s``; the counters hold the exact figures.
@@ -26,6 +29,11 @@ from gpuscope.exporter.metrics import SelfMetrics
 log = logging.getLogger(__name__)
 
 SUMMARY_INTERVAL_S = 60.0
+# An ExportTraceServiceResponse is a few bytes (a partial_success message at most), so
+# a backend's answer is read up to this much and the rest left unread: the connection
+# is then closed instead of reused. Before, a backend answering an endless body took
+# the exporter to 3.1 GiB in one forward.
+RESPONSE_READ_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class OtlpForwarder:
         url: str,
         *,
         queue_size: int,
+        queue_bytes: int,
         timeout_s: float,
         metrics: SelfMetrics,
         summary_interval_s: float = SUMMARY_INTERVAL_S,
@@ -97,6 +106,8 @@ class OtlpForwarder:
         self.metrics = metrics
         self.health = BackendHealth(url, summary_interval_s)
         self._queue: asyncio.Queue[_Export] = asyncio.Queue(maxsize=queue_size)
+        self.queue_bytes = queue_bytes
+        self._bytes = 0  # bodies queued or being sent
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -108,11 +119,18 @@ class OtlpForwarder:
     def submit(
         self, body: bytes, content_type: str, content_encoding: str | None, spans: int
     ) -> None:
-        """Queue one export request of ``spans`` spans; dropped (counted) when full."""
+        """Queue one export request of ``spans`` spans; dropped (counted) when the queue
+        is full in requests or in bytes. A body larger than the byte bound on its own
+        still goes when nothing else is waiting, so no size is never forwarded."""
+        if self._bytes and self._bytes + len(body) > self.queue_bytes:
+            self.metrics.forward_spans_dropped["queue_full"] += spans
+            return
         try:
             self._queue.put_nowait(_Export(body, content_type, content_encoding, spans))
         except asyncio.QueueFull:
             self.metrics.forward_spans_dropped["queue_full"] += spans
+            return
+        self._bytes += len(body)
 
     async def stop(self, timeout_s: float) -> None:
         """Send what is queued for up to ``timeout_s``, then drop the rest (counted)."""
@@ -123,7 +141,9 @@ class OtlpForwarder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         while not self._queue.empty():
-            self.metrics.forward_spans_dropped["shutdown"] += self._queue.get_nowait().spans
+            export = self._queue.get_nowait()
+            self._bytes -= len(export.body)
+            self.metrics.forward_spans_dropped["shutdown"] += export.spans
         if self._session is not None:
             await self._session.close()
 
@@ -134,6 +154,7 @@ class OtlpForwarder:
             try:
                 await self._send(self._session, export)
             finally:
+                self._bytes -= len(export.body)
                 self._queue.task_done()
 
     async def _send(self, session: aiohttp.ClientSession, export: _Export) -> None:
@@ -143,7 +164,9 @@ class OtlpForwarder:
         error = ""
         try:
             async with session.post(self.url, data=export.body, headers=headers) as response:
-                await response.read()
+                await _read_some(response.content, RESPONSE_READ_BYTES)
+                if not response.content.at_eof():
+                    response.close()  # the rest is never read: the connection goes
                 if response.status >= 300:
                     error = f"HTTP {response.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -160,3 +183,10 @@ class OtlpForwarder:
         else:
             self.metrics.forward_spans_sent += export.spans
             self.health.succeeded()
+
+
+async def _read_some(content: aiohttp.StreamReader, limit: int) -> None:
+    """Read and drop at most ``limit`` bytes (a little more if one piece overshoots)."""
+    read = 0
+    while read < limit and not content.at_eof():
+        read += len(await content.readany())

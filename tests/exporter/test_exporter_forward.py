@@ -197,3 +197,88 @@ def test_while_down_one_summary_per_interval(caplog: pytest.LogCaptureFixture) -
     lines = _forward_log_lines(caplog)
     assert len(lines) == 3
     assert "still failing: 480 sends and 960 spans dropped in the last 60 s" in lines[1]
+
+
+@dataclass
+class EndlessBackend:
+    """Answers 200 with a body that never ends (64 KiB every 10 ms, about 6 MiB/s, so
+    that a forwarder reading it all is stopped by its timeout long before memory runs
+    out); counts what it managed to write."""
+
+    url: str = ""
+    written: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse()
+        response.content_type = "application/x-protobuf"
+        await response.prepare(request)
+        try:
+            while True:
+                await response.write(b"\0" * 65536)
+                self.written += 65536
+                await asyncio.sleep(0.01)
+        except (ConnectionError, asyncio.CancelledError):
+            self.done.set()
+            raise
+
+
+async def test_an_endless_backend_answer_is_read_a_little_then_dropped() -> None:
+    """Before, the forwarder read the whole answer: here until --forward-timeout-s ran
+    out and the send counted as failed (3.1 GiB of memory when the backend is fast)."""
+    backend = EndlessBackend()
+    app = web.Application()
+    app.router.add_post("/v1/traces", backend.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    backend.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    exporter = await start_exporter(
+        loopback_config(forward_otlp=backend.url, forward_timeout=5.0, shutdown_timeout=10.0)
+    )
+    try:
+        body = encode([SpanFactory().server(0.01) for _ in range(2)]).SerializeToString()
+        async with aiohttp.ClientSession() as session:
+            assert (await post_spans(session, exporter, body))[0] == 200
+        await asyncio.wait_for(backend.done.wait(), 30)  # the forwarder hung up
+    finally:
+        await exporter.stop()
+        await runner.cleanup()
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_sent == 2  # a 200 is a success, whatever follows it
+    assert metrics.forward_spans_dropped["send_failed"] == 0
+    assert backend.written < 16 << 20  # what the socket buffers took, not the stream
+
+
+async def test_the_forward_queue_is_bounded_in_bytes_the_send_in_flight_included(
+    backend: Backend,
+) -> None:
+    body = encode([SpanFactory().server(0.01) for _ in range(2)]).SerializeToString()
+    exporter = await start_exporter(
+        loopback_config(forward_otlp=backend.url, forward_queue_bytes=3 * len(body))
+    )
+    async with aiohttp.ClientSession() as session:
+        assert (await post_spans(session, exporter, body))[0] == 200
+        await backend.arrived.wait()  # being sent, and the backend does not answer
+        for _ in range(9):  # two more fit in the bytes left, seven do not
+            assert (await post_spans(session, exporter, body))[0] == 200
+    metrics = exporter.app[STATE].metrics
+    assert metrics.forward_spans_dropped["queue_full"] == 7 * 2
+    backend.release.set()
+    await exporter.stop()
+    assert metrics.forward_spans_sent == 3 * 2
+
+
+async def test_a_body_larger_than_the_byte_bound_still_goes_when_nothing_waits(
+    backend: Backend,
+) -> None:
+    backend.release.set()
+    body = encode([SpanFactory().server(0.01) for _ in range(3)]).SerializeToString()
+    exporter = await start_exporter(
+        loopback_config(forward_otlp=backend.url, forward_queue_bytes=len(body) // 2)
+    )
+    async with aiohttp.ClientSession() as session:
+        assert (await post_spans(session, exporter, body))[0] == 200
+    await exporter.stop()
+    assert exporter.app[STATE].metrics.forward_spans_sent == 3
