@@ -18,7 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.auth import auth_middleware, needs_auth
+from gpuscope.exporter.auth import auth_middleware, needs_auth, password_check_pool
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.connections import (
     ConnectionCollector,
@@ -78,6 +78,7 @@ def create_app(
         guard=ConnectionGuard(
             ConnectionLimits(config.max_connections, config.header_timeout, config.idle_timeout)
         ),
+        password_checks=password_check_pool(),
     )
     registry.register(ConnectionCollector(state.guard))
     # Connection tracking first, so that refused requests count as in flight too.
@@ -140,3 +141,4 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.started = True
     yield
     state.stopping = True
+    state.password_checks.close()

@@ -4,12 +4,20 @@ What is checked comes from ``security.Authenticator``; this module only applies 
 requests. A refused OTLP export is answered in OTLP's own error format and counted as
 ``gpuscope_otlp_requests_rejected_total{reason="unauthorized"}``; a refused scrape gets
 a plain 401 with a basic-auth challenge.
+
+bcrypt checks run in a pool of their own (``password_check_pool``): two threads, and
+at most ``PASSWORD_CHECKS_PENDING`` checks running or waiting. Past that a request
+that needs a check is answered 503 with ``Retry-After`` at once (``auth_busy`` when it
+is an OTLP export), so a flood of wrong passwords costs two cores' worth of bcrypt at
+most and never delays a scrape's render, which runs in other threads. A password
+already verified (``Authenticator.cached``) needs no check and is never refused so.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Final
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -17,6 +25,18 @@ from aiohttp.typedefs import Middleware
 from gpuscope.exporter import otlp
 from gpuscope.exporter.handlers import TRACES_PATH, ExporterState, otlp_error
 from gpuscope.exporter.security import Authenticator
+from gpuscope.exporter.threads import Busy, ThreadPool
+
+# bcrypt releases the GIL: two threads use two cores, the most a check flood may take.
+PASSWORD_CHECK_THREADS: Final = 2
+# Room for a burst of honest first scrapes (each ~50-200 ms at cost 10-12) behind the
+# running checks, with the wait bounded to about a second.
+PASSWORD_CHECKS_PENDING: Final = 16
+RETRY_AFTER_S: Final = "1"
+
+
+def password_check_pool() -> ThreadPool:
+    return ThreadPool("gpuscope-bcrypt", PASSWORD_CHECK_THREADS, PASSWORD_CHECKS_PENDING)
 
 
 def needs_auth(authenticator: Authenticator) -> bool:
@@ -27,10 +47,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def auth_middleware(state: ExporterState) -> Middleware:
-    auth = state.authenticator
-
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        auth = state.authenticator
         header = request.headers.get(hdrs.AUTHORIZATION)
         is_traces = request.path == TRACES_PATH
         if is_traces and auth.bearer_token is not None:
@@ -39,10 +58,17 @@ def auth_middleware(state: ExporterState) -> Middleware:
             return _unauthorized(state, request, "a valid bearer token is required")
         if auth.users:
             credentials = auth.basic_credentials(header)
-            if credentials is None or not (
-                auth.cached(*credentials) or await asyncio.to_thread(auth.verify, *credentials)
-            ):
+            if credentials is None:
                 return _unauthorized(state, request, "valid basic auth credentials are required")
+            if not auth.cached(*credentials):
+                try:
+                    check = state.password_checks.submit(partial(auth.verify, *credentials))
+                except Busy:
+                    return _busy(state, request)
+                if not await check:
+                    return _unauthorized(
+                        state, request, "valid basic auth credentials are required"
+                    )
         return await handler(request)
 
     return authenticate
@@ -60,4 +86,16 @@ def _unauthorized(state: ExporterState, request: web.Request, message: str) -> w
     response = otlp_error(media, 401, message)
     scheme = "Bearer" if state.authenticator.bearer_token is not None else 'Basic realm="gpuscope"'
     response.headers[hdrs.WWW_AUTHENTICATE] = scheme
+    return response
+
+
+def _busy(state: ExporterState, request: web.Request) -> web.Response:
+    message = "too many password checks in progress; retry"
+    if request.path != TRACES_PATH:
+        response = web.Response(status=503, text=message + "\n")
+    else:
+        state.metrics.requests_rejected[otlp.AUTH_BUSY] += 1
+        media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
+        response = otlp_error(media, 503, message)
+    response.headers[hdrs.RETRY_AFTER] = RETRY_AFTER_S
     return response

@@ -33,6 +33,7 @@ from gpuscope.exporter.metrics import SelfMetrics
 from gpuscope.exporter.render import render_chunks
 from gpuscope.exporter.security import Authenticator
 from gpuscope.exporter.series import HistogramFamily
+from gpuscope.exporter.threads import ThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class ExporterState:
     gpu_source: GpuSource | None
     limits: otlp.Limits
     guard: ConnectionGuard
+    password_checks: ThreadPool
     # Set when the shutdown timeout has passed: bodies still uploading get a 503.
     drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
     render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

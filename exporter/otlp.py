@@ -41,6 +41,7 @@ SHUTTING_DOWN = "shutting_down"
 INCOMPLETE_BODY = "incomplete_body"
 BODY_TIMEOUT = "body_timeout"
 SHED_AT_CAP = "shed_at_cap"
+AUTH_BUSY = "auth_busy"
 REQUEST_REJECT_REASONS = (
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
@@ -54,6 +55,7 @@ REQUEST_REJECT_REASONS = (
     INCOMPLETE_BODY,
     BODY_TIMEOUT,
     SHED_AT_CAP,
+    AUTH_BUSY,
 )
 
 # Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
