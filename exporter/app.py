@@ -76,7 +76,12 @@ def create_app(
         gpu_source=gpu_source,
         limits=otlp.Limits(config.max_body_bytes, config.max_decompressed_bytes),
         guard=ConnectionGuard(
-            ConnectionLimits(config.max_connections, config.header_timeout, config.idle_timeout)
+            ConnectionLimits(
+                config.max_connections,
+                config.header_timeout,
+                config.idle_timeout,
+                config.write_timeout,
+            )
         ),
         password_checks=password_check_pool(),
     )

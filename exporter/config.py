@@ -49,6 +49,7 @@ class ExporterConfig:
     header_timeout: float = flags.option(10.0, flag="--header-timeout-s")
     idle_timeout: float = flags.option(60.0, flag="--idle-timeout-s")
     body_timeout: float = flags.option(30.0, flag="--body-timeout-s")
+    write_timeout: float = flags.option(30.0, flag="--write-timeout-s")
     shutdown_timeout: float = flags.option(
         10.0, flag="--shutdown-timeout-s", deprecated=("--shutdown-timeout",)
     )
@@ -76,6 +77,7 @@ class ExporterConfig:
             ("--header-timeout-s", self.header_timeout),
             ("--idle-timeout-s", self.idle_timeout),
             ("--body-timeout-s", self.body_timeout),
+            ("--write-timeout-s", self.write_timeout),
         ):
             check_positive(flag, seconds)
         if self.forward_otlp is not None:
@@ -138,6 +140,9 @@ _HELP: Final = {
     "idle_timeout": "seconds a connection may stay open without a request (keep-alive)",
     "body_timeout": "seconds from a request's complete head to its complete body; later "
     "bodies get 408 and their connection is closed",
+    "write_timeout": "seconds a connection may go without the client reading its answer "
+    "(more than 64 KiB of it waiting) before it is closed; at --max-connections such "
+    "connections are shed first, like idle ones",
     "shutdown_timeout": "on SIGTERM, seconds in-flight requests (uploads included) and "
     "forwarding may take; bodies still uploading then get 503",
     "log_level": "log level",

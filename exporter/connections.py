@@ -1,26 +1,41 @@
-"""Connection hygiene: timeouts for idle and slow clients, a cap on open connections.
+"""Connection hygiene: timeouts for idle, slow and non-reading clients, a cap on open
+connections.
 
-Every accepted connection is wrapped in a ``GuardedProtocol`` that forwards the
-transport's calls to aiohttp's own protocol and tells ``ConnectionGuard`` what the
-connection is doing. A connection is in one of three states:
+Every accepted socket is wrapped, from its ``accept()``, in a ``GuardedProtocol`` that
+forwards the transport's calls to what serves it (aiohttp's protocol; for TLS,
+asyncio's ``SSLProtocol`` with aiohttp's under it) and tells ``ConnectionGuard`` what
+the connection is doing. So a TLS connection counts against the cap while its
+handshake runs: before, a connection only became visible once its handshake was done,
+and 400 clients stuck in theirs exhausted a 300-descriptor limit. A connection is in
+one of three states:
 
 - idle: open, nothing received since it opened or since its last response.
   Closed after ``idle_timeout`` (the keep-alive timeout).
-- head: the first bytes of a request arrived but no complete request head yet.
-  Closed ``header_timeout`` after those first bytes (a client that sends its headers
-  one byte at a time gets no more than that).
+- head: the first bytes of a request (or of a TLS handshake) arrived but no complete
+  request head yet. Closed ``header_timeout`` after those first bytes (a client that
+  sends its headers one byte at a time gets no more than that).
 - busy: a request is being handled (``request_middleware`` marks it); no deadline
   of its own, the handler's limits apply (``--body-timeout-s`` for a body). While the
   handler reads a body (``uploading``), the connection also notes since when.
 
+Whatever the state, a connection whose client stops reading is *stalled*: the
+transport holds more than its high-water mark (64 KiB) of answer that the client has
+not taken. Closed (aborted: the unsent bytes cannot go anyway) after ``write_timeout``
+of that; any byte the client reads that brings the buffer back under the low-water
+mark restarts the clock.
+
 At ``max_connections``, a new connection makes room by closing the oldest connection
 that is not busy, so a well-behaved scraper still gets ``/metrics`` while idle or
-slow clients hold every slot. If every connection is busy, the one whose body has been
-uploading longest is cut instead: its handler answers 503 and closes it, so slow
-uploaders cannot lock a scraper out either. Only when every connection is busy and
-none is uploading is the new one answered 503 and closed. The cap also keeps the
-exporter below the process's file descriptor limit, where ``accept()`` itself would
-start to fail.
+slow clients hold every slot. If every connection is busy, the one that has been
+uploading its body or stalled on its answer longest is cut instead: an upload's
+handler answers 503 and closes it, a stalled one is aborted; so neither slow uploaders
+nor clients that never read their scrape can lock a scraper out. Only when every
+connection is busy and none is uploading or stalled is the new one refused (503 on
+plain HTTP; a TLS one is closed, since no handshake was made to answer it). The cap
+also keeps the exporter below the process's file descriptor limit, where ``accept()``
+itself would start to fail: enough descriptors are kept free for a whole listen backlog
+accepted in one go (asyncio accepts up to the backlog before any of them can be shed)
+plus the exporter's own (``fit_to_descriptors``).
 
 Shutdown uses the same bookkeeping: ``close_idle`` closes every connection that is
 not busy, ``wait_until_idle`` returns as soon as no request is in flight.
@@ -32,11 +47,13 @@ import asyncio
 import enum
 import logging
 import resource
+import ssl
+from asyncio import sslproto
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import hdrs, web
 from prometheus_client.metrics_core import Metric
@@ -50,10 +67,23 @@ from gpuscope.exporter.definitions import (
 
 log = logging.getLogger(__name__)
 
-# File descriptors kept free for everything that is not a client connection
-# (listening socket, log files, the forwarder's and the GPU library's own).
-RESERVED_FDS = 64
-CLOSE_REASONS = ("idle_timeout", "header_timeout", "shed_at_cap", "refused_at_cap", "shutdown")
+# Connections the kernel queues for ``accept()`` (aiohttp's default). asyncio accepts
+# up to the backlog at once when the listener is readable, each taking a descriptor
+# before the cap can shed anything, so the descriptors kept free under the limit are a
+# whole backlog plus the exporter's own. With 64 kept free and a backlog of 128,
+# bursts of new connections made ``accept()`` fail (465 times in 11 s).
+LISTEN_BACKLOG: Final = 128
+# Descriptors of the exporter's own: the listening socket, epoll, log files, the
+# forwarder's connection, the GPU library's.
+OWN_FDS: Final = 64
+CLOSE_REASONS = (
+    "idle_timeout",
+    "header_timeout",
+    "write_timeout",
+    "shed_at_cap",
+    "refused_at_cap",
+    "shutdown",
+)
 _REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 27\r\n\r\ntoo many connections, retry"
@@ -70,6 +100,7 @@ class ConnectionLimits:
     max_connections: int = 512
     header_timeout: float = 10.0
     idle_timeout: float = 60.0
+    write_timeout: float = 30.0
 
 
 class State(enum.Enum):
@@ -78,30 +109,45 @@ class State(enum.Enum):
     BUSY = "busy"
 
 
-def effective_max_connections(wanted: int) -> int:
-    """``wanted``, lowered to fit under the soft file-descriptor limit if it must be."""
+def fit_to_descriptors(wanted: int) -> tuple[int, int]:
+    """``(max_connections, listen backlog)``: ``wanted`` and ``LISTEN_BACKLOG``, lowered
+    together when they and ``OWN_FDS`` do not fit under the soft descriptor limit (the
+    backlog to a quarter of what is left, at least 8)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or wanted + RESERVED_FDS <= soft:
-        return wanted
-    fitted = max(1, soft - RESERVED_FDS)
-    log.warning(
-        "--max-connections %d does not fit the file descriptor limit %d; using %d",
-        wanted, soft, fitted,
-    )  # fmt: skip
-    return fitted
+    if soft == resource.RLIM_INFINITY or wanted + LISTEN_BACKLOG + OWN_FDS <= soft:
+        return wanted, LISTEN_BACKLOG
+    backlog = min(LISTEN_BACKLOG, max(8, (soft - OWN_FDS) // 4))
+    fitted = min(wanted, max(1, soft - OWN_FDS - backlog))
+    if fitted < wanted:
+        log.warning(
+            "--max-connections %d does not fit the file descriptor limit %d; using %d",
+            wanted, soft, fitted,
+        )  # fmt: skip
+    return fitted, backlog
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """aiohttp's protocol for one connection, with the guard's deadlines around it."""
+    """The protocol of one accepted socket: the guard's deadlines around ``inner``
+    (aiohttp's protocol, ``handler``, or the ``SSLProtocol`` in front of it)."""
 
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+    def __init__(
+        self,
+        guard: ConnectionGuard,
+        inner: asyncio.Protocol | asyncio.BufferedProtocol,
+        handler: object,
+    ) -> None:
         self.guard = guard
         self.inner = inner
+        self.handler = handler  # what aiohttp gives handlers as ``request.protocol``
+        self.admitted = False  # False: refused at the cap, ``inner`` never started
         self.state = State.IDLE
         self.transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None
         # loop time at which the handler began reading a body; None while it is not
         self.uploading_since: float | None = None
+        # loop time since which the client has not read its answer; None if it does
+        self.stalled_since: float | None = None
         self.cut = asyncio.Event()  # set when the cap sheds this upload
 
     # --- asyncio.Protocol, forwarded --------------------------------------------------
@@ -109,27 +155,38 @@ class GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.inner.connection_made(transport)
-        self.guard.opened(self)
+        self.admitted = self.guard.admit(self)
+        if self.admitted:
+            self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        self.received()
+        assert isinstance(self.inner, asyncio.Protocol)
+        self.inner.data_received(data)
+
+    def received(self) -> None:
         if self.state is State.IDLE and not self.cut.is_set():  # a cut one only lingers
             self.state = State.HEAD
             self.set_deadline(self.guard.limits.header_timeout, "header_timeout")
-        self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.cancel_deadline()
+        self._cancel_stall()
         self.guard.closed(self)
-        self.inner.connection_lost(exc)
+        if self.admitted:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.stalled_since = loop.time()
+        self._stall = loop.call_later(self.guard.limits.write_timeout, self.close, "write_timeout")
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._cancel_stall()
         self.inner.resume_writing()
 
     # --- deadlines ----------------------------------------------------------------------
@@ -143,17 +200,45 @@ class GuardedProtocol(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
 
+    def _cancel_stall(self) -> None:
+        self.stalled_since = None
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
     def close_later(self, seconds: float) -> None:
         """Close the connection after ``seconds`` unless it is closed before (uncounted)."""
         assert self.transport is not None
         self.cancel_deadline()
-        self._deadline = asyncio.get_running_loop().call_later(seconds, self.transport.close)
+        self._deadline = asyncio.get_running_loop().call_later(seconds, self._close_now)
 
     def close(self, reason: str) -> None:
         """Close the connection now, counted under ``reason``."""
         if self.transport is not None and not self.transport.is_closing():
             self.guard.closed_by_reason[reason] += 1
+            self._close_now()
+
+    def _close_now(self) -> None:
+        assert self.transport is not None
+        if self.transport.get_write_buffer_size():
+            # A plain close would wait for the client to take what is buffered, which a
+            # client that does not read never does: the descriptor would stay open.
+            self.transport.abort()
+        else:
             self.transport.close()
+
+
+class GuardedBufferedProtocol(GuardedProtocol, asyncio.BufferedProtocol):
+    """A ``GuardedProtocol`` in front of a buffered protocol (asyncio's ``SSLProtocol``)."""
+
+    def get_buffer(self, sizehint: int) -> Any:
+        assert isinstance(self.inner, asyncio.BufferedProtocol)
+        return self.inner.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.received()
+        assert isinstance(self.inner, asyncio.BufferedProtocol)
+        self.inner.buffer_updated(nbytes)
 
 
 class ConnectionGuard:
@@ -161,17 +246,45 @@ class ConnectionGuard:
 
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
-        self.max_connections = effective_max_connections(limits.max_connections)
+        self.max_connections, self.backlog = fit_to_descriptors(limits.max_connections)
         self.closed_by_reason: Counter[str] = Counter({reason: 0 for reason in CLOSE_REASONS})
-        # transport -> its connection, oldest first (dicts keep insertion order)
+        # aiohttp's protocol -> its connection, oldest first (dicts keep insertion order)
         self._open: dict[object, GuardedProtocol] = {}
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self.stopping = False  # set by the server when it stops accepting
+        # The TLS context new connections get; None serves plain HTTP. Read at each
+        # accept, so a reloaded web config applies to the next connection.
+        self.tls: ssl.SSLContext | None = None
 
-    def protocol_factory(self, make_inner: Callable[[], Any]) -> Callable[[], GuardedProtocol]:
-        return lambda: GuardedProtocol(self, make_inner())
+    def protocol_factory(self, make_handler: Callable[[], Any]) -> Callable[[], GuardedProtocol]:
+        """What the listener calls at each ``accept()``: aiohttp's protocol from
+        ``make_handler``, behind TLS when ``tls`` is set, behind the guard always."""
+
+        def new_connection() -> GuardedProtocol:
+            handler = make_handler()
+            if self.tls is None:
+                return GuardedProtocol(self, handler, handler)
+            loop = asyncio.get_running_loop()
+            # Told how the handshake ended; a failed one has closed the socket already,
+            # its error (a scanner, a plain-HTTP client) is not worth a log line.
+            handshake: asyncio.Future[None] = loop.create_future()
+            handshake.add_done_callback(_ignore_outcome)
+            wrapped = sslproto.SSLProtocol(
+                loop,
+                handler,
+                self.tls,
+                handshake,
+                server_side=True,
+                # a TLS client gets no longer for its handshake than for its headers
+                # (typeshed says int; asyncio takes any number of seconds)
+                ssl_handshake_timeout=self.limits.header_timeout,  # type: ignore[arg-type]
+                ssl_shutdown_timeout=LINGER_S,
+            )
+            return GuardedBufferedProtocol(self, wrapped, handler)
+
+        return new_connection
 
     def __len__(self) -> int:
         return len(self._open)
@@ -180,19 +293,30 @@ class ConnectionGuard:
     def busy(self) -> int:
         return self._busy
 
-    def opened(self, connection: GuardedProtocol) -> None:
+    @property
+    def stalled(self) -> int:
+        """Connections whose client is not reading what it was sent."""
+        return sum(c.stalled_since is not None for c in self._open.values())
+
+    def admit(self, connection: GuardedProtocol) -> bool:
+        """Take a new connection on the books, making room at the cap; False if it was
+        refused (and closed) instead."""
         assert connection.transport is not None
         at_cap = len(self._open) >= self.max_connections
-        if at_cap and not self._shed_one() and not self._cut_oldest_upload():
-            connection.guard.closed_by_reason["refused_at_cap"] += 1
-            connection.transport.write(_REFUSAL)
-            connection.transport.close()
-            return
-        self._open[connection.transport] = connection
+        if at_cap and not self._shed_one() and not self._cut_oldest():
+            self.closed_by_reason["refused_at_cap"] += 1
+            if isinstance(connection, GuardedBufferedProtocol):  # TLS: no plaintext 503
+                connection.transport.abort()
+            else:
+                connection.transport.write(_REFUSAL)
+                connection.transport.close()
+            return False
+        self._open[connection.handler] = connection
         connection.set_deadline(self.limits.idle_timeout, "idle_timeout")
+        return True
 
     def closed(self, connection: GuardedProtocol) -> None:
-        known = self._open.pop(connection.transport, None) is not None
+        known = self._open.pop(connection.handler, None) is connection
         if known and connection.state is State.BUSY:
             self._request_done()
 
@@ -201,30 +325,39 @@ class ConnectionGuard:
         for connection in self._open.values():
             if connection.state is not State.BUSY:
                 connection.close("shed_at_cap")
-                del self._open[connection.transport]
+                del self._open[connection.handler]
                 return True
         return False
 
-    def _cut_oldest_upload(self) -> bool:
-        """Cut the busy connection whose body has been uploading longest; False if none.
+    def _cut_oldest(self) -> bool:
+        """Cut the busy connection that has been uploading its body or stalled on its
+        answer longest; False if none is doing either.
 
-        It leaves the books at once (the newcomer takes its slot); its handler sees
-        ``cut`` set, answers 503 and closes it, within ``LINGER_S`` at the latest."""
-        uploads = [c for c in self._open.values() if c.uploading_since is not None]
-        if not uploads:
+        It leaves the books at once (the newcomer takes its slot). A stalled one is
+        aborted now; an upload's handler sees ``cut`` set, answers 503 and closes it,
+        within ``LINGER_S`` at the latest."""
+        waiting = [
+            (since, connection)
+            for connection in self._open.values()
+            if (since := _first(connection.uploading_since, connection.stalled_since)) is not None
+        ]
+        if not waiting:
             return False
-        oldest = min(uploads, key=lambda c: c.uploading_since or 0.0)
-        del self._open[oldest.transport]
+        _, oldest = min(waiting, key=lambda item: item[0])
+        del self._open[oldest.handler]
         self._request_done()  # ``request_finished`` skips a connection no longer open
-        oldest.cut.set()
-        oldest.close_later(LINGER_S)
         self.closed_by_reason["shed_at_cap"] += 1
+        if oldest.uploading_since is not None:
+            oldest.cut.set()
+            oldest.close_later(LINGER_S)
+        else:
+            oldest._close_now()
         return True
 
     # --- requests -------------------------------------------------------------------
 
-    def request_started(self, transport: object) -> GuardedProtocol | None:
-        connection = self._open.get(transport)
+    def request_started(self, handler: object) -> GuardedProtocol | None:
+        connection = self._open.get(handler)
         if connection is None or connection.state is State.BUSY:
             return None
         connection.state = State.BUSY
@@ -237,15 +370,16 @@ class ConnectionGuard:
         if connection.state is not State.BUSY:
             return
         connection.state = State.IDLE
-        if connection.transport in self._open:
+        if self._open.get(connection.handler) is connection:
             connection.set_deadline(self.limits.idle_timeout, "idle_timeout")
             self._request_done()
 
     @contextmanager
-    def uploading(self, transport: object) -> Iterator[asyncio.Event]:
-        """Around a handler's body read: marks the connection as uploading, so that the
-        cap may cut it; yields the event that says it was cut."""
-        connection = self._open.get(transport)
+    def uploading(self, handler: object) -> Iterator[asyncio.Event]:
+        """Around a handler's body read (``handler`` is ``request.protocol``): marks the
+        connection as uploading, so that the cap may cut it; yields the event that says
+        it was cut."""
+        connection = self._open.get(handler)
         if connection is None:  # not one of ours (or already cut): never cut
             yield asyncio.Event()
             return
@@ -286,7 +420,7 @@ class ConnectionGuard:
             request: web.Request,
             handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
         ) -> web.StreamResponse:
-            connection = self.request_started(request.transport)
+            connection = self.request_started(request.protocol)
             try:
                 response = await handler(request)
             finally:
@@ -298,6 +432,17 @@ class ConnectionGuard:
             return response
 
         return track_request
+
+
+def _ignore_outcome(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not log it as forgotten
+
+
+def _first(*times: float | None) -> float | None:
+    """The earliest of the times that are set."""
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
 
 
 class AcceptErrorLog:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from asyncio import FIRST_COMPLETED
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
@@ -30,9 +29,8 @@ from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import GpuSource
 from gpuscope.exporter.metrics import SelfMetrics
-from gpuscope.exporter.render import render_chunks
+from gpuscope.exporter.render import content_type_for, scrape_pieces
 from gpuscope.exporter.security import Authenticator
-from gpuscope.exporter.series import HistogramFamily
 from gpuscope.exporter.threads import ThreadPool
 
 log = logging.getLogger(__name__)
@@ -142,7 +140,7 @@ async def _read_body(request: web.Request, state: ExporterState) -> bytes:
     _check_declared_length(request, state)
     limit = state.limits.max_body_bytes
     try:
-        with state.guard.uploading(request.transport) as cut:
+        with state.guard.uploading(request.protocol) as cut:
             return await _read_within(request, state.config.body_timeout, cut, state.drain_expired)
     except web.HTTPRequestEntityTooLarge:
         raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
@@ -194,41 +192,39 @@ def otlp_error(media: str, status: int, message: str) -> web.Response:
 
 
 async def serve_metrics(request: web.Request) -> web.StreamResponse:
-    """The scrape, rendered and compressed in a worker thread so that ingest goes on
-    meanwhile (each series is read consistently, see ``series``), and written a chunk
-    at a time. One render at a time."""
+    """The scrape, rendered (and compressed) a piece at a time in a worker thread so that
+    ingest goes on meanwhile (each series is read consistently, see ``series``), each
+    piece written before the next is made: a client that does not read holds one piece,
+    not the whole scrape. One render at a time, taken piece by piece, so a slow reader
+    holds up no other scrape. A scrape that fits one piece goes out with its length."""
     state = request.app[STATE]
     accept = request.headers.get(hdrs.ACCEPT, "")
     compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
-    async with state.render_lock:
-        chunks, content_type = await asyncio.to_thread(
-            _render, state.registry, state.aggregator.histograms, accept, compress
-        )
-    headers = {hdrs.CONTENT_TYPE: content_type}
+    pieces = scrape_pieces(state.registry, state.aggregator.histograms, accept, compress)
+    next_piece = partial(next, pieces, b"")
+
+    async def render_next() -> bytes:
+        async with state.render_lock:
+            return await asyncio.to_thread(next_piece)
+
+    headers = {hdrs.CONTENT_TYPE: content_type_for(accept)}
     if compress:
         headers[hdrs.CONTENT_ENCODING] = "gzip"
-    if len(chunks) == 1:
-        return web.Response(body=chunks[0], headers=headers)
+    first, piece = await render_next(), await render_next()
+    if not piece:
+        return web.Response(body=first, headers=headers)
     response = web.StreamResponse(headers=headers)
-    response.content_length = sum(len(chunk) for chunk in chunks)
     await response.prepare(request)
-    for chunk in chunks:
-        await response.write(chunk)
-    await response.write_eof()
+    try:
+        await response.write(first)
+        del first
+        while piece:
+            await response.write(piece)  # waits while the client's socket is full
+            piece = await render_next()
+        await response.write_eof()
+    except ConnectionError:  # the client left, or was cut for not reading: no traceback
+        log.debug("scrape client gone before the end of /metrics")
     return response
-
-
-def _render(
-    registry: CollectorRegistry,
-    histograms: Sequence[HistogramFamily],
-    accept: str,
-    compress: bool,
-) -> tuple[list[bytes], str]:
-    chunks, content_type = render_chunks(registry, histograms, accept)
-    if compress:
-        packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing
-        chunks = [packer.compress(chunk) for chunk in chunks] + [packer.flush()]
-    return [chunk for chunk in chunks if chunk], content_type
 
 
 async def healthz(request: web.Request) -> web.Response:

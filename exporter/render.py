@@ -13,7 +13,8 @@ ingesting; ``HistogramSeries.read`` gives it a consistent copy of each series.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
@@ -24,6 +25,9 @@ from gpuscope.exporter.series import HistogramFamily, HistogramSeries
 
 OPENMETRICS_EOF = b"# EOF\n"
 CHUNK_BYTES = 1 << 20
+# A piece of a scrape as it is streamed: what one connection holds while its client
+# reads (see ``scrape_pieces``).
+STREAM_PIECE_BYTES = 256 * 1024
 
 
 def render_exposition(
@@ -44,20 +48,59 @@ def render_chunks(
     """The scrape as pieces of about ``chunk_bytes``. Joining and encoding 100+ MiB at
     once holds the GIL for a tenth of a second, long enough to stall the event loop
     while this runs in a worker thread; a chunk at a time never does."""
+    content_type = choose_encoder(accept)[1]
+    return list(iter_chunks(registry, histograms, accept, chunk_bytes)), content_type
+
+
+def content_type_for(accept: str) -> str:
+    """The content type of a scrape asked for with ``accept``."""
+    return choose_encoder(accept)[1]
+
+
+def iter_chunks(
+    registry: CollectorRegistry,
+    histograms: Iterable[HistogramFamily],
+    accept: str,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Iterator[bytes]:
+    """``render_chunks``' pieces, each made when the one before has been taken."""
     encoder, content_type = choose_encoder(accept)
     openmetrics = content_type.startswith("application/openmetrics-text")
     source = _WithUnits(registry) if openmetrics else registry
-    chunks = [encoder(source).removesuffix(OPENMETRICS_EOF)]
+    yield encoder(source).removesuffix(OPENMETRICS_EOF)
     pending: list[str] = []
     size = 0
     for piece in _histogram_pieces(histograms, openmetrics):
         pending.append(piece)
         size += len(piece)
         if size >= chunk_bytes:
-            chunks.append("".join(pending).encode())
+            yield "".join(pending).encode()
             pending, size = [], 0
-    chunks.append("".join(pending).encode() + (OPENMETRICS_EOF if openmetrics else b""))
-    return chunks, content_type
+    yield "".join(pending).encode() + (OPENMETRICS_EOF if openmetrics else b"")
+
+
+def scrape_pieces(
+    registry: CollectorRegistry,
+    histograms: Iterable[HistogramFamily],
+    accept: str,
+    compress: bool,
+    piece_bytes: int = STREAM_PIECE_BYTES,
+) -> Iterator[bytes]:
+    """What ``/metrics`` streams: the scrape (gzipped when ``compress``) as non-empty
+    pieces of about ``piece_bytes``, each rendered only when asked for. A client
+    that reads slowly, or never, pins one piece and what its socket buffers hold, never
+    the whole scrape (before: 60 clients that never read kept 1.3 GiB alive)."""
+    chunks = iter_chunks(registry, histograms, accept, piece_bytes)
+    if compress:
+        packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing
+        chunks = _then(map(packer.compress, chunks), packer.flush)
+    # The first piece (prometheus_client's families) may be larger; it is made at once.
+    yield from filter(None, chunks)  # an empty piece would end a chunked response
+
+
+def _then(chunks: Iterator[bytes], last: Callable[[], bytes]) -> Iterator[bytes]:
+    yield from chunks
+    yield last()
 
 
 class _WithUnits:

@@ -93,14 +93,14 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
+        # TLS is layered by the guard's protocols, not by asyncio, so that a connection
+        # is counted (and can be shed) from its accept(), its handshake included.
+        self._guard.tls = self._ssl_context
         self._server = await loop.create_server(
             self._guard.protocol_factory(server),
             self._host,
             self._port,
-            ssl=self._ssl_context,
-            backlog=self._backlog,
-            # a TLS client gets no longer for its handshake than for its headers
-            ssl_handshake_timeout=self._guard.limits.header_timeout if self._ssl_context else None,
+            backlog=self._guard.backlog,
         )
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -164,37 +168,124 @@ def test_accept_failures_are_logged_once_per_interval(caplog: pytest.LogCaptureF
         loop.close()
 
 
-async def test_the_cap_is_fitted_under_the_file_descriptor_limit() -> None:
-    """A real process with 128 descriptors and --max-connections 1000: 80 connections
-    held open never exhaust them, and a scraper still gets /metrics."""
+@dataclass
+class LimitedExporter:
+    process: asyncio.subprocess.Process
+    url: str
+    host: str
+    port: int
+    log: str  # up to "serving on"
+
+    async def stop_and_read_log(self) -> str:
+        """SIGTERM, exit status 0, and the whole log."""
+        assert self.process.stderr is not None
+        self.process.terminate()
+        assert await asyncio.wait_for(self.process.wait(), 30) == 0
+        return self.log + (await self.process.stderr.read()).decode()
+
+
+@asynccontextmanager
+async def exporter_with_fd_limit(limit: int, *flags: str) -> AsyncIterator[LimitedExporter]:
+    """``gpuscope exporter`` in a process whose descriptors are limited to ``limit``;
+    yields once it serves (the log up to then is checked by the caller)."""
     start_with_limit = (
-        "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)); "
-        "sys.argv = ['gpuscope', 'exporter', '--listen', '127.0.0.1:0', '--gpu-source', "
-        "'none', '--max-connections', '1000']; runpy.run_module('gpuscope', run_name='__main__')"
+        "import resource, runpy, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+        f"sys.argv = ['gpuscope', 'exporter', *{list(flags)!r}]; "
+        "runpy.run_module('gpuscope', run_name='__main__')"
     )
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", start_with_limit, stderr=asyncio.subprocess.PIPE, cwd="/"
     )
     assert process.stderr is not None
-    held: list[Connection] = []
     try:
         log = ""
-        while (found := re.search(r"serving on http://([\d.]+):(\d+)", log)) is None:
+        pattern = r"serving on (https?)://([\d.]+):(\d+)"
+        while (found := re.search(pattern, log)) is None:
             line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
-            assert line, "exporter exited before serving"
+            assert line, "exporter exited before serving:\n" + log
             log += line
-        assert "using 64" in log  # 128 - 64 kept free
-        host, port = found.group(1), int(found.group(2))
-        for _ in range(80):
-            held.append(await asyncio.open_connection(host, port))
-        async with aiohttp.ClientSession() as session:
-            text = await scrape_url(session, f"http://{host}:{port}/metrics")
-        assert 'gpuscope_http_connections_closed_total{reason="shed_at_cap"}' in text
-        assert "gpuscope_http_connections_max 64.0" in text
+        scheme, host, port = found.group(1), found.group(2), int(found.group(3))
+        yield LimitedExporter(process, f"{scheme}://{host}:{port}", host, port, log)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_the_cap_is_fitted_under_the_file_descriptor_limit() -> None:
+    """A real process with 128 descriptors and --max-connections 1000: 80 connections
+    held open never exhaust them, and a scraper still gets /metrics."""
+    flags = ("--listen", "127.0.0.1:0", "--gpu-source", "none", "--max-connections", "1000")
+    held: list[Connection] = []
+    async with exporter_with_fd_limit(128, *flags) as exporter:
+        try:
+            for _ in range(80):
+                held.append(await asyncio.open_connection(exporter.host, exporter.port))
+            async with aiohttp.ClientSession() as session:
+                text = await scrape_url(session, exporter.url + "/metrics")
+            assert 'gpuscope_http_connections_closed_total{reason="shed_at_cap"}' in text
+            # 128 - 64 of the exporter's own - a backlog of 16
+            assert "gpuscope_http_connections_max 48.0" in text
+        finally:
+            for _, writer in held:
+                writer.close()
+            log = await exporter.stop_and_read_log()
+    assert "using 48" in log
+    assert "Traceback" not in log and "accepting connections fails" not in log
+
+
+async def burst_then_scrape(
+    exporter: LimitedExporter, connections: int, trust: ssl.SSLContext | None = None
+) -> list[int]:
+    """Opens ``connections`` at once and holds them silent (for TLS: no handshake
+    begun), then scrapes five times, each on a new connection; the scrapes' statuses."""
+    held = await asyncio.gather(
+        *(asyncio.open_connection(exporter.host, exporter.port) for _ in range(connections))
+    )
+    try:
+        statuses = []
+        for _ in range(5):
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with (
+                aiohttp.ClientSession(connector=connector) as session,
+                session.get(exporter.url + "/metrics", ssl=trust or True) as answer,
+            ):
+                await answer.read()
+                statuses.append(answer.status)
+        return statuses
     finally:
         for _, writer in held:
             writer.close()
-        process.terminate()
-        assert await asyncio.wait_for(process.wait(), 30) == 0
-    remaining = (await process.stderr.read()).decode()
-    assert "Traceback" not in remaining and "out of system resource" not in remaining
+
+
+async def test_a_burst_of_connections_never_runs_out_of_descriptors() -> None:
+    """400 connections opened at once against 256 descriptors. Before, 64 descriptors
+    were kept free while asyncio accepts up to the whole backlog (128) in one go, so
+    bursts made ``accept()`` fail (465 failures in 11 s)."""
+    flags = ("--listen", "127.0.0.1:0", "--gpu-source", "none", "--max-connections", "1000")
+    async with exporter_with_fd_limit(256, *flags, "--idle-timeout-s", "60") as exporter:
+        assert await burst_then_scrape(exporter, 400) == [200] * 5
+        log = await exporter.stop_and_read_log()
+    assert "accepting connections fails" not in log and "Traceback" not in log
+
+
+async def test_tls_connections_count_against_the_cap_from_their_accept(
+    tmp_path: Path, self_signed: tuple[Path, Path]
+) -> None:
+    """400 TLS clients that never finish (never begin) their handshake, against 256
+    descriptors. Before, a TLS connection counted only once its handshake was done:
+    these exhausted the descriptors and 3 of 5 scrapes failed."""
+    cert, key = self_signed
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    flags = (
+        "--listen", "127.0.0.1:0", "--gpu-source", "none", "--max-connections", "1000",
+        "--web-config-file", str(web_config), "--header-timeout-s", "60",
+    )  # fmt: skip
+    async with exporter_with_fd_limit(256, *flags) as exporter:
+        assert exporter.url.startswith("https://")
+        trust = ssl.create_default_context(cafile=str(cert))
+        assert await burst_then_scrape(exporter, 400, trust) == [200] * 5
+        log = await exporter.stop_and_read_log()
+    assert "accepting connections fails" not in log and "Traceback" not in log

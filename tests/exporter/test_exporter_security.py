@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import ssl
-from asyncio.subprocess import DEVNULL
 from pathlib import Path
 
 import aiohttp
@@ -15,7 +13,6 @@ import pytest
 from gpuscope.exporter.config import ConfigError
 from gpuscope.exporter.security import load_web_config
 from gpuscope.exporter.server import start_exporter
-from support.binaries import require_binary
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans, samples
 from support.exporter_fixtures import value as sample_value
 
@@ -70,20 +67,6 @@ async def test_basic_auth_from_web_config_guards_every_endpoint(tmp_path: Path) 
             assert (await post_spans(session, exporter, BODY))[0] == 401
     finally:
         await exporter.stop()
-
-
-@pytest.fixture
-async def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    openssl = require_binary("openssl")
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    process = await asyncio.create_subprocess_exec(
-        openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-        "-keyout", str(key), "-out", str(cert),
-        stdout=DEVNULL, stderr=DEVNULL,
-    )  # fmt: skip
-    assert await asyncio.wait_for(process.wait(), 60) == 0
-    return cert, key
 
 
 async def test_tls_from_web_config(tmp_path: Path, self_signed: tuple[Path, Path]) -> None:

@@ -4,8 +4,11 @@ exist here)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from asyncio.subprocess import DEVNULL
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,6 +30,7 @@ from gpuscope import spans as attr
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 from gpuscope.exporter.server import RunningExporter, start_exporter
+from support.binaries import require_binary
 
 T0 = 1_700_000_000_000_000_000  # a fixed epoch instant (ns) for span times
 
@@ -194,6 +198,21 @@ async def running_exporter() -> AsyncIterator[RunningExporter]:
         yield running
     finally:
         await running.stop()
+
+
+@pytest.fixture
+async def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1 (made by the openssl binary)."""
+    openssl = require_binary("openssl")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    process = await asyncio.create_subprocess_exec(
+        openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        "-keyout", str(key), "-out", str(cert),
+        stdout=DEVNULL, stderr=DEVNULL,
+    )  # fmt: skip
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+    return cert, key
 
 
 @pytest.fixture
