@@ -32,11 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.render import render_histograms
 from gpuscope.exporter.server import start_exporter
-from support.otlp_cases import check_case, random_case
+from support.otlp_cases import capped_config, check_case, random_case
 
 
 def run_in_process(cases: int, seed: int) -> int:
@@ -79,7 +77,7 @@ def run_in_process(cases: int, seed: int) -> int:
 
 async def run_over_http(cases: int, seed: int) -> int:
     rng = random.Random(seed + 1)
-    config = ExporterConfig(listen="127.0.0.1:0", gpu_source=GpuSourceKind.NONE)
+    config = capped_config()  # the caps of the cases, small enough to be reached
     exporter = await start_exporter(config)
     statuses: Counter[int] = Counter()
     started = time.perf_counter()

@@ -39,6 +39,7 @@ from gpuscope.exporter.handlers import (
     receive_traces,
     serve_metrics,
 )
+from gpuscope.exporter.ingest import Ingest
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.security import Authenticator, WebConfig
 
@@ -64,6 +65,12 @@ def create_app(
         max_label_length=config.max_label_length,
         compute_observers=compute_observers,
     )
+    limits = otlp.Limits(
+        config.max_body_bytes,
+        config.max_decompressed_bytes,
+        config.max_spans_per_request,
+        config.max_attributes_per_request,
+    )
     registry = CollectorRegistry()
     forwarding = config.forward_otlp is not None
     registry.register(ExporterCollector(aggregator, metrics, forwarding=forwarding))
@@ -74,7 +81,7 @@ def create_app(
         registry=registry,
         authenticator=Authenticator(web_config.basic_auth_users, bearer_token),
         gpu_source=gpu_source,
-        limits=otlp.Limits(config.max_body_bytes, config.max_decompressed_bytes),
+        limits=limits,
         guard=ConnectionGuard(
             ConnectionLimits(
                 config.max_connections,
@@ -84,6 +91,7 @@ def create_app(
             )
         ),
         password_checks=password_check_pool(),
+        ingest=Ingest(aggregator, limits),
     )
     registry.register(ConnectionCollector(state.guard))
     # Connection tracking first, so that refused requests count as in flight too.
@@ -147,3 +155,4 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     yield
     state.stopping = True
     state.password_checks.close()
+    state.ingest.close()

@@ -32,7 +32,9 @@ class ExporterConfig:
     max_series: int = 2000
     max_label_length: int = 128
     max_body_bytes: int = 8 * MIB
-    max_decompressed_bytes: int = 64 * MIB
+    max_decompressed_bytes: int = 20 * MIB
+    max_spans_per_request: int = 100_000
+    max_attributes_per_request: int = 1_000_000
     forward_otlp: str | None = None
     forward_queue: int = 256
     forward_queue_bytes: int = 64 * MIB
@@ -64,6 +66,8 @@ class ExporterConfig:
             ("--max-label-length", self.max_label_length, 1),
             ("--max-body-bytes", self.max_body_bytes, 1),
             ("--max-decompressed-bytes", self.max_decompressed_bytes, 1),
+            ("--max-spans-per-request", self.max_spans_per_request, 1),
+            ("--max-attributes-per-request", self.max_attributes_per_request, 1),
             ("--forward-queue", self.forward_queue, 1),
             ("--forward-queue-bytes", self.forward_queue_bytes, 1),
             ("--simulated-gpus", self.simulated_gpus, 1),
@@ -121,7 +125,12 @@ _HELP: Final = {
     "max_series": "label sets per request metric; new ones past it go to one overflow series",
     "max_label_length": "longest label value accepted from a span (characters)",
     "max_body_bytes": "largest /v1/traces body accepted, as sent (bytes)",
-    "max_decompressed_bytes": "largest /v1/traces body accepted after gunzip (bytes)",
+    "max_decompressed_bytes": "largest /v1/traces body accepted after gunzip (bytes); "
+    "decoding one takes up to about 30 times this in memory, one request at a time",
+    "max_spans_per_request": "spans one /v1/traces request may hold (its resource and scope "
+    "groups too); more: 413, counted as too_many_spans",
+    "max_attributes_per_request": "span and resource attributes one /v1/traces request may "
+    "hold; more: 413, counted as too_many_attributes",
     "forward_otlp": "also send every received export request, unchanged, to this OTLP/HTTP URL",
     "forward_queue": "export requests waiting to be forwarded before new ones are dropped",
     "forward_queue_bytes": "bytes of export requests waiting to be forwarded (the one being "

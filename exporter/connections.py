@@ -33,9 +33,8 @@ nor clients that never read their scrape can lock a scraper out. Only when every
 connection is busy and none is uploading or stalled is the new one refused (503 on
 plain HTTP; a TLS one is closed, since no handshake was made to answer it). The cap
 also keeps the exporter below the process's file descriptor limit, where ``accept()``
-itself would start to fail: enough descriptors are kept free for a whole listen backlog
-accepted in one go (asyncio accepts up to the backlog before any of them can be shed)
-plus the exporter's own (``fit_to_descriptors``).
+itself would start to fail: enough descriptors are kept free for the sockets asyncio
+accepts before any of them can be shed, plus the exporter's own (``fit_to_descriptors``).
 
 Shutdown uses the same bookkeeping: ``close_idle`` closes every connection that is
 not busy, ``wait_until_idle`` returns as soon as no request is in flight.
@@ -67,14 +66,22 @@ from gpuscope.exporter.definitions import (
 
 log = logging.getLogger(__name__)
 
-# Connections the kernel queues for ``accept()`` (aiohttp's default). asyncio accepts
-# up to the backlog at once when the listener is readable, each taking a descriptor
-# before the cap can shed anything, so the descriptors kept free under the limit are a
-# whole backlog plus the exporter's own. With 64 kept free and a backlog of 128,
-# bursts of new connections made ``accept()`` fail (465 times in 11 s).
-LISTEN_BACKLOG: Final = 128
-# Descriptors of the exporter's own: the listening socket, epoll, log files, the
-# forwarder's connection, the GPU library's.
+# Connections the kernel queues for ``accept()``, and how many asyncio accepts in one
+# go when a listening socket is readable: each takes a descriptor before the cap can
+# shed anything. Between its accept() and the moment the cap has shed (and closed) an
+# older connection for it, a socket waits through up to ``IN_TRANSIT_BATCHES`` turns of
+# the event loop (accepted; transport made; admitted, an old one closed; that one's
+# descriptor released), and each turn accepts another batch per listening socket. So
+# that many backlogs are kept free under the descriptor limit, plus the exporter's own.
+# Before, 64 were kept free against a backlog of 128, and bursts of new connections made
+# ``accept()`` fail (465 times in 11 s). 32 (aiohttp's default is 128) keeps the reserve
+# small enough that the default cap of 512 fits the usual limit of 1,024 with two
+# listening sockets (``--listen :9420``: IPv4 and IPv6); the kernel makes clients
+# beyond it wait (SYN retries), nothing fails.
+LISTEN_BACKLOG: Final = 32
+IN_TRANSIT_BATCHES: Final = 4
+# Descriptors of the exporter's own: standard streams, the listening sockets, epoll and
+# its wake-up pipe, the forwarder's connection, the GPU library's.
 OWN_FDS: Final = 64
 CLOSE_REASONS = (
     "idle_timeout",
@@ -109,21 +116,34 @@ class State(enum.Enum):
     BUSY = "busy"
 
 
-def fit_to_descriptors(wanted: int) -> tuple[int, int]:
-    """``(max_connections, listen backlog)``: ``wanted`` and ``LISTEN_BACKLOG``, lowered
-    together when they and ``OWN_FDS`` do not fit under the soft descriptor limit (the
-    backlog to a quarter of what is left, at least 8)."""
+def _soft_fd_limit() -> int | None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or wanted + LISTEN_BACKLOG + OWN_FDS <= soft:
-        return wanted, LISTEN_BACKLOG
-    backlog = min(LISTEN_BACKLOG, max(8, (soft - OWN_FDS) // 4))
-    fitted = min(wanted, max(1, soft - OWN_FDS - backlog))
-    if fitted < wanted:
-        log.warning(
-            "--max-connections %d does not fit the file descriptor limit %d; using %d",
-            wanted, soft, fitted,
-        )  # fmt: skip
-    return fitted, backlog
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def listen_backlog() -> int:
+    """``LISTEN_BACKLOG``, or less under a small descriptor limit (a sixteenth of what
+    is not the exporter's own, at least 8), so that the cap keeps most of it."""
+    soft = _soft_fd_limit()
+    if soft is None:
+        return LISTEN_BACKLOG
+    return max(8, min(LISTEN_BACKLOG, (soft - OWN_FDS) // 16))
+
+
+def fit_to_descriptors(wanted: int, backlog: int, listeners: int) -> int:
+    """``wanted`` connections, lowered if they, the sockets in transit through
+    ``listeners`` listening sockets of ``backlog`` and ``OWN_FDS`` do not fit under
+    the soft descriptor limit."""
+    soft = _soft_fd_limit()
+    reserve = OWN_FDS + IN_TRANSIT_BATCHES * backlog * listeners
+    if soft is None or wanted + reserve <= soft:
+        return wanted
+    fitted = max(1, soft - reserve)
+    log.warning(
+        "--max-connections %d does not fit the file descriptor limit %d; using %d",
+        wanted, soft, fitted,
+    )  # fmt: skip
+    return fitted
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -246,7 +266,9 @@ class ConnectionGuard:
 
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
-        self.max_connections, self.backlog = fit_to_descriptors(limits.max_connections)
+        self.backlog = listen_backlog()
+        # Fitted to the descriptor limit by ``listening_on`` once the sockets are made.
+        self.max_connections = limits.max_connections
         self.closed_by_reason: Counter[str] = Counter({reason: 0 for reason in CLOSE_REASONS})
         # aiohttp's protocol -> its connection, oldest first (dicts keep insertion order)
         self._open: dict[object, GuardedProtocol] = {}
@@ -285,6 +307,13 @@ class ConnectionGuard:
             return GuardedBufferedProtocol(self, wrapped, handler)
 
         return new_connection
+
+    def listening_on(self, listeners: int) -> None:
+        """Fit the cap to the descriptor limit, given the number of listening sockets
+        (before any connection is accepted)."""
+        self.max_connections = fit_to_descriptors(
+            self.limits.max_connections, self.backlog, listeners
+        )
 
     def __len__(self) -> int:
         return len(self._open)

@@ -4,9 +4,11 @@
 (text, or OpenMetrics with exemplars when asked; gzip when accepted), ``GET /healthz``
 (serving), ``GET /readyz`` (started, first GPU poll done, not shutting down).
 
-Everything that changes the metric state runs on the event loop's thread. A scrape
-renders in a worker thread (reading each series consistently, see ``series``), so a
-large ``/metrics`` does not hold up ingest.
+Export requests are decoded and aggregated in the ingest thread (``ingest``), one at a
+time, the only writer of the aggregator's series; the self-monitoring counters change
+on the event loop's thread. A scrape renders in worker threads (reading each series
+consistently, see ``series``), so neither a large ``/metrics`` nor a large export
+request holds up the other, or the event loop.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gpuscope.exporter.connections import ConnectionGuard
 from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import GpuSource
+from gpuscope.exporter.ingest import Ingest
 from gpuscope.exporter.metrics import SelfMetrics
 from gpuscope.exporter.render import content_type_for, scrape_pieces
 from gpuscope.exporter.security import Authenticator
@@ -53,6 +56,7 @@ class ExporterState:
     limits: otlp.Limits
     guard: ConnectionGuard
     password_checks: ThreadPool
+    ingest: Ingest
     # Set when the shutdown timeout has passed: bodies still uploading get a 503.
     drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
     render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -81,11 +85,10 @@ async def receive_traces(request: web.Request) -> web.Response:
         media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
         body = await _read_body(request, state)
         encoding = request.headers.get(hdrs.CONTENT_ENCODING)
-        decoded = otlp.decode_request(otlp.decompress(body, encoding, state.limits), media)
+        state.refresh_gpu_devices()
+        result = await state.ingest.run(body, encoding, media, state.drain_expired)
     except otlp.OtlpError as exc:
         return _refused(request, state, exc)
-    state.refresh_gpu_devices()
-    result = state.aggregator.ingest(decoded)
     state.metrics.spans_received += result.received
     state.metrics.spans_rejected.update(result.rejected)
     if state.forwarder is not None and result.received:

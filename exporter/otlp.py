@@ -42,6 +42,8 @@ INCOMPLETE_BODY = "incomplete_body"
 BODY_TIMEOUT = "body_timeout"
 SHED_AT_CAP = "shed_at_cap"
 AUTH_BUSY = "auth_busy"
+TOO_MANY_SPANS = "too_many_spans"
+TOO_MANY_ATTRIBUTES = "too_many_attributes"
 REQUEST_REJECT_REASONS = (
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
@@ -56,6 +58,8 @@ REQUEST_REJECT_REASONS = (
     BODY_TIMEOUT,
     SHED_AT_CAP,
     AUTH_BUSY,
+    TOO_MANY_SPANS,
+    TOO_MANY_ATTRIBUTES,
 )
 
 # Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
@@ -83,6 +87,8 @@ class OtlpError(Exception):
 class Limits:
     max_body_bytes: int
     max_decompressed_bytes: int
+    max_spans: int = 100_000
+    max_attributes: int = 1_000_000
 
 
 def media_type(content_type: str | None) -> str:
@@ -124,11 +130,20 @@ def decompress(body: bytes, content_encoding: str | None, limits: Limits) -> byt
 def decode_request(data: bytes, media: str) -> Any:
     """An ``ExportTraceServiceRequest`` from protobuf or OTLP/JSON bytes."""
     if media == PROTOBUF:
-        try:
-            return ExportTraceServiceRequest.FromString(data)
-        except DecodeError as exc:
-            raise OtlpError(400, INVALID_PROTOBUF, f"body is not an OTLP protobuf: {exc}") from exc
-    document = _load_json(data)
+        return decode_protobuf(data)
+    return json_to_request(load_json(data))
+
+
+def decode_protobuf(data: bytes) -> Any:
+    """An ``ExportTraceServiceRequest`` from protobuf bytes."""
+    try:
+        return ExportTraceServiceRequest.FromString(data)
+    except DecodeError as exc:
+        raise OtlpError(400, INVALID_PROTOBUF, f"body is not an OTLP protobuf: {exc}") from exc
+
+
+def json_to_request(document: dict[str, Any]) -> Any:
+    """An ``ExportTraceServiceRequest`` from a document ``load_json`` checked."""
     try:
         _hex_ids_to_base64(document)
         request = ExportTraceServiceRequest()
@@ -145,7 +160,7 @@ def decode_request(data: bytes, media: str) -> Any:
     return request
 
 
-def _load_json(data: bytes) -> dict[str, Any]:
+def load_json(data: bytes) -> dict[str, Any]:
     """The JSON object, checked so that protobuf's JSON mapping only sees what it can take:
     finite numbers, strings that are valid UTF-8 (no lone surrogates), bounded nesting."""
     try:

@@ -102,6 +102,8 @@ class GuardedSite(web.BaseSite):
             self._port,
             backlog=self._guard.backlog,
         )
+        # Nothing is accepted before this coroutine yields to the event loop.
+        self._guard.listening_on(len(self._server.sockets))
 
 
 async def start_exporter(

@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
+import random
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status  # type: ignore[import-untyped]
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope.exporter.ingest import decode_within_limits
+from gpuscope.exporter.otlp_counts import count_protobuf_spans
 from support.exporter_fixtures import SpanFactory, encode
+from support.otlp_cases import mutate_bytes, random_request
 
 LIMITS = otlp.Limits(max_body_bytes=1 << 20, max_decompressed_bytes=1 << 16)
 
@@ -123,3 +136,54 @@ def test_error_body_is_a_google_rpc_status() -> None:
         "code": 8,
         "message": "too big",
     }
+
+
+def request_counts(request: Any) -> tuple[int, int]:
+    spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+    groups = sum(1 + len(r.scope_spans) for r in request.resource_spans)
+    return spans, groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_the_span_scan_counts_what_protobuf_decodes_and_refuses_nothing_it_accepts(
+    rng: random.Random,
+) -> None:
+    """The scan walks the wire format by hand: on valid and mutated bodies (groups and
+    unknown fields included), whatever protobuf decodes, the scan counts alike."""
+    rng = random.Random(rng.getrandbits(64))  # one draw from Hypothesis, cheap ones after
+    for _ in range(20):
+        body = random_request(rng).SerializeToString()
+        if rng.random() < 0.8:
+            body = mutate_bytes(rng, body)
+        if rng.random() < 0.1:  # an unknown field holding a group, which protobuf skips
+            body += bytes([15 << 3 | 3]) + entry(1, b"x") + bytes([15 << 3 | 4])
+        try:
+            decoded = ExportTraceServiceRequest.FromString(body)
+        except DecodeError:
+            with contextlib.suppress(otlp.OtlpError):  # refusing it too is fine
+                count_protobuf_spans(body, 10**9)
+            continue
+        assert count_protobuf_spans(body, 10**9) == request_counts(decoded)
+
+
+def entry(field: int, payload: bytes) -> bytes:
+    assert len(payload) < 128
+    return bytes([field << 3 | 2, len(payload)]) + payload
+
+
+@pytest.mark.parametrize("media", [otlp.PROTOBUF, otlp.JSON])
+def test_the_caps_refuse_one_span_or_attribute_too_many(media: str) -> None:
+    spans = SpanFactory()
+    request = encode([spans.server(0.01) for _ in range(3)])  # 5 attributes each, +1 resource
+    body = request.SerializeToString() if media == otlp.PROTOBUF else otlp_json(request)
+    attributes = 3 * 5 + len(request.resource_spans[0].resource.attributes)
+    exact = otlp.Limits(1 << 20, 1 << 20, max_spans=3, max_attributes=attributes)
+    assert request_counts(decode_within_limits(body, media, exact))[0] == 3
+    for limits, reason in (
+        (replace(exact, max_spans=2), "too_many_spans"),
+        (replace(exact, max_attributes=attributes - 1), "too_many_attributes"),
+    ):
+        with pytest.raises(otlp.OtlpError) as refused:
+            decode_within_limits(body, media, limits)
+        assert (refused.value.status, refused.value.reason) == (413, reason)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,9 +20,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.server import RunningExporter
+from gpuscope.exporter.server import RunningExporter, start_exporter
 from support.exporter_fixtures import post_spans, samples, scrape, value
-from support.otlp_cases import Case, check_case, json_text, random_case, random_request
+from support.otlp_cases import (
+    Case,
+    capped_config,
+    check_case,
+    json_text,
+    random_case,
+    random_request,
+)
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -95,8 +104,18 @@ def test_protobuf_and_json_of_the_same_request_aggregate_alike() -> None:
         assert json_format.MessageToDict(request)  # a request, not an empty shell
 
 
+@pytest.fixture
+async def capped_exporter() -> AsyncIterator[RunningExporter]:
+    """An exporter with the fuzz cases' small span and attribute caps."""
+    exporter = await start_exporter(capped_config())
+    try:
+        yield exporter
+    finally:
+        await exporter.stop()
+
+
 async def test_fuzzed_requests_over_http_are_answered_and_every_refusal_counted(
-    running_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
+    capped_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
 ) -> None:
     rng = random.Random(2026)
     mirror = SpanAggregator()  # what the exporter should have done, case by case
@@ -105,13 +124,13 @@ async def test_fuzzed_requests_over_http_are_answered_and_every_refusal_counted(
         case = random_case(rng)
         headers = {"Content-Encoding": case.encoding} if case.encoding else {}
         status, _ = await post_spans(
-            exporter_http, running_exporter, case.body, content_type=case.media, headers=headers
+            exporter_http, capped_exporter, case.body, content_type=case.media, headers=headers
         )
         expected = check_case(mirror, case)
         assert status == expected.status, case
         refused += expected.rejected_reason is not None
         received += expected.received
-    scraped = samples(await scrape(exporter_http, running_exporter))
+    scraped = samples(await scrape(exporter_http, capped_exporter))
     counted = sum(s.value for s in scraped if s.name == "gpuscope_otlp_requests_rejected_total")
     assert refused > 20 and counted == refused
     assert value(scraped, "gpuscope_spans_received_total") == received

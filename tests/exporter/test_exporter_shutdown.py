@@ -5,6 +5,8 @@ with nothing in flight exits at once instead of waiting out the timeout."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import re
 import signal
 import sys
@@ -15,7 +17,7 @@ import aiohttp
 import pytest
 
 from support.exporter_fixtures import SpanFactory, encode
-from support.raw_http import status_of
+from support.raw_http import post_request, status_of
 
 BODY = encode([SpanFactory().server(0.01)]).SerializeToString()
 
@@ -107,3 +109,41 @@ async def test_sigterm_with_nothing_in_flight_exits_without_waiting_the_timeout(
             assert response.status == 200
         elapsed = await exporter_process.terminate_and_time()
     assert elapsed < 15  # far below the 30 s --shutdown-timeout
+
+
+def slow_to_decode() -> bytes:
+    """Gzipped OTLP/JSON of 50,000 spans (18 MiB): several seconds of protobuf's JSON
+    mapping here, far more than the 1 s shutdown timeout of the test below."""
+    span = {
+        "traceId": "0" * 31 + "1",
+        "spanId": "0" * 15 + "1",
+        "name": "x",
+        "kind": 2,
+        "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2",
+        "attributes": [{"key": f"k{n}", "value": {"intValue": "1"}} for n in range(5)],
+    }
+    document = {"resourceSpans": [{"scopeSpans": [{"spans": [span] * 50_000}]}]}
+    return gzip.compress(json.dumps(document).encode(), compresslevel=1)
+
+
+@pytest.mark.parametrize("exporter_process", ["1"], indirect=True)
+async def test_sigterm_during_a_long_decode_answers_503_and_exits_within_the_timeout(
+    exporter_process: ExporterProcess,
+) -> None:
+    """Before, decoding ran on the event loop: SIGTERM waited for it (9.5 s with a 2 s
+    timeout) and the request was then answered 200."""
+    body = slow_to_decode()
+    head = post_request(
+        "/v1/traces",
+        body,
+        {"Content-Type": b"application/json", "Content-Encoding": b"gzip"},
+    )
+    reader, writer = await asyncio.open_connection(exporter_process.host, exporter_process.port)
+    writer.write(head)
+    await wait_in_flight(exporter_process, 1)
+    elapsed = await exporter_process.terminate_and_time()
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    assert status_of(answer) == 503 and b"Retry-After: 1" in answer, answer[:200]
+    assert elapsed < 15  # bounded by the 1 s timeout and the last answers, not the decode

@@ -7,8 +7,9 @@ wrong type or out of range), then is sent as is or mutated: protobuf bytes flipp
 cut or spliced; JSON values swapped for tokens that break parsers (5,000-digit
 integers, 1e400, NaN, lone surrogates, deep nesting, wrong types); gzip cut short.
 
-``check_case`` runs one case through ``otlp.decode_request`` and
-``SpanAggregator.ingest`` and returns what happened; anything it raises is a defect.
+``check_case`` runs one case through the exporter's decoding (``otlp.decompress``,
+``ingest.decode_within_limits``: the span and attribute caps, then ``otlp``'s decoders)
+and ``SpanAggregator.ingest`` and returns what happened; anything it raises is a defect.
 """
 
 from __future__ import annotations
@@ -28,8 +29,27 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from gpuscope import spans as attr
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.ingest import decode_within_limits
+from support.exporter_fixtures import loopback_config
 
-LIMITS = otlp.Limits(max_body_bytes=8 << 20, max_decompressed_bytes=8 << 20)
+# Caps small enough that the random requests (0-12 spans, up to ~90 attributes) pass
+# them now and then: the span scan and the attribute count are fuzzed too. An exporter
+# fed these cases is configured alike (``capped_config``).
+LIMITS = otlp.Limits(
+    max_body_bytes=8 << 20, max_decompressed_bytes=8 << 20, max_spans=8, max_attributes=60
+)
+
+
+def capped_config() -> ExporterConfig:
+    """A loopback exporter's configuration that applies ``LIMITS``."""
+    return loopback_config(
+        max_body_bytes=LIMITS.max_body_bytes,
+        max_decompressed_bytes=LIMITS.max_decompressed_bytes,
+        max_spans_per_request=LIMITS.max_spans,
+        max_attributes_per_request=LIMITS.max_attributes,
+    )
+
 
 _STRING_KEYS = (attr.HTTP_ROUTE, attr.GEN_AI_REQUEST_MODEL, attr.GPU_UUID, attr.SERVICE_NAME)
 _INT_KEYS = (
@@ -152,14 +172,14 @@ def random_case(rng: random.Random) -> Case:
     request = random_request(rng)
     roll = rng.random()
     if roll < 0.3:
-        case = Case(_mutate_bytes(rng, request.SerializeToString()), otlp.PROTOBUF, None, "pb")
+        case = Case(mutate_bytes(rng, request.SerializeToString()), otlp.PROTOBUF, None, "pb")
     elif roll < 0.4:
         case = Case(request.SerializeToString(), otlp.PROTOBUF, None, "pb-valid")
     elif roll < 0.75:
         case = Case(_hostile_json(rng, request), otlp.JSON, None, "json-tokens")
     elif roll < 0.85:
         text = json_text(request).encode()
-        case = Case(_mutate_bytes(rng, text), otlp.JSON, None, "json-bytes")
+        case = Case(mutate_bytes(rng, text), otlp.JSON, None, "json-bytes")
     else:
         case = Case(json_text(request).encode(), otlp.JSON, None, "json-valid")
     if rng.random() < 0.1:
@@ -222,7 +242,7 @@ def _slots(node: Any) -> Any:
             yield from _slots(value)
 
 
-def _mutate_bytes(rng: random.Random, data: bytes) -> bytes:
+def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
     buffer = bytearray(data)
     for _ in range(rng.randint(1, 4)):
         operation = rng.randrange(5)
@@ -245,7 +265,7 @@ def check_case(aggregator: SpanAggregator, case: Case) -> Outcome:
     """Decode and aggregate ``case``; asserts the invariants that hold for any input."""
     try:
         data = otlp.decompress(case.body, case.encoding, LIMITS)
-        request = otlp.decode_request(data, case.media)
+        request = decode_within_limits(data, case.media, LIMITS)
     except otlp.OtlpError as exc:
         refused = Outcome(rejected_reason=exc.reason, status=exc.status)
     else:
