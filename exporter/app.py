@@ -18,7 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.auth import auth_middleware, needs_auth, password_check_pool
+from gpuscope.exporter.auth import auth_middleware, password_check_pool
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.connections import (
     ConnectionCollector,
@@ -94,10 +94,9 @@ def create_app(
         ingest=Ingest(aggregator, limits),
     )
     registry.register(ConnectionCollector(state.guard))
-    # Connection tracking first, so that refused requests count as in flight too.
-    middlewares = [state.guard.request_middleware()]
-    if needs_auth(state.authenticator):
-        middlewares.append(auth_middleware(state))
+    # Connection tracking first, so that refused requests count as in flight too. The
+    # auth middleware is there even without credentials: a reload may bring some.
+    middlewares = [state.guard.request_middleware(), auth_middleware(state)]
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
     app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)

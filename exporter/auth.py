@@ -24,7 +24,6 @@ from aiohttp.typedefs import Middleware
 
 from gpuscope.exporter import otlp
 from gpuscope.exporter.handlers import TRACES_PATH, ExporterState, otlp_error
-from gpuscope.exporter.security import Authenticator
 from gpuscope.exporter.threads import Busy, ThreadPool
 
 # bcrypt releases the GIL: two threads use two cores, the most a check flood may take.
@@ -37,10 +36,6 @@ RETRY_AFTER_S: Final = "1"
 
 def password_check_pool() -> ThreadPool:
     return ThreadPool("gpuscope-bcrypt", PASSWORD_CHECK_THREADS, PASSWORD_CHECKS_PENDING)
-
-
-def needs_auth(authenticator: Authenticator) -> bool:
-    return bool(authenticator.users) or authenticator.bearer_token is not None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -7,6 +7,9 @@
     ... send spans to exporter.url + "/v1/traces", scrape exporter.url + "/metrics" ...
     await exporter.stop()
 
+While it runs, the web config and bearer token files are read again on SIGHUP and when
+they change (``reload``).
+
 Shutdown order: ``/readyz`` turns 503 and the listener closes; connections without
 a request in flight are closed; requests in flight (bodies still uploading included)
 get up to ``--shutdown-timeout-s`` seconds, and a body not all in by then is answered
@@ -31,6 +34,7 @@ from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.connections import LINGER_S, AcceptErrorLog, ConnectionGuard
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
 from gpuscope.exporter.handlers import STATE
+from gpuscope.exporter.reload import CredentialFiles
 from gpuscope.exporter.security import WebConfig, load_web_config, read_bearer_token
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,8 @@ class RunningExporter:
     host: str
     port: int
     tls: bool
+    credentials: CredentialFiles  # its web config and bearer token files, watched
+    watching: asyncio.Task[None]
 
     @property
     def url(self) -> str:
@@ -59,6 +65,7 @@ class RunningExporter:
         """Stop in the documented order; returns as soon as nothing is in flight."""
         state = self.app[STATE]
         state.stopping = state.guard.stopping = True
+        self.watching.cancel()
         for site in list(self.runner.sites):
             await site.stop()  # stop listening; open connections stay
         state.guard.close_idle()
@@ -150,7 +157,11 @@ async def start_exporter(
         await runner.cleanup()
         raise
     bound_host, bound_port = runner.addresses[0][:2]
-    return RunningExporter(app, runner, str(bound_host), int(bound_port), tls is not None)
+    credentials = CredentialFiles(app[STATE])
+    watching = asyncio.create_task(credentials.watch(), name="gpuscope-credential-files")
+    return RunningExporter(
+        app, runner, str(bound_host), int(bound_port), tls is not None, credentials, watching
+    )
 
 
 async def serve(
@@ -161,11 +172,14 @@ async def serve(
     web_config: WebConfig | None = None,
     bearer_token: str | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then shut down in the documented order."""
+    """Run until SIGTERM or SIGINT, then shut down in the documented order. SIGHUP reads
+    the web config and bearer token files again (see ``reload``); it never stops."""
     stop = asyncio.Event()
+    reread = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)  # the handler only sets a flag
+    loop.add_signal_handler(signal.SIGHUP, reread.set)  # before start: never the default
     try:
         exporter = await start_exporter(
             config,
@@ -175,12 +189,21 @@ async def serve(
             bearer_token=bearer_token,
         )
         log.info("serving on %s", exporter.url)
+        rereading = asyncio.create_task(_reread_on(reread, exporter), name="gpuscope-sighup")
         try:
             with AcceptErrorLog(loop):
                 await stop.wait()
             log.info("shutting down")
         finally:
+            rereading.cancel()
             await exporter.stop()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+
+
+async def _reread_on(signalled: asyncio.Event, exporter: RunningExporter) -> None:
+    while True:
+        await signalled.wait()
+        signalled.clear()
+        await exporter.credentials.reload("SIGHUP")

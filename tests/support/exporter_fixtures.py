@@ -200,11 +200,11 @@ async def running_exporter() -> AsyncIterator[RunningExporter]:
         await running.stop()
 
 
-@pytest.fixture
-async def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate and key for 127.0.0.1 (made by the openssl binary)."""
+async def make_self_signed(folder: Path) -> tuple[Path, Path]:
+    """``server.crt`` and ``server.key`` in ``folder``: a self-signed certificate for
+    127.0.0.1, made by the openssl binary."""
     openssl = require_binary("openssl")
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert, key = folder / "server.crt", folder / "server.key"
     process = await asyncio.create_subprocess_exec(
         openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
@@ -213,6 +213,12 @@ async def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     )  # fmt: skip
     assert await asyncio.wait_for(process.wait(), 60) == 0
     return cert, key
+
+
+@pytest.fixture
+async def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1, in ``tmp_path``."""
+    return await make_self_signed(tmp_path)
 
 
 @pytest.fixture
