@@ -5,9 +5,14 @@ Run it as a script (see exporter_bench.py for why)::
     nice .venv/bin/python benchmarks/otlp_fuzz.py [--cases 100000] [--http-cases 2000]
 
 1. in process: ``--cases`` requests from ``tests/support/otlp_cases.py`` (valid and
-   mutated, protobuf and JSON, some gzipped) through ``otlp.decode_request`` and
-   ``SpanAggregator.ingest``, checking the invariants of ``check_case``; every
-   10,000 cases the histograms are rendered and parsed back.
+   mutated, protobuf and JSON, some gzipped; durations at the edges, 1.7e308 and just
+   past a day among them; one in ten a valid request just under, at or over the span
+   cap, of empty spans, spans or empty groups) through the exporter's decoding with its
+   span and attribute caps (small ones, so they are reached) and
+   ``SpanAggregator.ingest``, checking the invariants of ``check_case`` (a request of
+   known counts is refused exactly when it passes a cap); every 10,000 cases every
+   histogram ``_sum`` is checked finite (and at most a day per observation for the
+   duration families), and the histograms are rendered and parsed back.
 2. over HTTP: ``--http-cases`` more posted to a real exporter on 127.0.0.1; every
    refused request must show in ``gpuscope_otlp_requests_rejected_total`` and no
    answer may be a 5xx.
@@ -34,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.render import render_histograms
 from gpuscope.exporter.server import start_exporter
-from support.otlp_cases import capped_config, check_case, random_case
+from support.otlp_cases import capped_config, check_case, check_sums, random_case
 
 
 def run_in_process(cases: int, seed: int) -> int:
@@ -62,6 +67,7 @@ def run_in_process(cases: int, seed: int) -> int:
             rejected=outcome.spans_rejected,
         )
         if number % 10_000 == 0:
+            check_sums(aggregator)
             text = render_histograms(aggregator.histograms, openmetrics=False)
             list(text_string_to_metric_families(text))
     elapsed = time.perf_counter() - started

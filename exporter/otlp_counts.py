@@ -75,22 +75,29 @@ def check_parsed_attributes(request: Any, size: int, max_attributes: int) -> Non
 
 
 def check_json_counts(document: dict[str, Any], max_spans: int, max_attributes: int) -> None:
-    """The caps on an OTLP/JSON document (either key spelling); values of the wrong
-    type count as nothing here and are refused by the JSON mapping after."""
-    spans = groups = attributes = 0
+    """The caps on an OTLP/JSON document (either key spelling), spans first as for
+    protobuf; values of the wrong type count as nothing here and are refused by the
+    JSON mapping after."""
+    spans = groups = 0
+    scopes = []
     for resource_spans in _json_list(document, "resourceSpans", "resource_spans"):
         groups += 1
-        resource = _json_dict(resource_spans, "resource")
-        attributes += len(_json_list(resource, "attributes"))
         for scope_spans in _json_list(resource_spans, "scopeSpans", "scope_spans"):
             groups += 1
             span_list = _json_list(scope_spans, "spans")
             spans += len(span_list)
             _check_spans(spans, groups, max_spans)
-            for span in span_list:
-                attributes += len(_json_list(span, "attributes"))
-            _check_attributes(attributes, max_attributes)
+            scopes.append(span_list)
     _check_spans(spans, groups, max_spans)
+    attributes = 0
+    for resource_spans in _json_list(document, "resourceSpans", "resource_spans"):
+        resource = _json_dict(resource_spans, "resource")
+        attributes += len(_json_list(resource, "attributes"))
+    for span_list in scopes:
+        for span in span_list:
+            attributes += len(_json_list(span, "attributes"))
+        _check_attributes(attributes, max_attributes)
+    _check_attributes(attributes, max_attributes)
 
 
 def _check_spans(spans: int, groups: int, max_spans: int) -> None:

@@ -26,6 +26,7 @@ from support.otlp_cases import (
     Case,
     capped_config,
     check_case,
+    check_sums,
     json_text,
     random_case,
     random_request,
@@ -35,6 +36,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def _renders(aggregator: SpanAggregator) -> None:
+    check_sums(aggregator)
     text = render_histograms(aggregator.histograms, openmetrics=False)
     families = list(text_string_to_metric_families(text.encode("utf-8").decode()))
     assert len(families) == len(aggregator.histograms)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gpuscope import spans as attr
+from gpuscope.exporter import definitions as defs
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
@@ -64,7 +66,21 @@ _DOUBLE_KEYS = (
     attr.TIME_TO_FIRST_TOKEN,
     attr.TIME_PER_OUTPUT_TOKEN,
 )
-_ODD_DOUBLES = (float("nan"), float("inf"), float("-inf"), -0.0, -1.0, 1e308, 5e-324)
+# Durations at the edges: non-finite, negative, the largest floats (two of 1.7e308 made
+# a _sum +Inf once), the accepted bound of a day and just past it, the tiniest.
+_ODD_DOUBLES = (
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    -0.0,
+    -1.0,
+    1e308,
+    1.7e308,
+    defs.MAX_DURATION_S,
+    defs.MAX_DURATION_S + 0.5,
+    2.0**53,
+    5e-324,
+)
 _ODD_INTS = (0, -1, 2**63 - 1, -(2**63), 99, 600)
 _ODD_STRINGS = ("", "x" * 300, "tab\there", "new\nline", "é" * 40, "\u2028", "/v1/{id}")
 
@@ -100,6 +116,9 @@ class Case:
     media: str
     encoding: str | None
     kind: str  # how it was made, for reports
+    # What an unmutated request holds, so that the caps' verdict can be checked exactly:
+    # (spans, resource and scope groups, span and resource attributes).
+    counts: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,8 @@ def random_request(rng: random.Random) -> Any:
             _kv("service.name", _any_value(rng, "string_value"))
         )
         scope_spans = resource_spans.scope_spans.add()
+        if rng.random() < 0.8:  # gpuscope's own spans: phases, TTFT, TPOT, batches
+            scope_spans.scope.name = attr.INSTRUMENTATION_NAME
         for _ in range(rng.randint(0, 4)):
             scope_spans.spans.append(_random_span(rng))
     return request
@@ -167,8 +188,49 @@ def _any_value(rng: random.Random, kind: str) -> Any:
     return AnyValue(bool_value=rng.random() < 0.5)
 
 
+def bulk_request(rng: random.Random) -> Any:
+    """A request around the span cap: just under, at or over it, or far over; of empty
+    spans, spans in the contract, or empty resource groups; over one to three groups."""
+    cap = LIMITS.max_spans
+    count = rng.choice((cap - 1, cap, cap + 1, 2 * cap, rng.randint(0, 4 * cap)))
+    request = ExportTraceServiceRequest()
+    shape = rng.randrange(3)
+    if shape == 2:  # the spans' worth of empty resource groups, no span at all
+        for _ in range(count):
+            request.resource_spans.add()
+        return request
+    scopes = [request.resource_spans.add().scope_spans.add() for _ in range(rng.randint(1, 3))]
+    for number in range(count):
+        scopes[number % len(scopes)].spans.append(Span() if shape == 0 else _random_span(rng))
+    return request
+
+
+def counts_of(request: Any) -> tuple[int, int, int]:
+    """(spans, resource and scope groups, span and resource attributes) of ``request``."""
+    spans = groups = attributes = 0
+    for resource_spans in request.resource_spans:
+        groups += 1 + len(resource_spans.scope_spans)
+        attributes += len(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            spans += len(scope_spans.spans)
+            attributes += sum(len(span.attributes) for span in scope_spans.spans)
+    return spans, groups, attributes
+
+
 def random_case(rng: random.Random) -> Case:
-    """One request, valid or mutated, as protobuf or JSON, sometimes gzipped."""
+    """One request, valid or mutated, as protobuf or JSON, sometimes gzipped; one in ten
+    a valid request around the span cap (``bulk_request``)."""
+    if rng.random() < 0.1:
+        request = bulk_request(rng)
+        body, media = (
+            (request.SerializeToString(), otlp.PROTOBUF)
+            if rng.random() < 0.5
+            else (json_text(request).encode(), otlp.JSON)
+        )
+        encoding = None
+        if rng.random() < 0.3:
+            body, encoding = gzip.compress(body, compresslevel=1), "gzip"
+        return Case(body, media, encoding, f"bulk-{media.rsplit('/', 1)[1]}", counts_of(request))
     request = random_request(rng)
     roll = rng.random()
     if roll < 0.3:
@@ -262,17 +324,42 @@ def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
 
 
 def check_case(aggregator: SpanAggregator, case: Case) -> Outcome:
-    """Decode and aggregate ``case``; asserts the invariants that hold for any input."""
+    """Decode and aggregate ``case``; asserts the invariants that hold for any input,
+    and for a case whose counts are known, that the caps refused it exactly when they
+    had to (spans and groups first, then attributes)."""
     try:
         data = otlp.decompress(case.body, case.encoding, LIMITS)
         request = decode_within_limits(data, case.media, LIMITS)
     except otlp.OtlpError as exc:
         refused = Outcome(rejected_reason=exc.reason, status=exc.status)
     else:
-        return _aggregate(aggregator, request)
+        outcome = _aggregate(aggregator, request)
+        assert case.counts is None or _over_caps(case.counts) is None, (case.counts, outcome)
+        return outcome
     assert refused.rejected_reason in otlp.REQUEST_REJECT_REASONS, refused
     assert 400 <= refused.status < 500, refused
+    if case.counts is not None:
+        assert refused.rejected_reason == _over_caps(case.counts), (case.counts, refused)
     return refused
+
+
+def _over_caps(counts: tuple[int, int, int]) -> str | None:
+    spans, groups, attributes = counts
+    if spans > LIMITS.max_spans or groups > LIMITS.max_spans:
+        return otlp.TOO_MANY_SPANS
+    return otlp.TOO_MANY_ATTRIBUTES if attributes > LIMITS.max_attributes else None
+
+
+def check_sums(aggregator: SpanAggregator) -> None:
+    """Every histogram's ``_sum`` is finite, and a duration family's (phases, TTFT,
+    TPOT) is at most a day per observation, whatever the spans said."""
+    bounded = {aggregator.phase.name, aggregator.ttft.name, aggregator.tpot.name}
+    for family in aggregator.histograms:
+        for labels, series in family.items():
+            counts, total, _, _ = series.read()
+            assert math.isfinite(total), (family.name, labels, total)
+            if family.name in bounded:
+                assert total <= sum(counts) * defs.MAX_DURATION_S, (family.name, labels)
 
 
 def _aggregate(aggregator: SpanAggregator, request: Any) -> Outcome:
