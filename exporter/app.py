@@ -70,6 +70,7 @@ def create_app(
         config.max_decompressed_bytes,
         config.max_spans_per_request,
         config.max_attributes_per_request,
+        config.max_json_values_per_request,
     )
     registry = CollectorRegistry()
     forwarding = config.forward_otlp is not None

@@ -44,14 +44,14 @@ from gpuscope.exporter.threads import ThreadPool
 
 
 def decode_within_limits(data: bytes, media: str, limits: otlp.Limits) -> Any:
-    """``otlp.decode_request`` with the span and attribute caps checked before each
-    expensive step."""
+    """``otlp.decode_request`` with the span, attribute and JSON value caps checked
+    before each expensive step."""
     if media == otlp.PROTOBUF:
         check_protobuf_spans(data, limits.max_spans)
         request = otlp.decode_protobuf(data)
         check_parsed_attributes(request, len(data), limits.max_attributes)
         return request
-    document = otlp.load_json(data)
+    document = otlp.load_json(data, limits.max_json_values)
     check_json_counts(document, limits.max_spans, limits.max_attributes)
     return otlp.json_to_request(document)
 

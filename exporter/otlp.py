@@ -44,6 +44,7 @@ SHED_AT_CAP = "shed_at_cap"
 AUTH_BUSY = "auth_busy"
 TOO_MANY_SPANS = "too_many_spans"
 TOO_MANY_ATTRIBUTES = "too_many_attributes"
+TOO_MANY_JSON_VALUES = "too_many_json_values"
 REQUEST_REJECT_REASONS = (
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
@@ -60,6 +61,7 @@ REQUEST_REJECT_REASONS = (
     AUTH_BUSY,
     TOO_MANY_SPANS,
     TOO_MANY_ATTRIBUTES,
+    TOO_MANY_JSON_VALUES,
 )
 
 # Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
@@ -89,6 +91,7 @@ class Limits:
     max_decompressed_bytes: int
     max_spans: int = 100_000
     max_attributes: int = 1_000_000
+    max_json_values: int = 1_000_000
 
 
 def media_type(content_type: str | None) -> str:
@@ -160,9 +163,18 @@ def json_to_request(document: dict[str, Any]) -> Any:
     return request
 
 
-def load_json(data: bytes) -> dict[str, Any]:
+def load_json(data: bytes, max_values: int | None = None) -> dict[str, Any]:
     """The JSON object, checked so that protobuf's JSON mapping only sees what it can take:
-    finite numbers, strings that are valid UTF-8 (no lone surrogates), bounded nesting."""
+    finite numbers, strings that are valid UTF-8 (no lone surrogates), bounded nesting,
+    and at most ``max_values`` values in all (objects, arrays, strings, numbers...).
+
+    The mapping costs about 7 µs a value, in Python: 7 million empty arrays in a 20 MB
+    body took 74 s of it, at a GiB of memory. Objects and arrays, the costly values, are
+    counted in the bytes before they are parsed (an opening ``{`` or ``[`` inside a
+    string counts too, which only ever over-counts), every value in the parsed document
+    before the mapping."""
+    if max_values is not None and data.count(b"{") + data.count(b"[") > max_values:
+        raise _too_many_values(max_values)
     try:
         document = json.loads(data, parse_float=_finite_float, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError,
@@ -170,8 +182,14 @@ def load_json(data: bytes) -> dict[str, Any]:
         raise OtlpError(400, INVALID_JSON, f"body is not JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise OtlpError(400, INVALID_JSON, "OTLP/JSON body must be an object")
-    _check_json_values(document)
+    _check_json_values(document, max_values)
     return document
+
+
+def _too_many_values(max_values: int) -> OtlpError:
+    return OtlpError(
+        413, TOO_MANY_JSON_VALUES, f"the OTLP/JSON body holds more than {max_values} values"
+    )
 
 
 def _finite_float(text: str) -> float:
@@ -185,13 +203,19 @@ def _no_constant(text: str) -> float:
     raise ValueError(f"{text} is not a JSON number")
 
 
-def _check_json_values(document: dict[str, Any]) -> None:
-    """Depth and strings, walked without recursion."""
+def _check_json_values(document: dict[str, Any], max_values: int | None) -> None:
+    """Depth, strings and the number of values, walked without recursion; a container is
+    counted before its items are, so the walk stops before it has gone past the cap."""
     stack: list[tuple[Any, int]] = [(document, 1)]
+    values, cap = 1, max_values if max_values is not None else math.inf
     while stack:
         value, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise OtlpError(400, INVALID_JSON, f"JSON nested deeper than {MAX_JSON_DEPTH}")
+        if isinstance(value, dict | list):
+            values += len(value)
+            if values > cap:
+                raise _too_many_values(int(cap))
         if isinstance(value, dict):
             for key, item in value.items():
                 _check_string(key)

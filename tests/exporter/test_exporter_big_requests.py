@@ -40,11 +40,30 @@ def one_scope(spans: bytes) -> bytes:
 
 
 BOMBS: dict[str, tuple[Callable[[], bytes], dict[str, str], str]] = {
-    # the 2,982-byte body: a million empty OTLP/JSON spans
-    "json-spans": (
+    # the 2,982-byte body: a million empty OTLP/JSON spans, a million and some
+    # JSON objects, so the JSON value cap refuses it before it is parsed
+    "json-million-spans": (
         lambda: b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b"{}," * 10**6 + b"{}]}]}]}",
         JSON,
+        "too_many_json_values",
+    ),
+    # 200,001 empty OTLP/JSON spans: under the value cap, over the span cap
+    "json-spans": (
+        lambda: b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b"{}," * 200_000 + b"{}]}]}]}",
+        JSON,
         "too_many_spans",
+    ),
+    # 6.5 million empty arrays in one attribute value (7 million took 74 s of protobuf's
+    # JSON mapping and a GiB before the JSON value cap)
+    "json-values": (
+        lambda: (
+            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"attributes":[{"key":"k",'
+            + b'"value":{"arrayValue":{"values":['
+            + b"[]," * 6_500_000
+            + b"[]]}}}]}]}]}]}"
+        ),
+        JSON,
+        "too_many_json_values",
     ),
     # 9 million empty protobuf spans: 18 MB, under --max-decompressed-bytes
     "protobuf-spans": (lambda: one_scope(entry(2) * 9_000_000), {}, "too_many_spans"),
@@ -54,15 +73,6 @@ BOMBS: dict[str, tuple[Callable[[], bytes], dict[str, str], str]] = {
     "protobuf-attributes": (
         lambda: one_scope(entry(2, entry(9) * 1_000_001)),
         {},
-        "too_many_attributes",
-    ),
-    "json-attributes": (
-        lambda: (
-            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"attributes":['
-            + b"{}," * 10**6
-            + b"{}]}]}]}]}"
-        ),
-        JSON,
         "too_many_attributes",
     ),
 }

@@ -187,3 +187,17 @@ def test_the_caps_refuse_one_span_or_attribute_too_many(media: str) -> None:
         with pytest.raises(otlp.OtlpError) as refused:
             decode_within_limits(body, media, limits)
         assert (refused.value.status, refused.value.reason) == (413, reason)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"resourceSpans": [' + b"[]," * 10 + b"[]]}",  # counted in the bytes, not parsed
+        b'{"resourceSpans": [], "x": "' + b"a" * 5 + b'", "y": [1, 2, 3, 4, 5, 6, 7, 8]}',
+    ],
+)
+def test_the_json_value_cap_refuses_past_it_before_the_mapping(body: bytes) -> None:
+    with pytest.raises(otlp.OtlpError) as refused:
+        otlp.load_json(body, max_values=10)
+    assert (refused.value.status, refused.value.reason) == (413, "too_many_json_values")
+    assert otlp.load_json(body, max_values=100)  # and under it, the document

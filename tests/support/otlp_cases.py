@@ -39,7 +39,12 @@ from support.exporter_fixtures import loopback_config
 # them now and then: the span scan and the attribute count are fuzzed too. An exporter
 # fed these cases is configured alike (``capped_config``).
 LIMITS = otlp.Limits(
-    max_body_bytes=8 << 20, max_decompressed_bytes=8 << 20, max_spans=8, max_attributes=60
+    max_body_bytes=8 << 20,
+    max_decompressed_bytes=8 << 20,
+    max_spans=8,
+    max_attributes=60,
+    # never reached by these cases, so protobuf and JSON of one request fare alike
+    max_json_values=100_000,
 )
 
 
@@ -50,6 +55,7 @@ def capped_config() -> ExporterConfig:
         max_decompressed_bytes=LIMITS.max_decompressed_bytes,
         max_spans_per_request=LIMITS.max_spans,
         max_attributes_per_request=LIMITS.max_attributes,
+        max_json_values_per_request=LIMITS.max_json_values,
     )
 
 
