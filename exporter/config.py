@@ -128,7 +128,7 @@ _HELP: Final = {
     "max_label_length": "longest label value accepted from a span (characters)",
     "max_body_bytes": "largest /v1/traces body accepted, as sent (bytes)",
     "max_decompressed_bytes": "largest /v1/traces body accepted after gunzip (bytes); "
-    "decoding one takes up to about 30 times this in memory, one request at a time",
+    "decoding one takes up to about 35 times this in memory, one request at a time",
     "max_spans_per_request": "spans one /v1/traces request may hold (its resource and scope "
     "groups too); more: 413, counted as too_many_spans",
     "max_attributes_per_request": "span and resource attributes one /v1/traces request may "
