@@ -50,7 +50,10 @@ def requests_with_distinct_models(count: int, per_request: int = 500) -> list[An
     requests = []
     for first in range(0, count, per_request):
         request = ExportTraceServiceRequest()
-        spans = request.resource_spans.add().scope_spans.add().spans
+        scope_spans = request.resource_spans.add().scope_spans.add()
+        # gpuscope's own scope: spans of any other go to the one-series stock family
+        scope_spans.scope.name = attr.INSTRUMENTATION_NAME
+        spans = scope_spans.spans
         for i in range(first, min(count, first + per_request)):
             span = Span(
                 trace_id=(i + 1).to_bytes(16, "big"),
