@@ -142,23 +142,26 @@ _HELP: Final = {
     "sent included) before new ones are dropped; bounds the forwarder's memory when the "
     "backend is slow or never answers",
     "forward_timeout": "seconds one forwarded request may take",
-    "web_config_file": "Prometheus exporter-toolkit web config (TLS, basic auth)",
-    "bearer_token_file": "file holding the token that /v1/traces requests must bear",
+    "web_config_file": "Prometheus exporter-toolkit web config (TLS, basic auth); read again "
+    "when it changes and on SIGHUP",
+    "bearer_token_file": "file holding the token that /v1/traces requests must bear; read "
+    "again when it changes and on SIGHUP",
     "gpu_source": "GPU backend; auto tries DCGM, then NVML, else serves request metrics only",
     "gpu_interval": "seconds between GPU polls (in the background, never during a scrape)",
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
-    "max_connections": "open client connections at most; past it the oldest idle one is "
-    "closed, else the oldest upload is cut (lowered to fit the file descriptor limit)",
+    "max_connections": "open client connections at most, TLS handshakes included; past it "
+    "the oldest idle one is closed, else the upload or non-reading client waiting longest "
+    "is cut (lowered to fit the file descriptor limit)",
     "header_timeout": "seconds from a request's first byte to its complete head",
     "idle_timeout": "seconds a connection may stay open without a request (keep-alive)",
     "body_timeout": "seconds from a request's complete head to its complete body; later "
     "bodies get 408 and their connection is closed",
     "write_timeout": "seconds a connection may go without the client reading its answer "
-    "(more than 64 KiB of it waiting) before it is closed; at --max-connections such "
-    "connections are shed first, like idle ones",
+    "(more than 64 KiB of it waiting) before it is closed; at --max-connections such a "
+    "connection can be shed at once",
     "shutdown_timeout": "on SIGTERM, seconds in-flight requests (uploads included) and "
-    "forwarding may take; bodies still uploading then get 503",
+    "forwarding may take; bodies still uploading or being decoded then get 503",
     "log_level": "log level",
 }
 
