@@ -31,7 +31,7 @@ lint: install
 # uses it; mypy does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py)
+	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py scripts/*/*.py)
 	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
 	cd alerts && MYPYPATH=../dashboards ../$(BIN)/mypy --config-file ../pyproject.toml *.py
 
