@@ -68,7 +68,14 @@ TEXT_ATTRIBUTES: Final = (attr.GEN_AI_REQUEST_MODEL, VLLM_RESPONSE_MODEL)
 
 
 class EngineSpanInvalid(ValueError):
-    """An engine span attribute that is not a finite, non-negative number."""
+    """An engine span attribute that is not a finite, non-negative number.
+
+    ``is_duration`` tells a bad duration from another bad value (a token count).
+    """
+
+    def __init__(self, message: str, *, is_duration: bool) -> None:
+        super().__init__(message)
+        self.is_duration = is_duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +134,12 @@ def _seconds(attributes: Mapping[str, object], key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EngineSpanInvalid(f"{key} must be a number of seconds, got {type(value).__name__}")
+        raise EngineSpanInvalid(
+            f"{key} must be a number of seconds, got {type(value).__name__}", is_duration=True
+        )
     seconds = float(value)
     if not 0.0 <= seconds < math.inf:
-        raise EngineSpanInvalid(f"{key} is {seconds}, not a finite duration >= 0")
+        raise EngineSpanInvalid(f"{key} is {seconds}, not a finite duration >= 0", is_duration=True)
     return seconds
 
 
@@ -139,9 +148,11 @@ def _count(attributes: Mapping[str, object], key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise EngineSpanInvalid(f"{key} must be an integer, got {type(value).__name__}")
+        raise EngineSpanInvalid(
+            f"{key} must be an integer, got {type(value).__name__}", is_duration=False
+        )
     if value < 0:
-        raise EngineSpanInvalid(f"{key} is {value}, below 0")
+        raise EngineSpanInvalid(f"{key} is {value}, below 0", is_duration=False)
     return value
 
 

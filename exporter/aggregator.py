@@ -39,7 +39,7 @@ from gpuscope import engine_spans
 from gpuscope import spans as attr
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
-from gpuscope.exporter.series import HistogramFamily
+from gpuscope.exporter.series import HistogramFamily, SpanRef
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
@@ -229,9 +229,12 @@ class SpanAggregator:
         if not own:
             if span.kind != SPAN_KIND_SERVER:
                 return False
+            engine = None
             if engine_spans.is_engine_request_span(span.name):
-                self._engine_span(span, service, process_uuid)
+                engine = self._engine_span(span, service, process_uuid)
             self._stock_span(span, service)
+            if engine is not None:  # observed only once the whole span proved valid
+                self._observe_engine_span(*engine)
         elif span.kind == SPAN_KIND_SERVER:
             self._server_span(span, service, process_uuid)
         elif span.name == attr.BATCH_SPAN_NAME:
@@ -250,11 +253,14 @@ class SpanAggregator:
         except StatusUnreadable as exc:
             raise SpanRejected(WRONG_ATTRIBUTE_TYPE, str(exc)) from exc
 
-    def _engine_span(self, span: Any, service: str, process_uuid: str) -> None:
-        """An engine's request span that no gpuscope server span counts: count it here.
+    def _engine_span(
+        self, span: Any, service: str, process_uuid: str
+    ) -> tuple[engine_spans.EngineReport, tuple[str, str, str, str], float, SpanRef] | None:
+        """An engine's request span that no gpuscope server span counts, validated.
 
-        Validated in full before anything is observed, like a server span; the stock
-        family then counts it too (it is another instrumentation's SERVER span).
+        Returns what ``_observe_engine_span`` counts, or None when a server span counts
+        this request (``gpuscope.request.counted``). The stock family counts the span
+        too (it is another instrumentation's SERVER span).
         """
         ref = _span_ref(span)
         start, end = span.start_time_unix_nano, span.end_time_unix_nano
@@ -262,16 +268,25 @@ class SpanAggregator:
             raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
         values = _read_engine_attributes(span.attributes)
         if values.get(engine_spans.COUNTED_BY_SERVER_SPAN) is True:
-            return
+            return None
         try:
             report = engine_spans.read_engine_span(values)
         except engine_spans.EngineSpanInvalid as exc:
-            raise SpanRejected(INVALID_DURATION, str(exc)) from exc
+            reason = INVALID_DURATION if exc.is_duration else INVALID_ATTRIBUTE_VALUE
+            raise SpanRejected(reason, str(exc)) from exc
         model = self._label(report.model, attr.GEN_AI_REQUEST_MODEL)
-        uuid = process_uuid
-        gpu = self._gpu_index.get(uuid, "") if uuid else ""
-        self.duration.observe((service, model, "", "", "", uuid, gpu), (end - start) / 1e9, ref)
-        base = (service, model, uuid, gpu)
+        gpu = self._gpu_index.get(process_uuid, "") if process_uuid else ""
+        return report, (service, model, process_uuid, gpu), (end - start) / 1e9, ref
+
+    def _observe_engine_span(
+        self,
+        report: engine_spans.EngineReport,
+        base: tuple[str, str, str, str],
+        seconds: float,
+        ref: SpanRef,
+    ) -> None:
+        service, model, uuid, gpu = base
+        self.duration.observe((service, model, "", "", "", uuid, gpu), seconds, ref)
         for phase, seconds in report.phases.items():
             self.phase.observe((phase, *base), seconds, ref)
         for stage, seconds in report.stages.items():

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import aiohttp
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.samples import Sample
 
 from gpuscope import engine_spans
@@ -123,3 +124,50 @@ async def test_vllm_loading_spans_are_received_not_counted(
     assert total(scraped, "gpuscope_spans_received_total") == len(spans("vllm-traces"))
     assert total(scraped, "gpuscope_spans_rejected_total") == 0
     assert total(scraped, "gpuscope_span_calls_total") == len(spans("vllm-traces")) - len(loading)
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value", "reason"),
+    [
+        (engine_spans.VLLM_QUEUE, "double_value", -1.0, "invalid_duration"),
+        (engine_spans.VLLM_DECODE, "double_value", float("inf"), "invalid_duration"),
+        (engine_spans.VLLM_PREFILL, "string_value", "0.1", "wrong_attribute_type"),
+        (engine_spans.VLLM_PROMPT_TOKENS, "int_value", -5, "invalid_attribute_value"),
+        ("http.response.status_code", "string_value", "oops", "wrong_attribute_type"),
+    ],
+)
+async def test_a_broken_engine_span_is_rejected_whole(
+    running_exporter: RunningExporter,
+    exporter_http: aiohttp.ClientSession,
+    key: str,
+    field: str,
+    value: object,
+    reason: str,
+) -> None:
+    """One bad value rejects the span with a reason, and nothing of it is counted."""
+    captured = next(
+        (rs, ss, span)
+        for r in export_requests("vllm-traces")
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if span.name == engine_spans.VLLM_REQUEST_SPAN
+    )
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.CopyFrom(captured[0].resource)
+    scope_spans = resource_spans.scope_spans.add()
+    scope_spans.scope.CopyFrom(captured[1].scope)
+    span = scope_spans.spans.add()
+    span.CopyFrom(captured[2])
+    existing = [kv for kv in span.attributes if kv.key == key]
+    kv = existing[0] if existing else span.attributes.add(key=key)
+    kv.value.Clear()
+    setattr(kv.value, field, value)
+    status, _ = await post_spans(exporter_http, running_exporter, request.SerializeToString())
+    assert status == 200  # partial success: the rejection is in the body and the metrics
+    scraped = samples(await scrape(exporter_http, running_exporter))
+    assert total(scraped, "gpuscope_spans_rejected_total", reason=reason) == 1
+    assert total(scraped, "gpuscope_request_duration_seconds_count") == 0
+    assert total(scraped, "gpuscope_request_phase_seconds_count") == 0
+    assert total(scraped, "gpuscope_span_calls_total") == 0
