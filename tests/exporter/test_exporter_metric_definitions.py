@@ -111,6 +111,8 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_gpu_xid_events", "counter", "", _GPU),
     ("gpuscope_gpu_xid_errors", "counter", "", (*_GPU, "xid")),
     ("gpuscope_gpu_ecc_errors", "counter", "", (*_GPU, "type")),
+    ("gpuscope_gpu_process_join_status", "gauge", "", ("status",)),
+    ("gpuscope_gpu_process_join_processes", "gauge", "", ()),
     ("gpuscope_collector_success", "gauge", "", ("collector",)),
     ("gpuscope_collector_duration_seconds", "gauge", "seconds", ("collector",)),
 ]
