@@ -1,7 +1,8 @@
 """The process join: span pids to the GPUs their processes (or children) hold.
 
 Through the fake NVML and a fake ``/proc`` tree in a temporary folder; the simulated
-source's case runs against the real ``/proc`` with a real process tree.
+source's cases run against the real ``/proc`` with a real process tree, up to the span
+aggregator that asks the map (``uuids_for_pid``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,16 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
+from gpuscope import spans as attr
+from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope.exporter.definitions import REQUEST_DURATION
 from gpuscope.exporter.doctor import DoctorConfig, diagnose, no_source_report, run
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.dcgm import DcgmSource
@@ -31,6 +40,7 @@ from gpuscope.exporter.gpu.processes import (
 from gpuscope.exporter.gpu.scenario import ScenarioError, parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from support.exporter_fixtures import T0, encode
 from support.gpu_fake_dcgm import FakeDcgmHost, FakeValue
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
@@ -439,6 +449,62 @@ def test_simulated_gpus_join_a_real_process_tree(engine_tree: tuple[int, int]) -
     now[0] += 10  # the scenario's process ends
     poller.poll_once()
     assert poller.processes.uuids_for_pid(api_server) == ()
+    poller.stop()
+
+
+def server_span(resource: dict[str, str | int]) -> ReadableSpan:
+    """A gpuscope server span without a GPU UUID, from a process named on its resource."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "vllm", **resource}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    span = provider.get_tracer(attr.INSTRUMENTATION_NAME).start_span(
+        "POST /v1/completions",
+        kind=SpanKind.SERVER,
+        attributes={attr.HTTP_ROUTE: "/v1/completions", attr.HTTP_RESPONSE_STATUS_CODE: 200},
+        start_time=T0,
+    )
+    span.end(end_time=T0 + 50_000_000)
+    return memory.get_finished_spans()[-1]
+
+
+def joined_gpus(aggregator: SpanAggregator) -> list[tuple[str, str]]:
+    uuid, gpu = REQUEST_DURATION.labels.index("uuid"), REQUEST_DURATION.labels.index("gpu")
+    return sorted((labels[uuid], labels[gpu]) for labels, _ in aggregator.duration.items())
+
+
+@pytest.mark.parametrize("key", ["process.pid", "vllm.process_id"])
+def test_the_aggregator_joins_an_api_servers_spans_to_its_workers_gpu(
+    engine_tree: tuple[int, int], key: str
+) -> None:
+    """The interface end to end: the poller's map is what the span aggregator asks."""
+    api_server, worker = engine_tree
+    events = [{"gpu": 1, "fault": "process", "pid": worker}]
+    source = SimulatedSource(2, parse_scenario({"events": events}))
+    poller = GpuPoller(source, 1.0)
+    poller.poll_once()
+    aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_pid)
+    aggregator.set_gpu_devices(source.devices())
+    # setup_tracing() puts the pid as an int, vLLM its process_id as a string
+    pid: str | int = api_server if key == "process.pid" else str(api_server)
+    result = aggregator.ingest(encode([server_span({key: pid})]))
+    assert result.aggregated == 1
+    assert joined_gpus(aggregator) == [(simulated_uuid(1), "1")]
+    poller.stop()
+
+
+def test_a_tensor_parallel_engine_is_left_to_the_per_host_join(
+    engine_tree: tuple[int, int],
+) -> None:
+    api_server, worker = engine_tree
+    events = [{"gpu": "all", "fault": "process", "pid": worker}]  # one pid shown on both
+    source = SimulatedSource(2, parse_scenario({"events": events}))
+    poller = GpuPoller(source, 1.0)
+    poller.poll_once()
+    assert len(poller.processes.uuids_for_pid(api_server)) == 2
+    aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_pid)
+    aggregator.set_gpu_devices(source.devices())
+    aggregator.ingest(encode([server_span({"process.pid": api_server})]))
+    assert joined_gpus(aggregator) == [("", "")]
     poller.stop()
 
 
