@@ -165,7 +165,7 @@ def render_process_join(join: Mapping[str, Any], out: TextIO) -> None:
         print(f"  GPU {gpu['index']}  {uuid}: {listed}{note}", file=out)
     if join["status"] == ProcessJoin.OK:
         print(
-            "  spans whose process, or a child of it, holds a GPU are joined to that GPU",
+            "  spans whose process, or one of its descendants, holds a GPU are joined to it",
             file=out,
         )
     print(f"  otherwise: {join['fallback']}", file=out)
