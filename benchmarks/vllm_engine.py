@@ -232,6 +232,7 @@ def main() -> int:
             )
             loadgen(with_, 4, 16, work / "warm-with.json")  # first requests compile kernels
             loadgen(without, 4, 16, work / "warm-without.json")
+            wait_for(exporter_url, "with", 16)  # the warm-up's spans are in before step 1
             phase_table(
                 with_, exporter_url, [int(c) for c in args.clients.split(",")], args.requests, work
             )

@@ -12,7 +12,9 @@ Load comes from ``gpuscope loadgen``. Checked: every request vLLM served is coun
 exactly once in gpuscope's request histograms, with the phases vLLM measured (queue,
 compute; prefill and decode) where vLLM traces; one trace per request, gpuscope's
 server span the parent of vLLM's ``llm_request``; queue time under overload; and the
-phase means agree with vLLM's own histograms over the same window.
+phase means agree with vLLM's own histograms over the same window. The exporter's
+simulated GPU 0 lists the ``vllm-both`` engine's model process (a child of the API
+server) as NVML would, so its requests must be joined to that GPU by process alone.
 
 With ``GPUSCOPE_VLLM_CAPTURE=DIR`` the export requests (as OTLP/JSON lines) and vLLM's
 ``/metrics`` are written to ``DIR``: the fixtures ``make test`` replays.
@@ -135,23 +137,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sink = SpanSink()
     with run_uvicorn(sink) as sink_url:
         port = free_port()
-        exporter_log = (work / "exporter.log").open("wb")
-        exporter = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuscope",
-                "exporter",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--gpu-source",
-                "simulated",
-                "--forward-otlp",
-                sink_url + "/v1/traces",
-            ],
-            stdout=exporter_log,
-            stderr=subprocess.STDOUT,
-        )
         exporter_url = f"http://127.0.0.1:{port}"
         traces = exporter_url + "/v1/traces"
         launched = (
@@ -187,13 +172,65 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 name="middleware",
             ),
         )
+        exporter: subprocess.Popen[bytes] | None = None
         try:
             with vllm_servers(*launched) as (both, traces_only, middleware_only):
+                # Started once vLLM's process tree exists: its scenario lists the model
+                # process on GPU 0 (vLLM's spans were refused until then: loading only).
+                exporter = start_exporter(work, port, sink_url, model_process(both))
                 yield Stack(exporter_url, sink, both, traces_only, middleware_only)
         finally:
-            exporter.terminate()
-            exporter.wait(timeout=30)
-            exporter_log.close()
+            if exporter is not None:
+                exporter.terminate()
+                exporter.wait(timeout=30)
+
+
+def model_process(server: VllmServer) -> int:
+    """A descendant of vLLM's API server: the process that would hold the GPU."""
+    children = [
+        int(pid)
+        for task in Path(f"/proc/{server.process.pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    assert children, "vLLM's API server has no child process"
+    return children[0]
+
+
+def start_exporter(work: Path, port: int, sink_url: str, gpu_pid: int) -> subprocess.Popen[bytes]:
+    scenario = work / "scenario.yaml"
+    scenario.write_text(
+        f"events:\n  - {{at: 0, duration: 86400, gpu: 0, fault: process, pid: {gpu_pid}}}\n"
+    )
+    log = (work / "exporter.log").open("wb")
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuscope",
+            "exporter",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--gpu-source",
+            "simulated",
+            "--gpu-scenario",
+            str(scenario),
+            "--forward-otlp",
+            sink_url + "/v1/traces",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while True:  # ready once its first GPU poll (with the process list) is in
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+                if response.status == 200:
+                    return exporter
+        except OSError:
+            pass
+        assert exporter.poll() is None and time.monotonic() < deadline, "exporter did not start"
+        time.sleep(0.5)
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -306,6 +343,8 @@ def test_each_request_counted_once_with_vllm_phases(stack: Stack, tmp_path: Path
             total(values, "gpuscope_request_compute_stage_seconds_count", **service, stage=stage)
             == count
         )
+    # Joined to GPU 0 by vLLM's process tree alone: no UUID was configured anywhere.
+    assert total(values, "gpuscope_request_phase_seconds_count", **service, gpu="0") == 2 * count
     assert total(values, "gpuscope_tokens_total", **service, direction="output") > 0
     assert total(values, "gpuscope_time_to_first_token_seconds_count", **service) == count
 
