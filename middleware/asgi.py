@@ -29,6 +29,7 @@ from gpuscope import __version__
 from gpuscope import spans as attr
 from gpuscope.middleware import environment, response_fields, stats
 from gpuscope.middleware.phase_spans import PhaseSpanEmitter
+from gpuscope.middleware.request_attributes import request_attributes
 from gpuscope.middleware.routes import RouteResolver
 from gpuscope.middleware.timeline import ARRIVED, FINISHED, RequestTimeline, activate, deactivate
 from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
@@ -275,6 +276,7 @@ class _Exchange:
                 attr.HTTP_REQUEST_METHOD: method,
                 attr.URL_PATH: scope.get("path", ""),
                 attr.URL_SCHEME: scope.get("scheme", "http"),
+                **request_attributes(scope),
             },
             start_time=timeline.epoch_ns(arrived),
         )
@@ -316,12 +318,16 @@ class _Exchange:
     def _read_response_fields(self, body: object) -> None:
         if not isinstance(body, bytes | bytearray | memoryview):
             return
-        model, operation = response_fields.model_and_operation(bytes(body[:1024]))
+        found = response_fields.read(bytes(body[: response_fields.SNIFF_BYTES]))
         timeline = self.timeline
-        if model is not None and timeline.model is None:
-            timeline.model = model
-        if operation is not None and timeline.operation is None:
-            timeline.operation = operation
+        if found.model is not None and timeline.model is None:
+            timeline.model = found.model
+        if found.operation is not None and timeline.operation is None:
+            timeline.operation = found.operation
+        if found.model is not None:
+            self.span.set_attribute(attr.GEN_AI_RESPONSE_MODEL, found.model)
+        if found.response_id is not None:
+            self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, found.response_id)
 
     def end(self) -> None:
         """After the app returned or raised: end the span if the response did not."""

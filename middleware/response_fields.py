@@ -1,4 +1,4 @@
-"""The model and operation of an OpenAI-shaped response, read from its first bytes.
+"""The model, operation and id of an OpenAI-shaped response, read from its first bytes.
 
 An engine behind the zero-argument middleware (vLLM) never tells gpuscope which model a
 request used. Its responses do: every completion, chat and embeddings body, and every
@@ -12,12 +12,13 @@ metrics.
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Final, NamedTuple
 
 SNIFF_BYTES: Final = 1024
 MAX_MODEL_LENGTH: Final = 128
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\\x00-\x1f]{1,128})"')
 _OBJECT = re.compile(rb'"object"\s*:\s*"([a-z._]{1,40})"')
+_ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,128})"')
 # OpenAI's ``object`` values -> gen_ai.operation.name
 _OPERATIONS: Final = {
     b"text_completion": "text_completion",
@@ -38,6 +39,19 @@ def sniffable(headers: object) -> bool:
             if isinstance(name, bytes) and name.lower() == b"content-type":
                 return isinstance(value, bytes) and value.lower().startswith(SNIFFED_CONTENT_TYPES)
     return False
+
+
+class ResponseFields(NamedTuple):
+    model: str | None
+    operation: str | None
+    response_id: str | None
+
+
+def read(body: bytes) -> ResponseFields:
+    """What the start of ``body`` says; None where absent."""
+    model, operation = model_and_operation(body)
+    found = _ID.search(body[:SNIFF_BYTES])
+    return ResponseFields(model, operation, found.group(1).decode() if found else None)
 
 
 def model_and_operation(body: bytes) -> tuple[str | None, str | None]:

@@ -110,3 +110,9 @@ def test_only_json_and_event_streams_are_read() -> None:
     assert not response_fields.sniffable([])
     assert not response_fields.sniffable(None)
     assert not response_fields.sniffable([(b"content-type",)])
+
+
+def test_the_response_id_is_read_with_the_model() -> None:
+    body = b'{"id":"chatcmpl-a232ecf9c042fa57","object":"chat.completion","model":"tiny"}'
+    assert response_fields.read(body) == ("tiny", "chat", "chatcmpl-a232ecf9c042fa57")
+    assert response_fields.read(b'{"id":"<script>"}').response_id is None
