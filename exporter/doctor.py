@@ -231,12 +231,13 @@ def main(argv: list[str]) -> int:
         return 2
     if source is None:
         report = no_source_report(config, errors)
+        if config.json:  # the document instead of the text, as --help says; exit 1 still
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 1
         print(f"gpuscope doctor: no GPU source; {report['exporter']}.", file=sys.stderr)
         for error in report["errors"]:
             print(f"  {error}", file=sys.stderr)
         print(f"GPU process join: no_gpu_source; {FALLBACK}.", file=sys.stderr)
-        if config.json:  # a reader of stdout still gets a document to parse
-            json.dump(report, sys.stdout, indent=2)
-            sys.stdout.write("\n")
         return 1
     return run(source, config, sys.stdout)
