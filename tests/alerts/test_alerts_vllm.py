@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from support.dashboards_json import dashboards_module
 
 REPO = Path(__file__).parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-0.32.0" / "metrics.txt"
@@ -21,8 +23,7 @@ SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 VLLM_NAME = re.compile(r"\bvllm:[a-z0-9_]+")
 
-sys.path.insert(0, str(REPO / "dashboards"))
-import engines  # noqa: E402
+engines = dashboards_module("engines")
 
 
 def captured() -> dict[str, tuple[set[str], set[str]]]:
@@ -45,9 +46,7 @@ def _bounds(native: str) -> set[str]:
 
 
 @pytest.mark.parametrize("histogram", engines.VLLM_HISTOGRAMS, ids=lambda h: h.native)
-def test_the_engines_table_has_vllms_histograms_and_buckets(
-    histogram: engines.EngineHistogram,
-) -> None:
+def test_the_engines_table_has_vllms_histograms_and_buckets(histogram: Any) -> None:
     for suffix in ("_bucket", "_sum", "_count"):
         assert histogram.native + suffix in CAPTURED, histogram.native + suffix
     assert {float(b) for b in histogram.buckets} == {float(b) for b in _bounds(histogram.native)}
@@ -102,7 +101,7 @@ def input_series() -> list[tuple[Path, str, dict[str, str]]]:
 
 def test_promtool_inputs_are_shaped_like_vllms_exposition() -> None:
     """Names, label names (plus job and instance) and bucket bounds as vLLM serves them."""
-    vllm = [(path, name, labels) for path, name, labels in input_series() if name.startswith("vllm:")]
+    vllm = [series for series in input_series() if series[1].startswith("vllm:")]
     assert len(vllm) > 100
     for path, name, labels in vllm:
         assert name in CAPTURED, f"{path.name}: {name} is not in vLLM's /metrics"
@@ -114,12 +113,11 @@ def test_promtool_inputs_are_shaped_like_vllms_exposition() -> None:
 
 def test_every_histogram_the_cases_give_has_all_of_its_buckets() -> None:
     """A case with some buckets of a histogram has all of them, as vLLM serves them."""
-    buckets: dict[tuple[str, str], set[str]] = {}
+    buckets: dict[tuple[str, str, str], set[str]] = {}
     for path, name, labels in input_series():
         if name.startswith("vllm:") and "le" in labels:
-            key = (path.name, name + str(sorted((k, v) for k, v in labels.items() if k != "le")))
-            buckets.setdefault(key, set()).add(labels["le"])
+            others = str(sorted((k, v) for k, v in labels.items() if k != "le"))
+            buckets.setdefault((path.name, name, others), set()).add(labels["le"])
     assert buckets
-    for (path, series), bounds in buckets.items():
-        name = series.split("[")[0]
-        assert bounds == CAPTURED[name][1], f"{path}: {series}"
+    for (file, name, others), bounds in buckets.items():
+        assert bounds == CAPTURED[name][1], f"{file}: {name} {others}"
