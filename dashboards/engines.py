@@ -124,3 +124,29 @@ def vllm_histograms_for(gpuscope: str) -> tuple[EngineHistogram, ...]:
 
 def missing_phases(engine: str) -> tuple[str, ...]:
     return tuple(p for p in PHASES if p not in ENGINE_PHASES[engine])
+
+
+def phases_note() -> str:
+    """Markdown for the boards: the sources, and which phases each engine reports."""
+    lines = [
+        "Request timings per **source**: `spans` (gpuscope's exporter: the middleware, "
+        "the reference worker, or vLLM's `llm_request` span) or `vllm` (vLLM's own "
+        "`/metrics`, no gpuscope in the request path). Panels over the recording rules "
+        "show one source at a time, so the same requests seen both ways are never "
+        "added up. A phase an engine does not report is absent, never zero:",
+        "",
+    ]
+    for engine, phases in ENGINE_PHASES.items():
+        stages = ENGINE_STAGES[engine]
+        missing = missing_phases(engine)
+        lines.append(
+            f"- {engine}: {', '.join(phases)}"
+            + (f"; compute split into {' and '.join(stages)}" if stages else "")
+            + (f"; no {', '.join(missing)}" if missing else "")
+        )
+    lines += [
+        "",
+        "Requests that name no GPU (vLLM's `/metrics` never does) are judged against "
+        "every GPU of their host (GPU `all`).",
+    ]
+    return "\n".join(lines)

@@ -55,10 +55,22 @@ def load_dashboards() -> dict[str, dict[str, Any]]:
 
 
 def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every panel that is not a row (rows here are never collapsed: no nested panels)."""
+    """Every panel that queries: not a row (rows here are never collapsed: no nested
+    panels), not a text note."""
     for panel in board["panels"]:
-        if panel["type"] != "row":
+        if panel["type"] not in {"row", "text"}:
             yield panel
+
+
+def panels_by_row(board: dict[str, Any]) -> Iterator[tuple[dict[str, Any] | None, dict[str, Any]]]:
+    """(the row a panel sits in, or None above the first row; the panel) for every
+    panel that queries."""
+    current = None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = panel
+        elif panel["type"] != "text":
+            yield current, panel
 
 
 def targets(name: str, board: dict[str, Any]) -> Iterator[Target]:
