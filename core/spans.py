@@ -49,6 +49,13 @@ PHASE_SPANS: Final = {
     "compute": "gpuscope.compute",
 }
 
+# Parts of ``compute`` that a continuous-batching engine reports (vLLM: prefill, then
+# decode); they add up to ``compute`` and are never summed with the phases.
+COMPUTE_STAGES: Final = ("prefill", "decode")
+COMPUTE_STAGE_DURATION: Final = {
+    stage: f"gpuscope.compute.{stage}.duration" for stage in COMPUTE_STAGES
+}
+
 BATCH_ID: Final = "gpuscope.batch.id"
 BATCH_SIZE: Final = "gpuscope.batch.size"
 BATCH_MAX_SIZE: Final = "gpuscope.batch.max_size"

@@ -21,6 +21,7 @@ from gpuscope.exporter.gpu.validation import (
     check_clock_power_memory,
     check_doctor,
     check_pcie,
+    check_process_join,
     gpu_samples,
 )
 from gpuscope.exporter.gpu.validation import parse_args as parse_check_args
@@ -104,6 +105,19 @@ def test_load_checks_pass_on_a_healthy_gpu_and_fail_on_a_stuck_one() -> None:
         "memory_used_grows",
         "gpm_occupancy_rises",
     ]
+
+
+def test_process_join_check_wants_the_loader_listed_on_its_gpu() -> None:
+    def doctor(status: str, pids: list[int]) -> dict[str, object]:
+        gpus = {"GPU-a": {"index": 0, "pids": pids, "why": None}}
+        return {"process_join": {"status": status, "why": "x", "gpus": gpus}}
+
+    assert check_process_join(doctor("ok", [7, 42]), 0, 42).passed
+    assert not check_process_join(doctor("ok", [7]), 0, 42).passed
+    assert not check_process_join(doctor("ok", [42]), 1, 42).passed  # another GPU
+    failed = check_process_join(doctor("no_permission", [42]), 0, 42)
+    assert not failed.passed and "status no_permission" in failed.detail
+    assert not check_process_join({}, 0, 42).passed  # a doctor without the join
 
 
 @pytest.mark.parametrize(
