@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gpuscope.exporter.definitions import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
 from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
@@ -44,8 +45,9 @@ WORKER_ALERTS = (
 QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
 # Served by the exporter only from engines' spans that report the parts of compute
 # (vLLM's llm_request span); the pack's reference worker reports compute whole, so
-# its rules get their data from the vLLM replay.
+# its rules get their data from the vLLM replay. The exporter must declare it.
 ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
+
 # A KV cache of 32 blocks of 16 tokens under 8 clients whose completions grow to 216
 # tokens: sequences outgrow the pool, so the oldest run while the youngest are preempted.
 EXHAUSTED_WORKER = replace(
@@ -281,3 +283,8 @@ async def test_kv_cache_exhaustion_reaches_alertmanager(tmp_path: Path) -> None:
         )
     assert [p["metric"]["instance"] for p in preempting] == [stack.worker_instance]
     assert ("GpuscopeWorkerMetricsDown", stack.worker_instance) not in seen
+
+
+def test_the_engine_only_metrics_are_the_exporters() -> None:
+    declared = {metric.name for metric in EXPORTER_METRICS}
+    assert ENGINE_SPANS_ONLY - declared == set()
