@@ -1,13 +1,16 @@
 """Every dashboard query against the running pack: real exporter, worker, load, Prometheus.
 
-Prometheus scrapes the exporter and the worker's own /metrics (the serving-engine
-panels), so every metric a panel names must be served by one of the two.
+Prometheus scrapes the exporter, the worker's own /metrics (the serving-engine
+panels) and a replay of vLLM's /metrics as the real engine served it (the
+metrics-only source), so every metric a panel names must be served by one of them.
 
 The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
 the error panels have series too. Grafana's variables are resolved the way Grafana
 does (``label_values`` through Prometheus' label-values API, each filtered by the
 ones before, set to their first value); panels are then queried in the dashboards'
-default state, every variable on "All".
+default state, every variable on "All", once per value of a variable without "All"
+(the source on "Where did the time go"): each query must return data for one of them
+at least (a panel of prefill and decode has data for vLLM only).
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def recording_rules() -> set[str]:
 
 
 def served_labels(*metrics_texts: str) -> dict[str, set[str]]:
-    """Sample name -> label names, from /metrics texts (the exporter's, the worker's)."""
+    """Sample name -> label names, from /metrics texts (the exporter's, the worker's,
+    vLLM's)."""
     served: dict[str, set[str]] = {}
     for text in metrics_texts:
         for family in text_string_to_metric_families(text):
@@ -93,31 +97,70 @@ def promql_regex(value: str) -> str:
 
 
 async def check_variable_chain(
-    session: aiohttp.ClientSession, base: str, name: str, board: dict[str, Any]
+    session: aiohttp.ClientSession,
+    base: str,
+    name: str,
+    board: dict[str, Any],
+    chosen: dict[str, str],
+    *,
+    empty_is_all: bool = False,
 ) -> None:
-    """Each variable, filtered by the earlier ones set to their first value, has values."""
-    chosen: dict[str, str] = {}
+    """Each variable not in ``chosen``, filtered by the earlier ones (set to their first
+    value), has values; or, with ``empty_is_all``, none, which Grafana shows as "All"
+    (vLLM's /metrics name no GPU: its requests match the "All" of ``gpu``)."""
+    chosen = dict(chosen)
     for variable in query_variables(board):
+        if variable["name"] in chosen:
+            continue
         series, label = parse_label_values(substitute(variable["query"], chosen, {}))
         values = await label_values(session, base, series, label)
+        if not values and empty_is_all and variable["includeAll"]:
+            chosen[variable["name"]] = variable["allValue"]
+            continue
         assert values, f"{name}: variable {variable['name']} has no values for {series}"
         chosen[variable["name"]] = promql_regex(sorted(values)[0])
+
+
+async def settings(
+    session: aiohttp.ClientSession, base: str, board: dict[str, Any]
+) -> list[dict[str, str]]:
+    """Variable values to query a board's panels under: every variable on "All", and
+    each value of one without "All" in turn."""
+    everything = {v["name"]: v["allValue"] for v in query_variables(board) if v["includeAll"]}
+    single = [v for v in query_variables(board) if not v["includeAll"]]
+    assert len(single) <= 1, "more than one variable without All"
+    if not single:
+        return [everything]
+    series, label = parse_label_values(substitute(single[0]["query"], everything, {}))
+    values = await label_values(session, base, series, label)
+    return [{**everything, label: promql_regex(value)} for value in sorted(values)]
 
 
 async def failing_targets(session: aiohttp.ClientSession, base: str) -> list[str]:
     failures = []
     for name, board in load_dashboards().items():
-        await check_variable_chain(session, base, name, board)
-        everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+        tried = await settings(session, base, board)
+        for index, chosen in enumerate(tried):
+            single = {k: v for k, v in chosen.items() if v != ".*"}
+            await check_variable_chain(session, base, name, board, single, empty_is_all=index > 0)
         for target in targets(name, board):
-            expr = substitute(target.expr, everything, TIME_VALUES)
-            if not await instant_query(session, base, expr):  # fails on a parse error
-                failures.append(f"{target.board} / {target.panel}: no data for\n{expr}")
+            exprs = [substitute(target.expr, chosen, TIME_VALUES) for chosen in tried]
+            with_data = [expr for expr in exprs if await instant_query(session, base, expr)]
+            if not with_data:  # instant_query fails on a parse error
+                failures.append(f"{target.board} / {target.panel}: no data for\n{exprs[0]}")
             elif (
-                target.exemplar and "_bucket{" in expr and not await exemplars(session, base, expr)
+                target.exemplar
+                and "_bucket{" in with_data[0]
+                and not await exemplars(session, base, with_data[0])
             ):
-                failures.append(f"{target.board} / {target.panel}: no exemplars for\n{expr}")
+                failures.append(f"{target.board} / {target.panel}: no exemplars for\n{exprs[0]}")
     return failures
+
+
+async def sources(session: aiohttp.ClientSession, base: str) -> list[str]:
+    """The values of the source variable of "Where did the time go"."""
+    board = load_dashboards()["where-did-the-time-go.json"]
+    return [chosen["source"] for chosen in await settings(session, base, board)]
 
 
 async def exemplars(session: aiohttp.ClientSession, base: str, expr: str) -> list[Any]:
@@ -147,7 +190,7 @@ def unknown_names(target: Target, served: dict[str, set[str]], rules: set[str]) 
     for metric, labels in selected_metrics(target.expr):
         if metric in PROMETHEUS_SERIES:
             continue
-        if ":" in metric:
+        if ":" in metric and metric not in served:  # vLLM's names have colons too
             if metric not in rules:
                 problems.append(f"{metric}: no recording rule of that name in {RULES_DIR}")
             continue
@@ -211,7 +254,7 @@ async def pcie_capacities(session: aiohttp.ClientSession, base: str) -> list[flo
 async def pcie_utilizations(session: aiohttp.ClientSession, base: str) -> list[float]:
     """Traffic over link capacity as the bottleneck dashboard's PCIe panel computes it."""
     board = load_dashboards()["where-did-the-time-go.json"]
-    everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+    everything = {v["name"]: v["allValue"] for v in query_variables(board) if v["includeAll"]}
     values = []
     for target in targets("where-did-the-time-go.json", board):
         if target.panel.startswith("PCIe") and "link_width" in target.expr:
@@ -239,14 +282,20 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
     ):
         await wait_for_xid(session, stack)
         await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
+        await wait_for_result(session, stack.prometheus_url, f'{VERDICT}{{source="vllm"}}', 30)
         served = served_labels(
-            await scrape(session, stack.exporter_url), await scrape(session, stack.worker_url)
+            await scrape(session, stack.exporter_url),
+            await scrape(session, stack.worker_url),
+            await scrape(session, stack.vllm_url),
         )
         not_served = names_not_served(served)
         no_data = await failing_targets(session, stack.prometheus_url)
+        where_sources = await sources(session, stack.prometheus_url)
         capacity = await pcie_capacities(session, stack.prometheus_url)
         utilization = await pcie_utilizations(session, stack.prometheus_url)
     assert not no_data, "\n\n".join(no_data)
+    # the pack's worker through spans, vLLM's /metrics through the rules
+    assert where_sources == ["spans", "vllm"]
     # a share of the link: divided by the capacity, not by the lanes and times the rate
     assert utilization and all(0 <= value <= 1 for value in utilization), utilization
     # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.
