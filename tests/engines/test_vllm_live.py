@@ -23,11 +23,13 @@ Skipped unless ``GPUSCOPE_VLLM_PYTHON`` names the vLLM venv's interpreter.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from google.protobuf.json_format import MessageToJson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -44,6 +47,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import engine_spans
+from support.dashboard_queries import failing_targets, sources
+from support.prometheus_server import run_prometheus, wait_for_result
 from support.servers import run_uvicorn
 from support.vllm_engine import (
     SERVED_MODEL,
@@ -430,6 +435,61 @@ def test_queue_time_under_overload_matches_vllm(stack: Stack, tmp_path: Path) ->
         engine_before, "vllm:request_queue_time_seconds_sum"
     )
     assert queue_sum / count > 0.001, "32 clients on 8 sequences should queue"
+
+
+VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+RULES_BUILD = Path(__file__).resolve().parents[2] / "alerts" / "build.py"
+# Panels about what vLLM does not have (the reference worker's batching and its own
+# /metrics, batch spans) or what this run never produces (GPU faults): no data is right.
+NOT_FROM_VLLM = (
+    "gpuscope_batch_size",
+    "gpuscope_worker_info",
+    "gpuscope_worker_max_queue_delay",
+    "gpuscope_worker_batch",
+    'phase="batch_wait"',
+    "xid",
+    "ecc",
+    "gpuscope_gpu_up == 0",
+    "gpuscope_span_",
+    'code=~"5.."',
+)
+
+
+async def test_boards_and_verdict_over_real_vllm_in_prometheus(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A real Prometheus scrapes the exporter and vLLM's /metrics with the shipped rules
+    (evaluated every second): both sources get a verdict for the vLLM service, and every
+    board query that vLLM can feed returns data."""
+    rules = tmp_path / "rules"
+    await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(RULES_BUILD), "--out", str(rules), "--interval", "1s"],
+        check=True,
+        capture_output=True,
+    )
+    load = threading.Thread(target=loadgen, args=(stack.both, 32, 1200, tmp_path / "load.json"))
+    load.start()
+    try:
+        async with (
+            run_prometheus(
+                [stack.exporter.removeprefix("http://")],
+                tmp_path,
+                "1s",
+                rule_files=sorted(rules.glob("*.yml")),
+                job="gpuscope",
+                more_jobs={"vllm": [stack.both.url.removeprefix("http://")]},
+            ) as prometheus,
+            aiohttp.ClientSession() as session,
+        ):
+            for source in ("spans", "vllm"):
+                await wait_for_result(session, prometheus, f'{VERDICT}{{source="{source}"}}', 120)
+            assert await sources(session, prometheus) == ["spans", "vllm"]
+            failures = await failing_targets(session, prometheus)
+    finally:
+        await asyncio.to_thread(load.join)
+    unexplained = [f for f in failures if not any(word in f for word in NOT_FROM_VLLM)]
+    assert not unexplained, "\n\n".join(unexplained)
 
 
 def test_capture_fixtures(stack: Stack) -> None:
