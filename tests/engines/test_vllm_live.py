@@ -505,17 +505,56 @@ def test_capture_fixtures(stack: Stack) -> None:
     (folder / "metrics.txt").write_text(stack.both.metrics())
     time.sleep(SPAN_FLUSH_S)
     for service in ("vllm-both", "vllm-traces", "vllm-middleware"):
+        keep = request_traces(stack.sink.requests, service, CAPTURED_REQUESTS)
         lines = []
         for request in stack.sink.requests:
             kept = ExportTraceServiceRequest()
             for resource_spans in request.resource_spans:
-                names = [
-                    kv.value.string_value
-                    for kv in resource_spans.resource.attributes
-                    if kv.key == "service.name"
-                ]
-                if names == [service]:
-                    kept.resource_spans.append(resource_spans)
+                if service_of(resource_spans) != service:
+                    continue
+                copy = kept.resource_spans.add()
+                copy.resource.CopyFrom(resource_spans.resource)
+                for scope_spans in resource_spans.scope_spans:
+                    wanted = [
+                        s for s in scope_spans.spans if s.kind != SERVER or s.trace_id in keep
+                    ]
+                    if wanted:
+                        scope_copy = copy.scope_spans.add()
+                        scope_copy.scope.CopyFrom(scope_spans.scope)
+                        scope_copy.spans.extend(wanted)
+                if not copy.scope_spans:
+                    del kept.resource_spans[-1]
             if kept.resource_spans:
                 lines.append(MessageToJson(kept, indent=None))
         (folder / f"spans-{service}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+SERVER = 2  # SPAN_KIND_SERVER
+# Whole requests (every span of their trace) kept per service: enough for every case
+# the replay tests check, small enough to commit.
+CAPTURED_REQUESTS = 64
+
+
+def service_of(resource_spans: Any) -> str:
+    names = [
+        kv.value.string_value
+        for kv in resource_spans.resource.attributes
+        if kv.key == "service.name"
+    ]
+    return names[0] if names else ""
+
+
+def request_traces(
+    requests: list[ExportTraceServiceRequest], service: str, limit: int
+) -> set[bytes]:
+    """The trace ids of the first ``limit`` requests a service sent (by its SERVER spans)."""
+    traces: list[bytes] = []
+    for request in requests:
+        for resource_spans in request.resource_spans:
+            if service_of(resource_spans) != service:
+                continue
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    if span.kind == SERVER and span.trace_id not in traces:
+                        traces.append(span.trace_id)
+    return set(traces[:limit])
