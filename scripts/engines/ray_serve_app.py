@@ -111,8 +111,9 @@ def main() -> int:
     )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": options.port})
+        deployment: Any = Embedder  # what @serve.deployment made of the class
         serve.run(
-            Embedder.options(num_replicas=options.replicas).bind(options.traces_endpoint),
+            deployment.options(num_replicas=options.replicas).bind(options.traces_endpoint),
             name="embedder",
             route_prefix="/",
         )
