@@ -97,10 +97,8 @@ def main() -> int:
     parser.add_argument("--traces-endpoint", required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--metrics-port", type=int, help="serve Ray's own metrics here")
     options = parser.parse_args()
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     options.work.mkdir(parents=True, exist_ok=True)
     ray.init(
         num_cpus=2,
@@ -108,7 +106,14 @@ def main() -> int:
         _temp_dir=str(options.work.absolute()),
         log_to_driver=False,
         configure_logging=False,
+        _metrics_export_port=options.metrics_port,
     )
+    # After ray.init, which installs a SIGTERM handler of its own that exits without
+    # stopping every process it started (its dashboard and runtime-env agents were left
+    # running): stop Serve, then Ray, from the main thread.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": options.port})
         deployment: Any = Embedder  # what @serve.deployment made of the class
