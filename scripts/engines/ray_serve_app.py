@@ -62,6 +62,10 @@ class Embedder:
         self.provider = setup_tracing(traces_endpoint, SERVICE, schedule_delay_ms=200)
         self.instance = str(self.provider.resource.attributes["service.instance.id"])
 
+    def __del__(self) -> None:
+        # Ray Serve calls it when it stops the replica: send what is still queued.
+        self.provider.shutdown(5.0)
+
     @app.get("/healthz")
     async def healthz(self) -> dict[str, str]:
         return {"instance": self.instance}
