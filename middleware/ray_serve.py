@@ -106,8 +106,9 @@ def _note_taken(item: object) -> None:
 
 
 class _Runtime:
-    """What one process builds on first use. Never pickled: Ray ships the deployment
-    class, and with it this decorator's closure, from the driver to each replica."""
+    """What one process builds on first use. Pickled empty: Ray ships the deployment
+    class, and with it this decorator's closure, from the driver to each replica, where
+    the recorder and the hook are made anew."""
 
     __slots__ = ("hook_failed", "hooked_queue", "recorder")
 
@@ -130,6 +131,8 @@ class _Runtime:
         Reading ``lazy_queue.queue`` creates Ray's ``_BatchQueue`` (and its batcher task)
         on the first call, in the request's task, exactly as Ray's own enqueue would.
         """
+        if self.hook_failed:  # another Ray: do not pay for the same exception per call
+            return
         try:
             queue = lazy_queue.queue.queue  # _LazyBatchQueueWrapper -> _BatchQueue -> Queue
             if queue is self.hooked_queue:
@@ -144,9 +147,8 @@ class _Runtime:
             queue._get = take_and_note
             self.hooked_queue = queue
         except Exception as exc:  # telemetry must never fail the request
-            if not self.hook_failed:
-                self.hook_failed = True
-                stats.record_failure(QUEUE_HOOK_FAILURE, exc)
+            self.hook_failed = True
+            stats.record_failure(QUEUE_HOOK_FAILURE, exc)
 
 
 class _TracedBatchDecorator(Protocol):
