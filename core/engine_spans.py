@@ -29,7 +29,6 @@ the next iteration, so ``batch_wait`` stays absent for it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -138,8 +137,11 @@ def _seconds(attributes: Mapping[str, object], key: str) -> float | None:
             f"{key} must be a number of seconds, got {type(value).__name__}", is_duration=True
         )
     seconds = float(value)
-    if not 0.0 <= seconds < math.inf:
-        raise EngineSpanInvalid(f"{key} is {seconds}, not a finite duration >= 0", is_duration=True)
+    if not 0.0 <= seconds <= attr.MAX_DURATION_S:  # NaN, negatives, infinity, the absurd
+        raise EngineSpanInvalid(
+            f"{key} is {seconds}, not a duration in 0-{attr.MAX_DURATION_S:g} s",
+            is_duration=True,
+        )
     return seconds
 
 

@@ -12,6 +12,15 @@ from typing import Final
 
 INSTRUMENTATION_NAME: Final = "gpuscope"
 
+# The longest duration a span may report in an attribute (a phase, time to first token,
+# time per output token, an engine's own phases). Any finite float used to be accepted,
+# so two spans with a TTFT of 1.7e308 made a histogram's ``_sum`` +Inf until restart,
+# and ``rate(_sum)`` useless for every sender sharing those labels. No request served
+# over HTTP lasts a day (clients, proxies and load balancers give up hours before), and
+# with every observation at most a day, ``_sum`` stays finite and exact to well under a
+# millisecond for 10^9 observations.
+MAX_DURATION_S: Final = 86_400.0
+
 # HTTP semantic conventions (stable names).
 HTTP_REQUEST_METHOD: Final = "http.request.method"
 HTTP_ROUTE: Final = "http.route"

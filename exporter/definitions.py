@@ -91,14 +91,6 @@ class MetricDef:
         return CounterFamily(self.name, self.help, self.labels, max_series)
 
 
-# The longest duration a span may report (a phase, time to first token, time per output
-# token). Any finite float used to be accepted, so two spans with a TTFT of 1.7e308 made
-# a histogram's ``_sum`` +Inf until restart, and ``rate(_sum)`` useless for every sender
-# sharing those labels. No request served over HTTP lasts a day (clients, proxies and
-# load balancers give up hours before), and with every observation at most a day,
-# ``_sum`` stays finite and exact to well under a millisecond for 10^9 observations.
-MAX_DURATION_S: Final = 86_400.0
-
 COUNTER, GAUGE, HISTOGRAM = MetricType.COUNTER, MetricType.GAUGE, MetricType.HISTOGRAM
 _GPU = ("service", "model", "uuid", "gpu")
 # The GenAI conventions key request metrics on gen_ai.operation.name too.

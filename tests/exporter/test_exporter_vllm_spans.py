@@ -131,6 +131,8 @@ async def test_vllm_loading_spans_are_received_not_counted(
     [
         (engine_spans.VLLM_QUEUE, "double_value", -1.0, "invalid_duration"),
         (engine_spans.VLLM_DECODE, "double_value", float("inf"), "invalid_duration"),
+        (engine_spans.VLLM_TTFT, "double_value", 1.7e308, "invalid_duration"),
+        (engine_spans.VLLM_QUEUE, "double_value", 86_400.5, "invalid_duration"),
         (engine_spans.VLLM_PREFILL, "string_value", "0.1", "wrong_attribute_type"),
         (engine_spans.VLLM_PROMPT_TOKENS, "int_value", -5, "invalid_attribute_value"),
         ("http.response.status_code", "string_value", "oops", "wrong_attribute_type"),

@@ -28,7 +28,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gpuscope import spans as attr
-from gpuscope.exporter import definitions as defs
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
@@ -82,8 +81,8 @@ _ODD_DOUBLES = (
     -1.0,
     1e308,
     1.7e308,
-    defs.MAX_DURATION_S,
-    defs.MAX_DURATION_S + 0.5,
+    attr.MAX_DURATION_S,
+    attr.MAX_DURATION_S + 0.5,
     2.0**53,
     5e-324,
 )
@@ -365,7 +364,7 @@ def check_sums(aggregator: SpanAggregator) -> None:
             counts, total, _, _ = series.read()
             assert math.isfinite(total), (family.name, labels, total)
             if family.name in bounded:
-                assert total <= sum(counts) * defs.MAX_DURATION_S, (family.name, labels)
+                assert total <= sum(counts) * attr.MAX_DURATION_S, (family.name, labels)
 
 
 def _aggregate(aggregator: SpanAggregator, request: Any) -> Outcome:
