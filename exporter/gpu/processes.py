@@ -122,7 +122,7 @@ class ProcessGpuMap:
             {}, ProcessJoinState(ProcessJoin.NO_GPU_SOURCE, "no GPU source")
         )
 
-    # --- the event loop's side --------------------------------------------------------
+    # --- the readers' side (the ingest thread) ----------------------------------------
 
     def uuids_for_pid(self, pid: int) -> tuple[str, ...]:
         """The sorted UUIDs of the GPUs that ``pid`` or its descendants hold; () if none."""
