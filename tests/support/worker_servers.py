@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
+from gpuscope.worker.connections import http_protocol
 from gpuscope.worker.model_api import EmbeddingModel, FloatArray, Generator
 from support.servers import run_uvicorn
 from support.span_recorder import SpanRecorder
@@ -32,9 +33,13 @@ def serve_worker(
     *,
     embedding_model: EmbeddingModel | None = None,
     generator: Generator | None = None,
+    guarded: bool = False,
     **overrides: Any,
 ) -> Iterator[str]:
-    """Serve the worker (``SMALL`` sizes plus ``overrides``) on 127.0.0.1; yields its URL."""
+    """Serve the worker (``SMALL`` sizes plus ``overrides``) on 127.0.0.1; yields its URL.
+
+    ``guarded``: its connections under the worker's limits, as ``gpuscope worker``
+    serves them (idle and header timeouts, the cap)."""
     config = replace(SMALL, **overrides)
     app = create_app(
         config,
@@ -42,7 +47,10 @@ def serve_worker(
         embedding_model=embedding_model,
         generator=generator,
     )
-    with run_uvicorn(app) as url:
+    options: dict[str, Any] = {}
+    if guarded:
+        options = {"http": http_protocol(app.listener.guard), "backlog": app.listener.backlog}
+    with run_uvicorn(app, **options) as url:
         yield url
 
 
