@@ -7,14 +7,20 @@ prefix (``GPUSCOPE_LOADGEN_CONCURRENCY``, ``GPUSCOPE_TUNE_SWEEP``).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
-from gpuscope.flags import ConfigError, check_choice, check_positive, check_range
+from gpuscope.flags import (
+    ConfigError,
+    check_choice,
+    check_http_url,
+    check_positive,
+    check_range,
+)
 from gpuscope.loadgen.results import Load
 from gpuscope.loadgen.runner import ARRIVALS, Plan
 from gpuscope.loadgen.workload import (
@@ -106,13 +112,20 @@ class LoadOptions:
         )
 
 
+# Steps beyond what one Python client can drive: each client is a coroutine with its
+# connection, each arrival a prompt drawn on the event loop.
+MAX_STEP: Final = 100_000
+
+
 def _number(flag: str, text: str, kind: type[int] | type[float]) -> float:
     try:
         value = kind(text)
     except ValueError:
         raise ConfigError(f"{flag}: cannot read {text!r} as a number") from None
-    if value <= 0:
-        raise ConfigError(f"{flag}: every step must be greater than 0, got {text}")
+    if not math.isfinite(value) or not 0 < value <= MAX_STEP:
+        raise ConfigError(
+            f"{flag}: every step must be greater than 0 and at most {MAX_STEP}, got {text}"
+        )
     return float(value)
 
 
@@ -132,12 +145,9 @@ def check_writable(flag: str, path: str | Path | None) -> None:
         raise ConfigError(f"{flag}: cannot write {str(path)!r}")
 
 
-def check_url(flag: str, url: str | None) -> None:
-    if url is None:
-        return
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{flag}: expected an http(s) URL, got {url!r}")
+def check_url(flag: str, url: str | None, example: str) -> None:
+    if url is not None:
+        check_http_url(flag, url, example)
 
 
 @dataclass(frozen=True)
@@ -148,8 +158,8 @@ class LoadgenOptions(LoadOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_url("--url", self.url)
-        check_url("--exporter-url", self.exporter_url)
+        check_url("--url", self.url, "http://127.0.0.1:8000/v1")
+        check_url("--exporter-url", self.exporter_url, "http://127.0.0.1:9420")
 
 
 LOAD_HELP: Final = {
