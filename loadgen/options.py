@@ -21,6 +21,8 @@ from gpuscope.flags import (
     check_positive,
     check_range,
 )
+from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES
+from gpuscope.loadgen.probe import DEFAULT_MAX_METRICS_BYTES
 from gpuscope.loadgen.results import Load
 from gpuscope.loadgen.runner import ARRIVALS, Plan
 from gpuscope.loadgen.workload import (
@@ -53,6 +55,8 @@ class LoadOptions:
     timeout_s: float = 30.0
     max_in_flight: int = 512
     late_ms: float = 10.0
+    max_response_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_metrics_bytes: int = DEFAULT_MAX_METRICS_BYTES
     record: Path | None = None
     json: str | None = None
     csv: str | None = None
@@ -66,6 +70,8 @@ class LoadOptions:
         check_range("--warmup-s", self.warmup_s, 0)
         check_range("--max-in-flight", self.max_in_flight, 1)
         check_range("--late-ms", self.late_ms, 0)
+        check_range("--max-response-bytes", self.max_response_bytes, 1)
+        check_range("--max-metrics-bytes", self.max_metrics_bytes, 1)
         for flag, path in (
             ("--record", self.record),
             ("--json", self.json),
@@ -109,6 +115,8 @@ class LoadOptions:
             max_in_flight=self.max_in_flight,
             late_ms=self.late_ms,
             config=config,
+            max_response_bytes=self.max_response_bytes,
+            max_metrics_bytes=self.max_metrics_bytes,
         )
 
 
@@ -181,6 +189,10 @@ LOAD_HELP: Final = {
     "timeout_s": "seconds one request may take before it counts as a timeout",
     "max_in_flight": "open loop: requests open at once beyond which a send counts as missed",
     "late_ms": "open loop: a send this late on its schedule counts as missed",
+    "max_response_bytes": "largest non-streamed answer read; a larger one counts as a "
+    "too_large error (every open request may hold this much)",
+    "max_metrics_bytes": "largest /metrics read from the exporter; past it a step has no "
+    "exporter view (about 1.9 MiB per 1,000 request series)",
     "record": "Markdown record file to append one row per step to",
     "json": "write the results as JSON to this file ('-': standard output)",
     "csv": "write the results as CSV to this file ('-': standard output)",
