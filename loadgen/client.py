@@ -209,7 +209,8 @@ async def discover_model(session: aiohttp.ClientSession, base_url: str) -> str:
                 raise RuntimeError(f"{base_url}/models answered {response.status}; pass --model")
             body = _json_object(await read_body(response, MAX_MODELS_BYTES))
     except (TimeoutError, aiohttp.ClientError, OSError, Malformed, TooLarge) as exc:
-        raise RuntimeError(f"cannot read {base_url}/models: {exc or type(exc).__name__}") from None
+        why = str(exc) or type(exc).__name__  # a TimeoutError says nothing of itself
+        raise RuntimeError(f"cannot read {base_url}/models: {why}") from None
     try:
         model = body["data"][0]["id"]
     except (KeyError, IndexError, TypeError):

@@ -63,8 +63,10 @@ class ExporterProbe:
             raise ProbeFailed(f"{url}: {exc} (see --max-metrics-bytes)") from None
         except MalformedMetrics as exc:
             raise ProbeFailed(f"{url} is not Prometheus text: {exc}") from None
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ProbeFailed(f"cannot read {url}: {exc or type(exc).__name__}") from None
+        except TimeoutError:
+            raise ProbeFailed(f"{url} was not read within {SCRAPE_TIMEOUT_S:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ProbeFailed(f"cannot read {url}: {str(exc) or type(exc).__name__}") from None
         return builder.finish(time.monotonic())
 
     async def sample_gauges(self) -> None:

@@ -78,6 +78,10 @@ GAUGES: Final = (
 )
 
 
+# Every family a snapshot reads (the others are checked only for a metric name).
+_WANTED: Final = (PHASE_METRIC, BATCH_METRIC, DURATION_METRIC, *PCIE_COUNTERS, *GAUGES)
+
+
 class MalformedMetrics(ValueError):
     """A scrape that is not the Prometheus text format the exporter serves."""
 
@@ -137,8 +141,13 @@ class SnapshotBuilder:
         if not line or line.startswith("#"):
             return  # HELP, TYPE, EOF and comments
         try:
-            name, labels, value = parse_sample(line)
-            self._add_sample(name, labels, value)
+            name = _NAME.match(line)
+            if name is None or line[name.end() : name.end() + 1] not in ("{", " ", "\t"):
+                raise MalformedMetrics("not a sample")
+            if not name.group().startswith(_WANTED):
+                return  # a family the view does not use: not parsed further, for speed
+            name_text, labels, value = parse_sample(line)
+            self._add_sample(name_text, labels, value)
         except MalformedMetrics as exc:
             raise MalformedMetrics(f"line {self._lines}: {exc}") from None
 
