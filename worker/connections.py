@@ -64,23 +64,41 @@ class Listener:
 
 
 class ConnectionTracking:
-    """ASGI: the connection of each HTTP request is busy while the app handles it."""
+    """ASGI: the connection of each HTTP request is busy while the app handles it.
+
+    Counted per connection: uvicorn starts a pipelined request's task as the previous
+    answer's last byte is sent, which may be before that request's app call returns,
+    and the connection must stay busy until both have."""
 
     def __init__(self, app: ASGIApp, guard: ConnectionGuard) -> None:
         self.app = app
         self.guard = guard
+        self._requests: dict[GuardedProtocol, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = current_connection() if scope["type"] == "http" else None
-        # Not served through the guarded protocol (a test's own server): nothing to mark.
-        connection = None
-        if found is not None and found.guard is self.guard:
-            connection = self.guard.request_started(found.transport)
+        connection = self._enter() if scope["type"] == "http" else None
         try:
             await self.app(scope, receive, send)
         finally:
             if connection is not None:
-                self.guard.request_finished(connection)
+                self._leave(connection)
+
+    def _enter(self) -> GuardedProtocol | None:
+        found = current_connection()
+        if found is None or found.guard is not self.guard:
+            return None  # not served through the guarded protocol (a test's own server)
+        count = self._requests.get(found, 0)
+        if count == 0 and self.guard.request_started(found.transport) is None:
+            return None  # already closed, or shed at the cap
+        self._requests[found] = count + 1
+        return found
+
+    def _leave(self, connection: GuardedProtocol) -> None:
+        count = self._requests.pop(connection) - 1
+        if count:
+            self._requests[connection] = count
+        else:
+            self.guard.request_finished(connection)
 
 
 def http_protocol(guard: ConnectionGuard, http: str = "auto") -> type[asyncio.Protocol]:

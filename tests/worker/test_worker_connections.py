@@ -66,6 +66,18 @@ async def test_idle_and_trickling_connections_are_closed() -> None:
     assert closed_total(metrics, "header_timeout") == 1
 
 
+async def test_pipelined_requests_are_answered_and_the_connection_then_idles_out() -> None:
+    with serve_worker(guarded=True, idle_timeout_s=0.5, header_timeout_s=0.5) as url:
+        host, port = address(url)
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2)  # one write, two requests
+        answered = await read_to_eof(reader)  # both answers, then closed once idle
+        writer.close()
+        metrics = await metrics_of(url)
+    assert answered.count(b"HTTP/1.1 200 OK") == 2
+    assert closed_total(metrics, "idle_timeout") == 1
+
+
 async def trickle(host: str, port: int, data: bytes, every_s: float) -> int:
     """Send ``data`` a byte every ``every_s`` until the server closes; bytes sent."""
     reader, writer = await asyncio.open_connection(host, port)
