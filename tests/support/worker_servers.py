@@ -10,7 +10,8 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from gpuscope.worker.app import create_app
+from gpuscope.connections import ConnectionGuard
+from gpuscope.worker.app import WorkerApp, create_app
 from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.connections import http_protocol
 from gpuscope.worker.model_api import EmbeddingModel, FloatArray, Generator
@@ -27,31 +28,44 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
+def _app(
+    spans: SpanRecorder | None,
+    embedding_model: EmbeddingModel | None,
+    generator: Generator | None,
+    overrides: dict[str, Any],
+) -> WorkerApp:
+    return create_app(
+        replace(SMALL, **overrides),
+        tracer_provider=spans.provider if spans is not None else None,
+        embedding_model=embedding_model,
+        generator=generator,
+    )
+
+
 @contextmanager
 def serve_worker(
     spans: SpanRecorder | None = None,
     *,
     embedding_model: EmbeddingModel | None = None,
     generator: Generator | None = None,
-    guarded: bool = False,
     **overrides: Any,
 ) -> Iterator[str]:
-    """Serve the worker (``SMALL`` sizes plus ``overrides``) on 127.0.0.1; yields its URL.
-
-    ``guarded``: its connections under the worker's limits, as ``gpuscope worker``
-    serves them (idle and header timeouts, the cap)."""
-    config = replace(SMALL, **overrides)
-    app = create_app(
-        config,
-        tracer_provider=spans.provider if spans is not None else None,
-        embedding_model=embedding_model,
-        generator=generator,
-    )
-    options: dict[str, Any] = {}
-    if guarded:
-        options = {"http": http_protocol(app.listener.guard), "backlog": app.listener.backlog}
-    with run_uvicorn(app, **options) as url:
+    """Serve the worker (``SMALL`` sizes plus ``overrides``) on 127.0.0.1; yields its URL."""
+    with run_uvicorn(_app(spans, embedding_model, generator, overrides)) as url:
         yield url
+
+
+@contextmanager
+def serve_guarded_worker(
+    *, generator: Generator | None = None, **overrides: Any
+) -> Iterator[tuple[str, ConnectionGuard]]:
+    """``serve_worker``, its connections under the worker's limits as ``gpuscope worker``
+    serves them (idle and header timeouts, the cap); yields its URL and the guard (whose
+    counts a test may read from its own thread)."""
+    app = _app(None, None, generator, overrides)
+    listener = app.listener
+    with run_uvicorn(app, http=http_protocol(listener.guard), backlog=listener.backlog) as url:
+        yield url, listener.guard
 
 
 class Gate:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gpuscope.worker.backends import numpy_models
-from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
+from support.worker_servers import SMALL, Gate, GatedGenerator, serve_guarded_worker
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 MODEL = SMALL.model_name
@@ -48,7 +48,7 @@ async def metrics_of(url: str) -> str:
 
 
 async def test_idle_and_trickling_connections_are_closed() -> None:
-    with serve_worker(guarded=True, idle_timeout_s=0.5, header_timeout_s=0.5) as url:
+    with serve_guarded_worker(idle_timeout_s=0.5, header_timeout_s=0.5) as (url, _):
         host, port = address(url)
         silent = await asyncio.open_connection(host, port)
         kept_alive = await asyncio.open_connection(host, port)
@@ -67,7 +67,7 @@ async def test_idle_and_trickling_connections_are_closed() -> None:
 
 
 async def test_pipelined_requests_are_answered_and_the_connection_then_idles_out() -> None:
-    with serve_worker(guarded=True, idle_timeout_s=0.5, header_timeout_s=0.5) as url:
+    with serve_guarded_worker(idle_timeout_s=0.5, header_timeout_s=0.5) as (url, _):
         host, port = address(url)
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2)  # one write, two requests
@@ -101,13 +101,12 @@ async def trickle(host: str, port: int, data: bytes, every_s: float) -> int:
 async def test_a_stream_outlasting_both_timeouts_is_not_cut() -> None:
     gate = Gate()
     _, generator = numpy_models(SMALL)
-    with serve_worker(
-        guarded=True,
+    with serve_guarded_worker(
         generator=GatedGenerator(generator, gate),
         batching="continuous",
         idle_timeout_s=0.3,
         header_timeout_s=0.3,
-    ) as url:
+    ) as (url, _):
         gate.close()
         body = {"model": MODEL, "prompt": "slow", "max_tokens": 4, "stream": True}
 
@@ -132,10 +131,10 @@ async def test_a_stream_outlasting_both_timeouts_is_not_cut() -> None:
 async def test_at_the_cap_idle_ones_make_room_and_busy_ones_refuse_with_503() -> None:
     gate = Gate()
     _, generator = numpy_models(SMALL)
-    with serve_worker(
-        guarded=True, generator=GatedGenerator(generator, gate), batching="continuous",
+    with serve_guarded_worker(
+        generator=GatedGenerator(generator, gate), batching="continuous",
         max_connections=2, idle_timeout_s=60, header_timeout_s=60,
-    ) as url:  # fmt: skip
+    ) as (url, guard):  # fmt: skip
         host, port = address(url)
         silent = [await asyncio.open_connection(host, port) for _ in range(2)]
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -154,6 +153,11 @@ async def test_at_the_cap_idle_ones_make_room_and_busy_ones_refuse_with_503() ->
             connection[1].write(request)
             busy.append(connection)
         assert await asyncio.to_thread(gate.entered.wait, 10)
+        for _ in range(3000):  # both requests in the app, whenever the server gets to them
+            if guard.busy == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert guard.busy == 2
         newcomer = await asyncio.open_connection(host, port)
         refused = await read_to_eof(newcomer[0])
         gate.open()
