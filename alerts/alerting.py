@@ -6,8 +6,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from recording import INSTANCE, KV_USAGE, PREEMPTIONS, QUEUE_DELAY, WAITING, gpu_conditions, indent
-from settings import GPU, THROTTLE_REASONS, Settings, Slo
+from recording import (
+    INSTANCE,
+    KV_USAGE,
+    PREEMPTIONS,
+    QUEUE_DELAY,
+    WAITING,
+    gpu_conditions,
+    indent,
+    on_request_gpu,
+)
+from settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
+
+# Where a request alert is about: its service and model, the GPU (or, for requests
+# that name none, the host) and the source the numbers came through.
+WHERE = (
+    "{{ $labels.service }}/{{ $labels.model }} on "
+    "{{ with $labels.gpu }}GPU {{ . }}{{ else }}host {{ $labels.host }}{{ end }} "
+    "({{ $labels.source }})"
+)
+SERVICE_MODEL = "{{ $labels.service }}/{{ $labels.model }} ({{ $labels.source }})"
 
 
 def _alert(
@@ -37,7 +55,7 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
     w = s.window
     share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
     p99 = f"service_model_gpu:gpuscope_request_phase_seconds:p99_{w}"
-    where = "{{ $labels.service }}/{{ $labels.model }} on GPU {{ $labels.gpu }}"
+    where = WHERE
     return [
         _alert(
             s,
@@ -63,14 +81,14 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
             s,
             "GpuscopeGpuUnderfed",
             f'{share}{{phase="queue"}} > {s.underfed_queue_share:g}\n'
-            f"and on ({GPU}) gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w} < "
-            f"{s.underfed_occupancy:g}",
+            f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)",
             s.for_(s.for_phase),
             "warning",
             "Requests queue while the GPU's SMs are underused.",
             f"Queue time is {{{{ $value | humanizePercentage }}}} of the mean request time of "
-            f"{where} while its SM occupancy stays under {s.underfed_occupancy:.0%}: "
-            "the batcher does not feed the GPU.",
+            f"{where} while the SM occupancy of {{{{ if $labels.uuid }}}}that GPU"
+            f"{{{{ else }}}}every GPU of the host{{{{ end }}}} stays under "
+            f"{s.underfed_occupancy:.0%}: the batcher does not feed the GPU.",
         ),
         _alert(
             s,
@@ -79,8 +97,11 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
             s.for_(s.for_error_ratio),
             "critical",
             "Many model requests fail with a server error.",
-            "{{ $value | humanizePercentage }} of the requests of {{ $labels.service }}/"
-            "{{ $labels.model }} answered 5xx over the last " + w + ".",
+            "{{ $value | humanizePercentage }} of the requests of "
+            + SERVICE_MODEL
+            + " failed (5xx; for vLLM's /metrics, finished with an error) over the last "
+            + w
+            + ".",
         ),
     ]
 
@@ -130,7 +151,7 @@ def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
                 severity,
                 f"{slo.title} burns its error budget {'fast' if kind == 'Fast' else 'steadily'}.",
                 f"{{{{ $value | humanizePercentage }}}} of the requests of "
-                f"{{{{ $labels.service }}}}/{{{{ $labels.model }}}} took longer than "
+                f"{SERVICE_MODEL} took longer than "
                 f"{slo.le} s (objective: {slo.objective:.3g} within {slo.le} s; "
                 f"burn-rate windows {windows}).",
             )
@@ -323,7 +344,7 @@ def worker_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeWorkerMetricsDown",
-            f"up{s.worker_sel()} == 0",
+            f"up{s.worker_sel()} == 0\nor\nup{s.vllm_sel()} == 0",
             s.for_(s.for_worker),
             "warning",
             "Prometheus cannot scrape an inference server's own metrics.",

@@ -74,15 +74,19 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--window", help="window of rates and averages (e.g. 10s)")
     parser.add_argument("--job-selector", help='e.g. job="gpuscope"')
     parser.add_argument("--worker-job-selector", help='e.g. job="gpuscope-worker"')
+    parser.add_argument("--vllm-job-selector", help='vLLM\'s own /metrics, e.g. job="vllm"')
     parser.add_argument("--runbook", help="URL of runbook.md that alerts link to")
     args = parser.parse_args(argv)
-    overrides = {
-        k: v
-        for k, v in vars(args).items()
-        if k
-        in {"interval", "for_override", "window", "job_selector", "worker_job_selector", "runbook"}
-        and v is not None
+    settable = {
+        "interval",
+        "for_override",
+        "window",
+        "job_selector",
+        "worker_job_selector",
+        "vllm_job_selector",
+        "runbook",
     }
+    overrides = {k: v for k, v in vars(args).items() if k in settable and v is not None}
     for path in build(dataclasses.replace(Settings(), **overrides), args.out):
         print(path)
     return 0

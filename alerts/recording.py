@@ -1,11 +1,22 @@
 """Recording rules, named ``level:metric:operation``.
 
 A level of ``gpu`` keeps the ``gpu`` and ``uuid`` labels (the UUID is unique across
-hosts, so it is the join key between request metrics and GPU metrics);
-``service_model_gpu`` keeps ``service``, ``model``, ``gpu`` and ``uuid``. The serving
-engine's series (``gpuscope_worker_*``, the worker's own ``/metrics``, scraped as a job
-of its own) are recorded per ``instance`` (keeping ``job`` and ``instance``) and, for its
-configuration, per ``model`` (joined from ``gpuscope_worker_info``).
+hosts, so it is the join key between request metrics and GPU metrics); ``host_gpu``
+adds ``host``, the exporter's ``instance`` without its port. ``service_model_gpu``
+keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
+``service_model`` keeps ``source``, ``service`` and ``model``.
+
+``source`` says which path the numbers came through (``dashboards/engines.py``):
+``spans`` from gpuscope's exporter, ``vllm`` from vLLM's own ``/metrics`` mapped onto
+the same names. Every statistic is computed within one source, so requests seen
+through both paths are never added up. Requests that name no GPU (vLLM's ``/metrics``
+never does; spans without a join have ``uuid=""``) meet the GPU conditions of their
+``host`` instead of their GPU's.
+
+The serving engine's series (``gpuscope_worker_*``, the worker's own ``/metrics``, or
+vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
+``job`` and ``instance``) and, for its configuration, per ``model`` (joined from
+``gpuscope_worker_info``).
 """
 
 from __future__ import annotations
@@ -14,11 +25,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo, seconds_of
+from settings import GPU, HOST_GPU, REQUEST, SMG, THROTTLE_REASONS, Settings, Slo, seconds_of
 
 # The PCIe per-lane table is the dashboards' (dashboards/pcie.py), so that the panels
-# and the rules agree on every generation's capacity.
+# and the rules agree on every generation's capacity; so is the table of sources and
+# of vLLM's series (dashboards/engines.py), which the boards' notes use too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))
+from engines import (
+    DURATION_HISTOGRAM,
+    HISTOGRAM_KEY,
+    PHASE_HISTOGRAM,
+    REQUEST_HISTOGRAMS,
+    SPANS,
+    STAGE_HISTOGRAM,
+    VLLM,
+    VLLM_ERROR_REASON,
+    VLLM_FINISHED,
+    VLLM_KV_USAGE,
+    VLLM_PREEMPTIONS,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    vllm_histograms_for,
+)
 from pcie import LINK_GENERATIONS, lane_bytes_per_second
 
 
@@ -29,22 +57,70 @@ def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
     return rule
 
 
+# --- sources ------------------------------------------------------------------------
+
+
+def _copy_label(expr: str, dst: str, src: str, regex: str = "(.*)") -> str:
+    """``expr`` with label ``dst`` set from ``src`` (``$1`` of the anchored ``regex``)."""
+    return f'label_replace(\n  {indent(expr)},\n  "{dst}", "$1", "{src}", "{regex}"\n)'
+
+
+def with_host(s: Settings, expr: str) -> str:
+    """``expr`` with a ``host`` label: its ``instance`` without the port."""
+    return _copy_label(expr, "host", "instance", s.host_from_instance)
+
+
+def _vllm(s: Settings, expr: str, by: str) -> str:
+    """``sum by (by)`` of ``expr`` over vLLM's series with gpuscope's label names: model
+    from ``model_name``, service from the scrape's ``job`` (and host from ``instance``
+    when ``by`` keeps it); vLLM's ``engine`` ranks are added up."""
+    if "host" in by:
+        expr = with_host(s, expr)
+    relabelled = _copy_label(_copy_label(expr, "model", "model_name"), "service", "job")
+    return f"sum by ({by}) (\n  {indent(relabelled)}\n)"
+
+
 # --- recording rules ----------------------------------------------------------------
 
 
-def phase_rules(s: Settings) -> list[dict[str, Any]]:
-    w, hist = s.window, "gpuscope_request_phase_seconds"
-    level = f"service_model_gpu:{hist}"
-    by = f"{SMG}, phase"
-    return [
-        _rule(f"{level}_sum:rate{w}", f"sum by ({by}) (rate({hist}_sum{s.sel()}[{w}]))"),
-        _rule(f"{level}_count:rate{w}", f"sum by ({by}) (rate({hist}_count{s.sel()}[{w}]))"),
-        _rule(f"{level}_bucket:rate{w}", f"sum by ({by}, le) (rate({hist}_bucket{s.sel()}[{w}]))"),
+def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
+    """Per source, service, model, host and GPU: the rates of ``hist``'s sum, count and
+    buckets, from the exporter (``source="spans"``) and from the vLLM histograms that
+    stand for it (``source="vllm"``, phase or stage set by the rule)."""
+    w, key = s.window, HISTOGRAM_KEY.get(hist)
+    # the duration of model requests only, as vLLM counts them (not /v1/models, /health)
+    spans_sel = s.sel(s.slo_selector if hist == DURATION_HISTOGRAM else "")
+    rules = []
+    for suffix in ("sum", "count", "bucket"):
+        record = f"service_model_gpu:{hist}_{suffix}:rate{w}"
+        le = ", le" if suffix == "bucket" else ""
+        by = REQUEST + (f", {key}" if key else "") + le
+        spans = with_host(s, f"rate({hist}_{suffix}{spans_sel}[{w}])")
+        rules.append(_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
+        for native in vllm_histograms_for(hist):
+            labels = {"source": VLLM, **({key: native.key_value} if key else {})}
+            rate = f"rate({native.native}_{suffix}{s.vllm_sel()}[{w}])"
+            expr = _vllm(s, rate, "service, model, host" + le)
+            rules.append(_rule(record, expr, **labels))
+    return rules
+
+
+def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
+    """Mean and P99 per source, service, model, host, GPU and phase (or stage); for the
+    phases, also each one's share of their sum."""
+    w, level = s.window, f"service_model_gpu:{hist}"
+    rules = [
         # "> 0": an idle series has no mean (and no share or verdict), not a NaN one
         _rule(f"{level}:mean{w}", f"{level}_sum:rate{w}\n/\n({level}_count:rate{w} > 0)"),
         _rule(f"{level}:p99_{w}", f"histogram_quantile(0.99, {level}_bucket:rate{w})"),
+    ]
+    if not shares:
+        return rules
+    return [
+        *rules,
         # Phases add up to the request, so each mean's share of their sum is its
-        # share of the mean latency.
+        # share of the mean latency (per source: never one source's phases over
+        # another's).
         _rule(
             f"{level}:share_mean{w}",
             f"{level}:mean{w}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({level}:mean{w})",
@@ -59,35 +135,72 @@ def phase_rules(s: Settings) -> list[dict[str, Any]]:
     ]
 
 
+def phase_rules(s: Settings) -> list[dict[str, Any]]:
+    return [
+        *(rule for hist in REQUEST_HISTOGRAMS for rule in histogram_rate_rules(s, hist)),
+        *histogram_stat_rules(s, PHASE_HISTOGRAM, shares=True),
+        # the parts of compute: never shares of the phases' sum (they are in compute)
+        *histogram_stat_rules(s, STAGE_HISTOGRAM, shares=False),
+    ]
+
+
 def request_rules(s: Settings) -> list[dict[str, Any]]:
     w, hist = s.window, "gpuscope_request_duration_seconds"
     count = f"{hist}_count{s.sel(s.slo_selector)}"
     errors = hist + "_count" + s.sel(s.slo_selector + ', code=~"5.."')
-    rules = [_rule(f"service_model:gpuscope_requests:rate{w}", _sum_rate(count, w))]
+    finished = f"{VLLM_FINISHED}{s.vllm_sel()}"
+    failed = f"{VLLM_FINISHED}{s.vllm_sel(VLLM_ERROR_REASON)}"
+    rules = [
+        _rule(f"service_model:gpuscope_requests:rate{w}", _sum_rate(count, w), source=SPANS),
+        _rule(
+            f"service_model:gpuscope_requests:rate{w}",
+            _vllm(s, f"rate({finished}[{w}])", "service, model"),
+            source=VLLM,
+        ),
+    ]
     # the SLO windows, and ``window`` for GpuscopeErrorRatioHigh when it is none of them
     for window in sorted({*s.slo_windows(), w}, key=seconds_of):
+        record = f"service_model:gpuscope_request_errors:ratio_rate{window}"
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
-        rules.append(
-            _rule(
-                f"service_model:gpuscope_request_errors:ratio_rate{window}",
-                f"(\n  {_sum_rate(errors, window)}\n  or\n  {_sum_rate(count, window)} * 0\n)\n"
-                f"/\n{_sum_rate(count, window)}",
-            )
-        )
+        spans = _error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
+        rules.append(_rule(record, spans, source=SPANS))
+        # vLLM: requests the engine finished with an error, of all it finished
+        vllm_failed = _vllm(s, f"rate({failed}[{window}])", "service, model")
+        vllm_finished = _vllm(s, f"rate({finished}[{window}])", "service, model")
+        rules.append(_rule(record, _error_ratio(vllm_failed, vllm_finished), source=VLLM))
     return rules
+
+
+def _error_ratio(errors: str, total: str) -> str:
+    return f"(\n  {indent(errors)}\n  or\n  {indent(total)} * 0\n)\n/\n{total}"
 
 
 def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
     total = f"{slo.histogram}_count{s.sel(s.slo_selector)}"
     le = f'le=~"{_le_pattern(slo.le)}"'
     good = f"{slo.histogram}_bucket{s.sel(s.slo_selector + ', ' + le)}"
-    return [
-        _rule(
-            f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate{window}",
-            f"1 - (\n  {_sum_rate(good, window)}\n  /\n  {_sum_rate(total, window)}\n)",
-        )
-        for window in s.slo_windows()
-    ]
+    rules = []
+    for window in s.slo_windows():
+        record = f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate{window}"
+        spans = _slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
+        rules.append(_rule(record, spans, source=SPANS))
+        # vLLM's histogram, where the objective's bound is one of its buckets (a bound
+        # between two buckets cannot be counted; no ratio rather than a wrong one)
+        for native in vllm_histograms_for(slo.histogram):
+            if float(slo.le) not in {float(bound) for bound in native.buckets}:
+                continue
+            vllm_good = _vllm(
+                s, f"rate({native.native}_bucket{s.vllm_sel(le)}[{window}])", "service, model"
+            )
+            vllm_total = _vllm(
+                s, f"rate({native.native}_count{s.vllm_sel()}[{window}])", "service, model"
+            )
+            rules.append(_rule(record, _slo_ratio(vllm_good, vllm_total), source=VLLM))
+    return rules
+
+
+def _slo_ratio(good: str, total: str) -> str:
+    return f"1 - (\n  {indent(good)}\n  /\n  {indent(total)}\n)"
 
 
 def _le_pattern(le: str) -> str:
@@ -153,7 +266,28 @@ def gpu_rules(s: Settings) -> list[dict[str, Any]]:
             f"max by ({GPU}) (gpuscope_gpu_memory_used_bytes{s.sel()})\n/\n"
             f"max by ({GPU}) (gpuscope_gpu_memory_total_bytes{s.sel()})",
         ),
+        # The per-host join for requests that name no GPU: each GPU's host (the
+        # exporter's instance without the port), and the best-fed GPU of each host.
+        _rule(
+            GPU_HOST,
+            f"max by ({HOST_GPU}) (\n  {indent(with_host(s, f'gpuscope_gpu_info{s.sel()}'))}\n)",
+        ),
+        _rule(
+            f"{HOST_OCCUPANCY}{w}",
+            _max_by_host(
+                with_host(s, f"avg_over_time(gpuscope_gpu_sm_occupancy_ratio{s.sel()}[{w}])")
+            ),
+        ),
     ]
+
+
+def _max_by_host(expr: str) -> str:
+    return f"max by (host) (\n  {indent(expr)}\n)"
+
+
+# 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
+GPU_HOST = "host_gpu:gpuscope_gpu_info:max"
+HOST_OCCUPANCY = "host:gpuscope_gpu_sm_occupancy_ratio:max_avg"
 
 
 def gpu_conditions(s: Settings) -> dict[str, str]:
@@ -170,7 +304,35 @@ def gpu_conditions(s: Settings) -> dict[str, str]:
             f"max by ({GPU}) (gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}) > "
             f"{s.pcie_utilization:g}"
         ),
+        "underfed": f"gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w} < {s.underfed_occupancy:g}",
     }
+
+
+def host_conditions(s: Settings) -> dict[str, str]:
+    """The same conditions per host (label host), for requests that name no GPU: a host
+    is throttled or saturates PCIe when one of its GPUs does (a request may run on any
+    of them, and a tensor-parallel group runs at its slowest GPU's pace); it is
+    underfed only when every one of its GPUs is."""
+    gpu = gpu_conditions(s)
+    return {
+        **{
+            cause: f"max by (host) (\n  {GPU_HOST}\n  and on ({GPU}) ({indent(gpu[cause])})\n)"
+            for cause in ("throttled", "pcie")
+        },
+        "underfed": f"{HOST_OCCUPANCY}{s.window} < {s.underfed_occupancy:g}",
+    }
+
+
+def on_request_gpu(s: Settings, cause: str) -> str:
+    """The request series (one per source, service, model, host and GPU; any phase
+    share) whose GPU meets condition ``cause``: joined on the GPU's UUID, or, where the
+    requests name no GPU (``uuid`` empty), on their host."""
+    base = f"max by ({SMG}) (service_model_gpu:gpuscope_request_phase_seconds:share_mean{s.window})"
+    gpu, host = gpu_conditions(s)[cause], host_conditions(s)[cause]
+    return (
+        f"{base}\n  and on ({GPU}) ({indent(indent(gpu))})\nor\n"
+        f"{base}\n  and on ({HOST_GPU}) ({indent(indent(host))})"
+    )
 
 
 # Verdict precedence: a hardware limit explains everything above it, so it wins; then
@@ -179,10 +341,11 @@ VERDICT_CAUSES = ("none", "compute", "batch_wait", "queue", "underfed", "pcie", 
 
 
 def verdict_rules(s: Settings) -> list[dict[str, Any]]:
+    """One verdict per source, service, model, host and GPU: each source's phase shares
+    against the GPU conditions of the GPU the requests ran on (or of their host)."""
     w = s.window
     share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
     base = f"max by ({SMG}) ({share})"
-    gpu = gpu_conditions(s)
     conditions = {
         "none": "",
         "compute": f'and on ({SMG}) {share}{{phase="compute"}} > {s.dominant_share:g}',
@@ -190,11 +353,10 @@ def verdict_rules(s: Settings) -> list[dict[str, Any]]:
         "queue": f'and on ({SMG}) {share}{{phase="queue"}} > {s.dominant_share:g}',
         "underfed": (
             f'and on ({SMG}) {share}{{phase="queue"}} > {s.underfed_queue_share:g}\n'
-            f"  and on ({GPU}) gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w} < "
-            f"{s.underfed_occupancy:g}"
+            f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)"
         ),
-        "pcie": f"and on ({GPU}) ({gpu['pcie']})",
-        "throttled": f"and on ({GPU}) ({indent(gpu['throttled'])})",
+        "pcie": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'pcie'))}\n)",
+        "throttled": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'throttled'))}\n)",
     }
     candidates = "\nor\n".join(
         f"label_replace(\n  ({base} * 0 + {rank})"
@@ -218,30 +380,49 @@ def indent(text: str) -> str:
     return text.replace("\n", "\n  ")
 
 
-# Per-instance series of the worker's /metrics, and the configured batching window per model.
+# Per-instance series of the serving engine's own /metrics (the worker's
+# gpuscope_worker_*, or vLLM's, mapped onto the same names), and the configured batching
+# window per model. A scrape target is one engine, so these never mix sources.
 INSTANCE = "job, instance"
 KV_USAGE = "instance:gpuscope_worker_kv_cache_usage_ratio:avg"
 PREEMPTIONS = "instance:gpuscope_worker_preemptions:rate"
 WAITING = "instance_endpoint:gpuscope_worker_requests_waiting:avg"
+RUNNING = "instance_endpoint:gpuscope_worker_requests_running:avg"
 QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+# vLLM schedules generation only: every request it runs or keeps waiting holds (or
+# needs) KV-cache blocks, the worker's "completions" endpoint.
+VLLM_ENDPOINT = "completions"
 
 
 def worker_rules(s: Settings) -> list[dict[str, Any]]:
-    w, sel = s.window, s.worker_sel()
+    """The engine's state per scrape target: the worker's series, or vLLM's (one rule
+    each, ``or``: a target is one engine or the other)."""
+    w, sel, vllm = s.window, s.worker_sel(), s.vllm_sel()
+    completions = f'"endpoint", "{VLLM_ENDPOINT}", "", ""'
     return [
+        # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)
         _rule(
             f"{KV_USAGE}{w}",
-            f"max by ({INSTANCE}) (avg_over_time(gpuscope_worker_kv_cache_usage_ratio{sel}[{w}]))",
+            f"max by ({INSTANCE}) (avg_over_time(gpuscope_worker_kv_cache_usage_ratio{sel}[{w}]))"
+            f"\nor\nmax by ({INSTANCE}) (avg_over_time({VLLM_KV_USAGE}{vllm}[{w}]))",
         ),
         _rule(
             f"{PREEMPTIONS}{w}",
-            f"sum by ({INSTANCE}) (rate(gpuscope_worker_preemptions_total{sel}[{w}]))",
+            f"sum by ({INSTANCE}) (rate(gpuscope_worker_preemptions_total{sel}[{w}]))"
+            f"\nor\nsum by ({INSTANCE}) (rate({VLLM_PREEMPTIONS}{vllm}[{w}]))",
         ),
         # requests queued, or preempted and waiting to resume, per endpoint
-        _rule(
-            f"{WAITING}{w}",
-            f"sum by ({INSTANCE}, endpoint) "
-            f"(avg_over_time(gpuscope_worker_requests_waiting{sel}[{w}]))",
+        *(
+            _rule(
+                f"{record}{w}",
+                f"sum by ({INSTANCE}, endpoint) (avg_over_time({worker}{sel}[{w}]))\nor\n"
+                f"label_replace(\n  sum by ({INSTANCE}) (avg_over_time({native}{vllm}[{w}])),\n"
+                f"  {completions}\n)",
+            )
+            for record, worker, native in (
+                (WAITING, "gpuscope_worker_requests_waiting", VLLM_WAITING),
+                (RUNNING, "gpuscope_worker_requests_running", VLLM_RUNNING),
+            )
         ),
         # the largest configured window among the workers serving a model
         _rule(

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SMG = "service, model, gpu, uuid"  # the labels of service_model_gpu:* series
+# The labels of service_model_gpu:* series: the source the numbers came through (see
+# dashboards/engines.py), then what the request ran on. ``host`` is the scrape
+# target's host (its ``instance`` without the port): the GPU join of requests that
+# name no GPU (``gpu`` and ``uuid`` empty).
+REQUEST = "service, model, host, gpu, uuid"
+SMG = "source, " + REQUEST
+SM = "source, service, model"  # service_model:* series
 GPU = "gpu, uuid"
+HOST_GPU = "host, gpu, uuid"
 # Clock event reasons that mean the hardware holds clocks down (not idle, not a setting).
 THROTTLE_REASONS = (
     "hw_slowdown",
@@ -38,6 +45,12 @@ class Settings:
     job_selector: str = 'job="gpuscope"'
     # the inference server's own /metrics (gpuscope_worker_*), scraped as its own job
     worker_job_selector: str = 'job="gpuscope-worker"'
+    # vLLM's own /metrics (vllm:*), scraped as its own job: the metrics-only path
+    vllm_job_selector: str = 'job="vllm"'
+    # The host of a scrape target, from its ``instance`` label (Prometheus anchors the
+    # regex): "gpu-host-1:8000" and "gpu-host-1" give gpu-host-1, "[::1]:9420" [::1].
+    # Requests without a GPU UUID meet the GPUs of the exporter on the same host.
+    host_from_instance: str = "(.+?)(?::[0-9]+)?"
     # where alerts/runbook.md is served; each alert links to its section
     runbook: str = "https://github.com/gpuscope/gpuscope/blob/main/alerts/runbook.md"
     # requests an SLO counts: model calls, not /v1/models or health checks
@@ -108,6 +121,10 @@ class Settings:
     def worker_sel(self) -> str:
         """The selector of the worker's own metrics."""
         return "{" + self.worker_job_selector + "}"
+
+    def vllm_sel(self, extra: str = "") -> str:
+        """The selector of vLLM's own metrics, with ``extra`` matchers."""
+        return "{" + ", ".join(m for m in (self.vllm_job_selector, extra) if m) + "}"
 
     def for_(self, duration: str) -> str:
         return self.for_override if self.for_override is not None else duration

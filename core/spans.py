@@ -18,6 +18,12 @@ HTTP_ROUTE: Final = "http.route"
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 URL_PATH: Final = "url.path"
 URL_SCHEME: Final = "url.scheme"
+URL_QUERY: Final = "url.query"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+CLIENT_ADDRESS: Final = "client.address"
+USER_AGENT_ORIGINAL: Final = "user_agent.original"
+NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
 ERROR_TYPE: Final = "error.type"
 
 # GenAI semantic conventions.
@@ -25,6 +31,8 @@ GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
 
 # Phases, in the order they happen: phase -> (start mark, end mark), the only place that
 # pairs them. Each starts where the one before ended (a test checks it), so the phases of
@@ -47,6 +55,13 @@ PHASE_SPANS: Final = {
     "queue": "gpuscope.queue",
     "batch_wait": "gpuscope.batch_wait",
     "compute": "gpuscope.compute",
+}
+
+# Parts of ``compute`` that a continuous-batching engine reports (vLLM: prefill, then
+# decode); they add up to ``compute`` and are never summed with the phases.
+COMPUTE_STAGES: Final = ("prefill", "decode")
+COMPUTE_STAGE_DURATION: Final = {
+    stage: f"gpuscope.compute.{stage}.duration" for stage in COMPUTE_STAGES
 }
 
 BATCH_ID: Final = "gpuscope.batch.id"

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import serving
+from engines import (
+    DURATION_HISTOGRAM,
+    PHASE_HISTOGRAM,
+    STAGE_HISTOGRAM,
+    TPOT_HISTOGRAM,
+    TTFT_HISTOGRAM,
+    phases_note,
+)
 from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
@@ -11,14 +19,18 @@ from panels import (
     HALF,
     RATE,
     REQUEST_CHAIN,
+    SOURCE,
     THIRD,
+    Size,
     heatmap_panel,
     new_dashboard,
     query,
     row,
     selector,
+    text_panel,
     timeseries,
 )
+from recorded import rate as recorded_rate
 
 UID = "gpuscope-inference-latency"
 QUANTILES = (0.5, 0.95, 0.99)
@@ -27,6 +39,12 @@ QUANTILES = (0.5, 0.95, 0.99)
 REQUEST = selector("job", "instance", "service", "model", "route", "gpu")
 PHASE = selector("job", "instance", "service", "model", "gpu")
 TOKENS = selector("job", "instance", "service", "model")
+# The recording rules' per-source series: no job, instance or route.
+PER_SOURCE = selector("source", "service", "model", "gpu")
+VLLM_BUCKETS_NOTE = (
+    " vLLM's request-time buckets start at 0.3 s (TTFT's at 1 ms): its means are exact, "
+    "its quantiles under a second coarse."
+)
 
 
 def rate(metric: str, sel: str, by: str = "") -> str:
@@ -54,12 +72,17 @@ def build() -> Dashboard:
         UID,
         "gpuscope / Inference latency",
         "Where each request's milliseconds went: rate, latency quantiles, time per phase "
-        "(preprocess, queue, batch_wait, compute, postprocess), streaming, batching, and "
-        "the serving engine's queue, KV cache and preemptions (from the worker's /metrics).",
+        "(preprocess, queue, batch_wait, compute, postprocess; compute split into prefill "
+        "and decode where the engine reports them), streaming, batching, the serving "
+        "engine's queue, KV cache and preemptions (from the worker's or vLLM's /metrics), "
+        "and the same latencies per source of request timings (gpuscope's spans, vLLM's "
+        "own /metrics).",
         REQUEST_CHAIN,
+        (SOURCE,),
     )
     count = "gpuscope_request_duration_seconds_count"
-    board.with_row(row("Traffic"))
+    board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 5)))
+    board.with_row(row("Traffic (gpuscope spans)"))
     board.with_panel(
         timeseries(
             "Request rate by status",
@@ -92,7 +115,7 @@ def build() -> Dashboard:
             THIRD,
         )
     )
-    board.with_row(row("Latency"))
+    board.with_row(row("Latency (gpuscope spans; exemplars link to traces)"))
     board.with_panel(
         timeseries(
             "End-to-end latency",
@@ -109,7 +132,8 @@ def build() -> Dashboard:
         timeseries(
             "Mean time per phase",
             "Mean seconds a request spent in each phase; stacked, the phases add up to "
-            "the mean request duration.",
+            "the mean request duration. Only the phases the engine reports: vLLM's spans "
+            "give queue and compute (no batch wait, preprocess or postprocess).",
             [query(f"{phase_sum}\n/\n{phase_count}", "{{phase}}", exemplar=True)],
             "s",
             HALF,
@@ -143,7 +167,7 @@ def build() -> Dashboard:
             max_value=1,
         )
     )
-    board.with_row(row("Streaming"))
+    board.with_row(row("Streaming (gpuscope spans)"))
     board.with_panel(
         timeseries(
             "Time to first token",
@@ -160,7 +184,7 @@ def build() -> Dashboard:
             "s",
         )
     )
-    board.with_row(row("Batching"))
+    board.with_row(row("Batching (gpuscope spans; not in continuous-batching engines)"))
     board.with_panel(
         heatmap_panel(
             "Batch size distribution",
@@ -186,7 +210,106 @@ def build() -> Dashboard:
     )
     board.with_panel(batch_wait_panel())
     serving.add_row(board)
+    add_source_rows(board)
     return board
+
+
+def _mean(histogram: str, key: str) -> str:
+    total = f"sum by ({key}) ({recorded_rate(histogram, 'sum')}{PER_SOURCE})"
+    return f"{total}\n/\nsum by ({key}) ({recorded_rate(histogram, 'count')}{PER_SOURCE})"
+
+
+def _quantile(q: float, histogram: str, key: str = "") -> str:
+    by = f"{key}, le" if key else "le"
+    return (
+        f"histogram_quantile({q}, sum by ({by}) ({recorded_rate(histogram, 'bucket')}{PER_SOURCE}))"
+    )
+
+
+def _quantiles(histogram: str) -> list[Dataquery]:
+    return [query(_quantile(q, histogram), f"P{round(q * 100)}") for q in QUANTILES]
+
+
+def add_source_rows(board: Dashboard) -> None:
+    """One row per source of request timings (the recording rules' series): the same
+    latencies as above, for gpuscope's spans and for an engine's own /metrics alike."""
+    board.with_row(row("Per source: $source (recording rules)", repeat="source"))
+    board.with_panel(
+        timeseries(
+            "Mean time per phase",
+            "Mean seconds per phase from this source, over the rules' window; stacked, "
+            "they add up to the mean of what the engine reports (for vLLM, queue plus "
+            "compute: its end-to-end time also holds the API server's own work)."
+            + VLLM_BUCKETS_NOTE,
+            [query(_mean(PHASE_HISTOGRAM, "phase"), "{{phase}}")],
+            "s",
+            HALF,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Compute: prefill and decode",
+            "Mean seconds in each part of compute, where the engine reports them (vLLM: "
+            "prefill, then decode); stacked, they add up to the mean compute time. Empty "
+            "for engines that report compute whole (the reference worker).",
+            [query(_mean(STAGE_HISTOGRAM, "stage"), "{{stage}}")],
+            "s",
+            HALF,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "P99 per phase and compute stage",
+            "P99 of each phase and of each part of compute, not stacked: quantiles do not "
+            "add up." + VLLM_BUCKETS_NOTE,
+            [
+                query(_quantile(0.99, PHASE_HISTOGRAM, "phase"), "{{phase}}"),
+                query(_quantile(0.99, STAGE_HISTOGRAM, "stage"), "compute: {{stage}}"),
+            ],
+            "s",
+            HALF,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "End-to-end latency",
+            "P50, P95 and P99 of the model requests' duration from this source (vLLM: from "
+            "its arrival in the engine's API server to the last token)." + VLLM_BUCKETS_NOTE,
+            _quantiles(DURATION_HISTOGRAM),
+            "s",
+            HALF,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Request rate",
+            "Model requests finished per second, from this source.",
+            [query(f"sum ({recorded_rate(DURATION_HISTOGRAM, 'count')}{PER_SOURCE})", "req/s")],
+            "reqps",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Time to first token",
+            "P50, P95 and P99 from arrival to the first token, from this source.",
+            _quantiles(TTFT_HISTOGRAM),
+            "s",
+            THIRD,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Time per output token",
+            "P50, P95 and P99 of each request's time per generated token after the first, "
+            "from this source.",
+            _quantiles(TPOT_HISTOGRAM),
+            "s",
+            THIRD,
+        )
+    )
 
 
 def batch_wait_panel() -> timeseries_builders.Panel:

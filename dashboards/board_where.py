@@ -1,17 +1,23 @@
-"""Where did the time go: per GPU, the phase shares on one time axis with what the GPU did.
+"""Where did the time go: per host, the phase shares on one time axis with what its GPUs did.
 
-One row per GPU (the row repeats over ``$gpu``): the bottleneck verdict of the
-recording rules, phase shares of the mean and of P99, SM occupancy, the SM clock
-as a share of its maximum, and PCIe traffic as a share of link capacity.
+Everything request-side comes from the recording rules' per-source series, so the
+board works the same over gpuscope's spans and over an engine's own ``/metrics``
+(vLLM's, with no gpuscope in the request path), and one source is shown at a time:
+the same requests seen through both are never added up. One row per host (the row
+repeats over ``$host``): the bottleneck verdict of each service, model and GPU on it,
+phase shares of the mean and of P99, the split of compute into prefill and decode
+where the engine reports it, and the host's GPUs: SM occupancy, the SM clock as a
+share of its maximum, and PCIe traffic as a share of link capacity.
 """
 
 from __future__ import annotations
 
+from engines import PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
 from panels import (
     RATE,
-    REQUEST_CHAIN,
+    SOURCE_CHAIN,
     THIRD,
     Size,
     new_dashboard,
@@ -20,49 +26,58 @@ from panels import (
     selector,
     stat_panel,
     state_timeline,
+    text_panel,
     timeseries,
 )
 from pcie import capacity_expr
+from recorded import GPU_HOST, VERDICT, rate
 
 UID = "gpuscope-where-did-the-time-go"
 # Written by the bottleneck rules in alerts/: 1 for the cause that holds now.
-VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
 CAUSES = ("queue", "batch_wait", "compute", "underfed", "throttled", "pcie", "none")
-PHASE = selector("job", "instance", "service", "model", "gpu")
-GPU = selector("job", "instance", "gpu")
-# Recording rules aggregate job and instance away; they keep service, model, gpu, uuid.
-RULE = selector("service", "model", "gpu")
+# The rules keep source, service, model, host, gpu and uuid.
+RULE = selector("source", "host", "service", "model", "gpu")
+# GPU series of the row's host: the rules' GPU-to-host map, so the host is the one the
+# verdict joined on.
+ON_HOST = f"and on (gpu, uuid) {GPU_HOST}{selector('host', 'gpu')}"
 
 
 def _verdict() -> str:
-    return f"max by (service, model, gpu, cause) ({VERDICT}{RULE} == 1)"
+    # requests that name no GPU are judged against every GPU of their host: "GPU all"
+    verdict = f'label_replace({VERDICT}{RULE} == 1, "gpu", "all", "gpu", "")'
+    return f"max by (service, model, gpu, cause) (\n{verdict}\n)"
 
 
-def _phase_share(statistic: str) -> str:
+def _share(histogram: str, key: str, statistic: str) -> str:
+    """Each phase's (or stage's) part of their total, over the row's requests."""
     if statistic == "mean":
-        per_phase = f"sum by (phase) (rate(gpuscope_request_phase_seconds_sum{PHASE}[{RATE}]))"
+        per_key = f"sum by ({key}) ({rate(histogram, 'sum')}{RULE})"
     else:
-        per_phase = (
-            "histogram_quantile(0.99, sum by (phase, le) "
-            f"(rate(gpuscope_request_phase_seconds_bucket{PHASE}[{RATE}])))"
+        per_key = (
+            f"histogram_quantile(0.99, sum by ({key}, le) ({rate(histogram, 'bucket')}{RULE}))"
         )
-    return f"{per_phase}\n/ ignoring (phase) group_left\nsum({per_phase})"
+    return f"{per_key}\n/ ignoring ({key}) group_left\nsum({per_key})"
 
 
 def build() -> Dashboard:
     board = new_dashboard(
         UID,
         "gpuscope / Where did the time go",
-        "Per GPU: which phase dominates, next to what the GPU was doing, and the bottleneck "
-        "the recording rules name (queue, batch_wait, compute, underfed, throttled, pcie).",
-        REQUEST_CHAIN,
+        "Per host: which phase dominates, next to what its GPUs were doing, and the "
+        "bottleneck the recording rules name (queue, batch_wait, compute, underfed, "
+        "throttled, pcie), for one source of request timings at a time.",
+        SOURCE_CHAIN,
     )
-    board.with_row(row("GPU $gpu", repeat="gpu"))
+    board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 5)))
+    board.with_row(row("Host $host ($source)", repeat="host"))
     board.with_panel(
         stat_panel(
             "Bottleneck now",
-            "The cause the bottleneck rules name for this GPU: " + ", ".join(CAUSES) + ".",
-            [query(_verdict(), "{{service}} / {{model}}: {{cause}}")],
+            "The cause the bottleneck rules name for each service, model and GPU on this "
+            "host: " + ", ".join(CAUSES) + ". GPU all: requests that named no GPU, judged "
+            "against every GPU of the host (throttled or pcie when one of them is, "
+            "underfed when all are).",
+            [query(_verdict(), "{{service}} / {{model}} GPU {{gpu}}: {{cause}}")],
             "none",
             Size(6, 8),
             text_mode=BigValueTextMode.NAME,
@@ -71,8 +86,8 @@ def build() -> Dashboard:
     board.with_panel(
         state_timeline(
             "Bottleneck over time",
-            "When each cause held, per service and model.",
-            [query(_verdict(), "{{service}} / {{model}}: {{cause}}")],
+            "When each cause held, per service, model and GPU.",
+            [query(_verdict(), "{{service}} / {{model}} GPU {{gpu}}: {{cause}}")],
             Size(18, 8),
         )
     )
@@ -80,22 +95,39 @@ def build() -> Dashboard:
         board.with_panel(
             timeseries(
                 title,
-                "Each phase's part of the request time on this GPU; stacked to 100 %.",
-                [query(_phase_share(statistic), "{{phase}}")],
+                "Each phase's part of the request time on this host; stacked to 100 %. "
+                "Only the phases the engine reports (see the note above): for vLLM, "
+                "queue and compute.",
+                [query(_share(PHASE_HISTOGRAM, "phase", statistic), "{{phase}}")],
                 "percentunit",
-                Size(12, 8),
+                THIRD,
                 stacked=True,
                 max_value=1,
             )
         )
     board.with_panel(
         timeseries(
+            "Compute: prefill and decode",
+            "The parts of compute where the engine reports them (vLLM: prefill, then "
+            "decode), as shares of their sum, which is compute; stacked to 100 %. Empty "
+            "for engines that report compute whole (the reference worker).",
+            [query(_share(STAGE_HISTOGRAM, "stage", "mean"), "{{stage}}")],
+            "percentunit",
+            THIRD,
+            stacked=True,
+            max_value=1,
+        )
+    )
+    gpu = selector("gpu")
+    board.with_panel(
+        timeseries(
             "SM occupancy",
-            "Resident warps over capacity; low while requests queue means an underfed GPU.",
+            "Resident warps over capacity, per GPU of the host; low while requests queue "
+            "means an underfed GPU.",
             [
                 query(
-                    f"max by (instance, gpu) (gpuscope_gpu_sm_occupancy_ratio{GPU})",
-                    "{{instance}} occupancy",
+                    f"max by (instance, gpu) (\ngpuscope_gpu_sm_occupancy_ratio{gpu}\n{ON_HOST}\n)",
+                    "{{instance}} GPU {{gpu}}",
                 )
             ],
             "percentunit",
@@ -106,13 +138,13 @@ def build() -> Dashboard:
     board.with_panel(
         timeseries(
             "SM clock against its maximum",
-            "SM clock over its maximum; far under 100 % under load, with a thermal or power "
-            "reason active, means throttling.",
+            "SM clock over its maximum, per GPU of the host; far under 100 % under load, "
+            "with a thermal or power reason active, means throttling.",
             [
                 query(
-                    f"max by (instance, gpu) (gpuscope_gpu_sm_clock_hertz{GPU}\n/\n"
-                    f"gpuscope_gpu_sm_clock_max_hertz{GPU})",
-                    "{{instance}} SM clock",
+                    f"max by (instance, gpu) (\ngpuscope_gpu_sm_clock_hertz{gpu}\n/\n"
+                    f"gpuscope_gpu_sm_clock_max_hertz{gpu}\n{ON_HOST}\n)",
+                    "{{instance}} GPU {{gpu}}",
                 )
             ],
             "percentunit",
@@ -120,17 +152,18 @@ def build() -> Dashboard:
             max_value=1,
         )
     )
-    capacity = capacity_expr(GPU)
+    capacity = capacity_expr(gpu)
     board.with_panel(
         timeseries(
             "PCIe against link capacity",
-            "Bytes per second each way over what the current link carries per direction.",
+            "Bytes per second each way over what the current link carries per direction, "
+            "per GPU of the host.",
             [
                 query(
-                    "max by (instance, gpu) "
-                    f"(rate(gpuscope_gpu_pcie_{metric}_bytes_total{GPU}[{RATE}])"
-                    f"\n/\n{capacity})",
-                    "{{instance}} " + name,
+                    "max by (instance, gpu) (\n"
+                    f"rate(gpuscope_gpu_pcie_{metric}_bytes_total{gpu}[{RATE}])"
+                    f"\n/\n{capacity}\n{ON_HOST}\n)",
+                    "{{instance}} GPU {{gpu}} " + name,
                 )
                 for metric, name in (("transmit", "TX"), ("receive", "RX"))
             ],

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_builders
-from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, statetimeline
+from grafana_foundation_sdk.builders import (
+    dashboard,
+    heatmap,
+    prometheus,
+    stat,
+    statetimeline,
+    text,
+)
 from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
@@ -25,6 +32,8 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+from grafana_foundation_sdk.models.text import TextMode
+from recorded import SOURCE_SERIES
 
 TAGS = ["gpuscope"]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -39,11 +48,16 @@ GPU_INFO = "gpuscope_gpu_info"
 
 @dataclass(frozen=True)
 class Variable:
-    """A query variable: ``label`` values of ``metric``, filtered by the variables before."""
+    """A query variable: ``label`` values of ``metric``, filtered by the variables before.
+
+    ``single``: one value at a time, no "All" (a panel that would add up what two
+    values count, like two sources of the same requests, needs one).
+    """
 
     name: str
     title: str
     metric: str
+    single: bool = False
 
 
 # The chains each dashboard uses; a dashboard's variables filter in this order.
@@ -56,6 +70,17 @@ REQUEST_CHAIN = (
     Variable("gpu", "GPU", REQUESTS),
 )
 GPU_CHAIN = (*EXPORTER_CHAIN, Variable("gpu", "GPU", GPU_INFO))
+# The recording rules' per-source series (spans and engines' own /metrics alike): the
+# source, then the host (a scrape target's instance without its port), service, model
+# and GPU of the requests.
+SOURCE = Variable("source", "Source", SOURCE_SERIES)
+SOURCE_CHAIN = (
+    Variable("source", "Source", SOURCE_SERIES, single=True),
+    Variable("host", "Host", SOURCE_SERIES),
+    Variable("service", "Service", SOURCE_SERIES),
+    Variable("model", "Model", SOURCE_SERIES),
+    Variable("gpu", "GPU", SOURCE_SERIES),
+)
 
 
 def selector(*names: str, extra: Sequence[str] = ()) -> str:
@@ -66,35 +91,42 @@ def selector(*names: str, extra: Sequence[str] = ()) -> str:
 AnyVariable = dashboard.DatasourceVariable | dashboard.QueryVariable
 
 
-def variables(chain: Sequence[Variable]) -> list[AnyVariable]:
-    """The ``datasource`` variable, then ``chain`` with each filtered by those before it.
+def variables(*chains: Sequence[Variable]) -> list[AnyVariable]:
+    """The ``datasource`` variable, then each chain's variables, each filtered by those
+    before it in its chain.
 
-    Every variable is multi-valued with an "All" of ``.*``, so a series whose label is
-    empty (a request that named no GPU) still matches "All".
+    Every variable but a ``single`` one is multi-valued with an "All" of ``.*``, so a
+    series whose label is empty (a request that named no GPU) still matches "All".
     """
     built: list[AnyVariable] = [
         dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
     ]
-    for index, variable in enumerate(chain):
-        before = [v.name for v in chain[:index]]
-        query = f"label_values({variable.metric}{selector(*before)}, {variable.name})"
-        built.append(
-            dashboard.QueryVariable(variable.name)
-            .label(variable.title)
-            .datasource(DATASOURCE)
-            .query(query)
-            .definition(query)
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .sort(VariableSort.NATURAL_ASC)
-            .multi(True)
-            .include_all(True)
-            .all_value(".*")
-        )
+    for chain in chains:
+        for index, variable in enumerate(chain):
+            before = [v.name for v in chain[:index]]
+            query = f"label_values({variable.metric}{selector(*before)}, {variable.name})"
+            built.append(
+                dashboard.QueryVariable(variable.name)
+                .label(variable.title)
+                .datasource(DATASOURCE)
+                .query(query)
+                .definition(query)
+                .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                .sort(VariableSort.NATURAL_ASC)
+                .multi(not variable.single)
+                .include_all(not variable.single)
+            )
+            if not variable.single:
+                built[-1].all_value(".*")
     return built
 
 
 def new_dashboard(
-    uid: str, title: str, description: str, chain: Sequence[Variable]
+    uid: str,
+    title: str,
+    description: str,
+    chain: Sequence[Variable],
+    *also: Sequence[Variable],
 ) -> dashboard.Dashboard:
     board = (
         dashboard.Dashboard(title)
@@ -114,7 +146,7 @@ def new_dashboard(
             .keep_time(True)
         )
     )
-    for variable in variables(chain):
+    for variable in variables(chain, *also):
         board.with_variable(variable)
     return board
 
@@ -239,6 +271,18 @@ def heatmap_panel(
         .calculate(False)
         .y_axis(heatmap.YAxisConfig().unit(unit))
         .with_target(target.format(PromQueryFormat.HEATMAP).legend_format("{{le}}"))
+    )
+
+
+def text_panel(title: str, markdown: str, size: Size = FULL) -> text.Panel:
+    """A note in Markdown: what a board cannot show, and why."""
+    return (
+        text.Panel()
+        .title(title)
+        .span(size.width)
+        .height(size.height)
+        .mode(TextMode.MARKDOWN)
+        .content(markdown)
     )
 
 

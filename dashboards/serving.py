@@ -1,18 +1,27 @@
-"""The serving engine's own state: the worker's ``/metrics`` (``gpuscope_worker_*``).
+"""The serving engine's own state: the worker's ``/metrics`` (``gpuscope_worker_*``), or
+vLLM's (``vllm:*``).
 
 These series come from scraping the inference server itself, not the exporter, so
 they carry only that scrape's ``job`` and ``instance`` (plus ``endpoint`` on the
-request gauges). Each query joins ``gpuscope_worker_info`` on (job, instance) to
-pick up its ``model`` label, which the ``$model`` variable then filters: the
-exporter's ``$job`` and ``$instance`` do not apply to another scrape job.
+worker's request gauges). The worker's queries join ``gpuscope_worker_info`` on (job,
+instance) to pick up its ``model`` label, which the ``$model`` variable then filters;
+vLLM's series carry the model as ``model_name``. The exporter's ``$job`` and
+``$instance`` do not apply to another scrape job.
 """
 
 from __future__ import annotations
 
+from engines import VLLM_KV_USAGE, VLLM_PREEMPTIONS, VLLM_RUNNING, VLLM_WAITING
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from panels import RATE, THIRD, query, row, timeseries
 
 WORKER_INFO = 'gpuscope_worker_info{model=~"$model"}'
+VLLM_MODEL = '{model_name=~"$model"}'
+
+
+def vllm_per_instance(expr: str, aggregation: str = "sum") -> str:
+    """vLLM's ``expr`` per server, its data-parallel engines added up (or their max)."""
+    return f"{aggregation} by (instance) ({expr})"
 
 
 def for_model(metric: str) -> str:
@@ -31,13 +40,14 @@ def configured(metric: str) -> str:
 
 def add_row(board: Dashboard) -> None:
     """The "Serving engine" row: queue, KV cache, preemptions, iterations, outcomes."""
-    board.with_row(row("Serving engine (worker /metrics)"))
+    board.with_row(row("Serving engine (worker or vLLM /metrics)"))
     board.with_panel(
         timeseries(
             "Requests running and waiting",
             "Requests in the batch on the device, and requests waiting for one (queued or "
-            "preempted), per worker and endpoint. Waiting that grows while running stays "
-            "at the batch size means the server is at capacity.",
+            "preempted), per worker and endpoint, or per vLLM server. Waiting that grows "
+            "while running stays at the batch size (vLLM: --max-num-seqs) means the server "
+            "is at capacity.",
             [
                 query(
                     per_instance("gpuscope_worker_requests_running", "instance, endpoint"),
@@ -47,6 +57,8 @@ def add_row(board: Dashboard) -> None:
                     per_instance("gpuscope_worker_requests_waiting", "instance, endpoint"),
                     "waiting {{endpoint}} {{instance}}",
                 ),
+                query(vllm_per_instance(VLLM_RUNNING + VLLM_MODEL), "running vLLM {{instance}}"),
+                query(vllm_per_instance(VLLM_WAITING + VLLM_MODEL), "waiting vLLM {{instance}}"),
             ],
             "short",
             THIRD,
@@ -55,9 +67,13 @@ def add_row(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "KV-cache usage",
-            "Share of the paged KV cache's blocks held by sequences. Near 100 %, new "
-            "sequences wait for blocks and running ones get preempted.",
-            [query(per_instance("gpuscope_worker_kv_cache_usage_ratio"), "{{instance}}")],
+            "Share of the paged KV cache's blocks held by sequences (vLLM: the fullest of "
+            "its engines). Near 100 %, new sequences wait for blocks and running ones get "
+            "preempted.",
+            [
+                query(per_instance("gpuscope_worker_kv_cache_usage_ratio"), "{{instance}}"),
+                query(vllm_per_instance(VLLM_KV_USAGE + VLLM_MODEL, "max"), "vLLM {{instance}}"),
+            ],
             "percentunit",
             THIRD,
             max_value=1,
@@ -66,7 +82,8 @@ def add_row(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "KV-cache blocks",
-            "Blocks held by sequences against the pool's size, per worker.",
+            "Blocks held by sequences against the pool's size, per worker (vLLM gives its usage "
+            "only: see KV-cache usage).",
             [
                 query(per_instance("gpuscope_worker_kv_cache_blocks_used"), "used {{instance}}"),
                 query(per_instance("gpuscope_worker_kv_cache_blocks_total"), "total {{instance}}"),
@@ -83,7 +100,11 @@ def add_row(board: Dashboard) -> None:
             [
                 query(
                     per_instance(f"rate(gpuscope_worker_preemptions_total[{RATE}])"), "{{instance}}"
-                )
+                ),
+                query(
+                    vllm_per_instance(f"rate({VLLM_PREEMPTIONS}{VLLM_MODEL}[{RATE}])"),
+                    "vLLM {{instance}}",
+                ),
             ],
             "suffix: /s",
             THIRD,

@@ -9,6 +9,17 @@ so they are received (and forwarded) but never counted twice. SERVER spans of ot
 scopes feed the spanmetrics-shaped family of ``stock_spans``; their other spans are
 received and forwarded only.
 
+A serving engine's own request span (vLLM's ``llm_request``, see
+``gpuscope.engine_spans``) also feeds the request families, read through the engine's
+attribute names, unless it carries ``gpuscope.request.counted``: then a gpuscope
+server span of the same process counts that request (with the engine's phases folded
+in by the middleware), whichever of the two arrives first, so it is counted once.
+
+Spans without a GPU UUID are joined to the GPUs their process holds where the GPU
+source can list processes (``uuids_for_pid``, from the resource's ``process.pid`` or
+vLLM's ``vllm.process_id``); a process on several GPUs (tensor parallel) or on none
+the exporter can see keeps an empty UUID, and the rules join it per host.
+
 Each span's attribute list is walked once and only the keys in ``_SERVER_SLOTS`` /
 ``_BATCH_SLOTS`` have their values read: with the upb protobuf backend, touching a
 value costs far more than skipping it. A span that breaks the contract (wrong type,
@@ -20,18 +31,22 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope import engine_spans
 from gpuscope import spans as attr
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
-from gpuscope.exporter.series import HistogramFamily
+from gpuscope.exporter.series import HistogramFamily, SpanRef
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 SERVICE_NAME_RESOURCE = "service.name"
+PROCESS_PID_RESOURCE = "process.pid"  # OpenTelemetry's process resource (an int)
+VLLM_PROCESS_ID_RESOURCE = "vllm.process_id"  # vLLM's own resource key (a string)
+UuidsForPid = Callable[[int], tuple[str, ...]]
 
 # Reasons for ``gpuscope_spans_rejected_total{reason}``.
 INVALID_ID = "invalid_id"
@@ -66,9 +81,22 @@ _SERVER_SLOTS: dict[str, tuple[int, str]] = {
     attr.TIME_TO_FIRST_TOKEN: (_TTFT, _DOUBLE),
     attr.TIME_PER_OUTPUT_TOKEN: (_TPOT, _DOUBLE),
 } | {attr.PHASE_DURATION[phase]: (_PHASE0 + i, _DOUBLE) for i, phase in enumerate(attr.PHASES)}
-_SERVER_SLOT_COUNT = _PHASE0 + len(attr.PHASES)
+_STAGE0 = _PHASE0 + len(attr.PHASES)
+_SERVER_SLOTS |= {
+    attr.COMPUTE_STAGE_DURATION[stage]: (_STAGE0 + i, _DOUBLE)
+    for i, stage in enumerate(attr.COMPUTE_STAGES)
+}
+_SERVER_SLOT_COUNT = _STAGE0 + len(attr.COMPUTE_STAGES)
 _SLOT_KEYS = {slot: key for key, (slot, _) in _SERVER_SLOTS.items()}
 _SECONDS_SLOTS = (_TTFT, _TPOT, *range(_PHASE0, _SERVER_SLOT_COUNT))
+
+# Engine request span: the attributes ``engine_spans.read_engine_span`` reads, by type.
+_ENGINE_KEYS: dict[str, str] = (
+    dict.fromkeys(engine_spans.SECONDS_ATTRIBUTES, _DOUBLE)
+    | dict.fromkeys(engine_spans.COUNT_ATTRIBUTES, _INT)
+    | dict.fromkeys(engine_spans.TEXT_ATTRIBUTES, _STRING)
+    | {engine_spans.COUNTED_BY_SERVER_SPAN: "bool_value"}
+)
 
 _B_SIZE, _B_MAX, _B_MODEL, _B_UUID, _B_SERVICE = range(5)
 _BATCH_SLOTS: dict[str, tuple[int, str]] = {
@@ -118,9 +146,12 @@ class SpanAggregator:
         max_series: int = 2000,
         max_label_length: int = 128,
         compute_observers: Sequence[ComputeObserver] = (),
+        uuids_for_pid: UuidsForPid | None = None,
     ) -> None:
         self.duration = defs.REQUEST_DURATION.histogram(max_series)
         self.phase = defs.REQUEST_PHASE.histogram(max_series)
+        self.compute_stage = defs.REQUEST_COMPUTE_STAGE.histogram(max_series)
+        self.uuids_for_pid = uuids_for_pid
         self.ttft = defs.TIME_TO_FIRST_TOKEN.histogram(max_series)
         self.tpot = defs.TIME_PER_OUTPUT_TOKEN.histogram(max_series)
         self.batch_size = defs.BATCH_SIZE.histogram(max_series)
@@ -139,6 +170,7 @@ class SpanAggregator:
         return (
             self.duration,
             self.phase,
+            self.compute_stage,
             self.ttft,
             self.tpot,
             self.batch_size,
@@ -161,6 +193,7 @@ class SpanAggregator:
                 )
             except SpanRejected as exc:  # every span of this resource would carry it
                 service, resource_error = "", exc
+            process_uuid = self._process_uuid(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
                 spans = scope_spans.spans
                 result.received += len(spans)
@@ -171,7 +204,7 @@ class SpanAggregator:
                 own = scope_spans.scope.name == attr.INSTRUMENTATION_NAME
                 for span in spans:
                     try:
-                        if not self._aggregate(span, service, own):
+                        if not self._aggregate(span, service, own, process_uuid):
                             continue
                     except SpanRejected as exc:
                         rejected[exc.reason] += 1
@@ -181,14 +214,29 @@ class SpanAggregator:
                     result.aggregated += 1
         return result
 
-    def _aggregate(self, span: Any, service: str, own: bool) -> bool:
+    def _process_uuid(self, attributes: Any) -> str:
+        """The one GPU the resource's process (or its children) holds, else ""."""
+        if self.uuids_for_pid is None:
+            return ""
+        pid = _resource_pid(attributes)
+        if pid is None:
+            return ""
+        uuids = self.uuids_for_pid(pid)
+        return uuids[0] if len(uuids) == 1 else ""
+
+    def _aggregate(self, span: Any, service: str, own: bool, process_uuid: str = "") -> bool:
         """Feed one span to its family; False for spans that feed none."""
         if not own:
             if span.kind != SPAN_KIND_SERVER:
                 return False
+            engine = None
+            if engine_spans.is_engine_request_span(span.name):
+                engine = self._engine_span(span, service, process_uuid)
             self._stock_span(span, service)
+            if engine is not None:  # observed only once the whole span proved valid
+                self._observe_engine_span(*engine)
         elif span.kind == SPAN_KIND_SERVER:
-            self._server_span(span, service)
+            self._server_span(span, service, process_uuid)
         elif span.name == attr.BATCH_SPAN_NAME:
             self._batch_span(span, service)
         else:
@@ -205,7 +253,55 @@ class SpanAggregator:
         except StatusUnreadable as exc:
             raise SpanRejected(WRONG_ATTRIBUTE_TYPE, str(exc)) from exc
 
-    def _server_span(self, span: Any, resource_service: str) -> None:
+    def _engine_span(
+        self, span: Any, service: str, process_uuid: str
+    ) -> tuple[engine_spans.EngineReport, tuple[str, str, str, str], float, SpanRef] | None:
+        """An engine's request span that no gpuscope server span counts, validated.
+
+        Returns what ``_observe_engine_span`` counts, or None when a server span counts
+        this request (``gpuscope.request.counted``). The stock family counts the span
+        too (it is another instrumentation's SERVER span).
+        """
+        ref = _span_ref(span)
+        start, end = span.start_time_unix_nano, span.end_time_unix_nano
+        if start == 0 or end < start:
+            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        values = _read_engine_attributes(span.attributes)
+        if values.get(engine_spans.COUNTED_BY_SERVER_SPAN) is True:
+            return None
+        try:
+            report = engine_spans.read_engine_span(values)
+        except engine_spans.EngineSpanInvalid as exc:
+            reason = INVALID_DURATION if exc.is_duration else INVALID_ATTRIBUTE_VALUE
+            raise SpanRejected(reason, str(exc)) from exc
+        model = self._label(report.model, attr.GEN_AI_REQUEST_MODEL)
+        gpu = self._gpu_index.get(process_uuid, "") if process_uuid else ""
+        return report, (service, model, process_uuid, gpu), (end - start) / 1e9, ref
+
+    def _observe_engine_span(
+        self,
+        report: engine_spans.EngineReport,
+        base: tuple[str, str, str, str],
+        seconds: float,
+        ref: SpanRef,
+    ) -> None:
+        service, model, uuid, gpu = base
+        self.duration.observe((service, model, "", "", "", uuid, gpu), seconds, ref)
+        for phase, seconds in report.phases.items():
+            self.phase.observe((phase, *base), seconds, ref)
+        for stage, seconds in report.stages.items():
+            self.compute_stage.observe((stage, *base), seconds, ref)
+        with_operation = (service, model, "", uuid, gpu)
+        if report.time_to_first_token is not None:
+            self.ttft.observe(with_operation, report.time_to_first_token, ref)
+        if report.time_per_output_token is not None:
+            self.tpot.observe(with_operation, report.time_per_output_token, ref)
+        if report.input_tokens is not None:
+            self.tokens.inc(("input", service, model, ""), report.input_tokens)
+        if report.output_tokens is not None:
+            self.tokens.inc(("output", service, model, ""), report.output_tokens)
+
+    def _server_span(self, span: Any, resource_service: str, process_uuid: str = "") -> None:
         ref = _span_ref(span)
         start, end = span.start_time_unix_nano, span.end_time_unix_nano
         if start == 0 or end < start:
@@ -214,7 +310,7 @@ class SpanAggregator:
         label = self._label
         service = label(values[_SERVICE], attr.SERVICE_NAME) or resource_service
         model = label(values[_MODEL], attr.GEN_AI_REQUEST_MODEL)
-        uuid = label(values[_UUID], attr.GPU_UUID)
+        uuid = label(values[_UUID], attr.GPU_UUID) or process_uuid
         route = label(values[_ROUTE], attr.HTTP_ROUTE)
         operation = label(values[_OPERATION], attr.GEN_AI_OPERATION_NAME)
         code = values[_CODE]
@@ -232,7 +328,8 @@ class SpanAggregator:
                 raise SpanRejected(
                     INVALID_DURATION, f"{key} is {seconds}, not a finite duration >= 0"
                 )
-        phases = values[_PHASE0:]
+        phases = values[_PHASE0:_STAGE0]
+        stages = values[_STAGE0:_SERVER_SLOT_COUNT]
         ttft, tpot = values[_TTFT], values[_TPOT]
         tokens_in = _count(values[_IN], attr.GEN_AI_USAGE_INPUT_TOKENS)
         tokens_out = _count(values[_OUT], attr.GEN_AI_USAGE_OUTPUT_TOKENS)
@@ -250,6 +347,9 @@ class SpanAggregator:
         for labels, seconds in zip(phase_keys, phases, strict=True):
             if seconds is not None:
                 observe_phase(labels, seconds, ref)
+        for stage, seconds in zip(attr.COMPUTE_STAGES, stages, strict=True):
+            if seconds is not None:
+                self.compute_stage.observe((stage, *base), seconds, ref)
         if ttft is not None:
             self.ttft.observe(with_operation, ttft, ref)
         if tpot is not None:
@@ -336,6 +436,45 @@ def _read_attributes(attributes: Any, slots: dict[str, tuple[int, str]], count: 
                 )
         values[slot] = found
     return values
+
+
+def _read_engine_attributes(attributes: Any) -> dict[str, object]:
+    """The engine span's wanted attributes as Python values; a wrong type rejects the span.
+
+    vLLM sends token counts as ints and durations as doubles; a whole number of seconds
+    sent as an int is accepted as a duration, as for gpuscope's own spans.
+    """
+    found: dict[str, object] = {}
+    for kv in attributes:
+        kind = _ENGINE_KEYS.get(kv.key)
+        if kind is None:
+            continue
+        value = kv.value
+        which = value.WhichOneof("value")
+        if which == kind:
+            found[kv.key] = getattr(value, kind)
+        elif kind == _DOUBLE and which == _INT:
+            found[kv.key] = float(value.int_value)
+        else:
+            raise SpanRejected(
+                WRONG_ATTRIBUTE_TYPE, f"{kv.key} must be {kind}, got {which or 'no value'}"
+            )
+    return found
+
+
+def _resource_pid(attributes: Any) -> int | None:
+    """``process.pid`` (int), else vLLM's ``vllm.process_id`` (a string of digits)."""
+    vllm_pid: int | None = None
+    for kv in attributes:
+        value = kv.value
+        if kv.key == PROCESS_PID_RESOURCE and value.WhichOneof("value") == _INT:
+            pid: int = value.int_value
+            return pid if pid > 0 else None
+        if kv.key == VLLM_PROCESS_ID_RESOURCE and value.WhichOneof("value") == _STRING:
+            text = value.string_value
+            if 0 < len(text) <= 10 and text.isascii() and text.isdigit():
+                vllm_pid = int(text) or None
+    return vllm_pid
 
 
 def _resource_service(attributes: Any) -> str | None:

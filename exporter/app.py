@@ -11,6 +11,7 @@ the handler inflates gzip bodies itself, with a size limit.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
@@ -28,6 +29,7 @@ from gpuscope.exporter.connections import (
 from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.processes import ProcessGpuMap
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
 from gpuscope.exporter.handlers import (
     STATE,
@@ -58,10 +60,14 @@ def create_app(
     """
     web_config = web_config or WebConfig()
     metrics = SelfMetrics()
+    # pid -> GPUs its process tree holds, kept up to date by the GPU poller (if any), so
+    # that spans naming only their process (vLLM's) are joined to their GPU.
+    processes = ProcessGpuMap()
     aggregator = SpanAggregator(
         max_series=config.max_series,
         max_label_length=config.max_label_length,
         compute_observers=compute_observers,
+        uuids_for_pid=processes.uuids_for_pid,
     )
     registry = CollectorRegistry()
     forwarding = config.forward_otlp is not None
@@ -89,18 +95,18 @@ def create_app(
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.cleanup_ctx.append(_gpu_poller)
+    app.cleanup_ctx.append(functools.partial(_gpu_poller, processes=processes))
     app.cleanup_ctx.append(_forwarder)
     app.cleanup_ctx.append(_lifecycle)
     return app
 
 
-async def _gpu_poller(app: web.Application) -> AsyncIterator[None]:
+async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIterator[None]:
     state = app[STATE]
     if state.gpu_source is None:
         yield
         return
-    poller = GpuPoller(state.gpu_source, state.config.gpu_interval)
+    poller = GpuPoller(state.gpu_source, state.config.gpu_interval, processes=processes)
     collector = GpuCollector(poller)
     poller.start()
     state.registry.register(collector)

@@ -119,6 +119,13 @@ REQUEST_PHASE = MetricDef(
     ("phase", *_GPU),
     LATENCY_BUCKETS,
 )
+REQUEST_COMPUTE_STAGE = MetricDef(
+    "gpuscope_request_compute_stage_seconds",
+    HISTOGRAM,
+    "Time each request spent in each part of compute an engine reports (prefill, decode).",
+    ("stage", *_GPU),
+    LATENCY_BUCKETS,
+)
 TIME_TO_FIRST_TOKEN = MetricDef(
     "gpuscope_time_to_first_token_seconds",
     HISTOGRAM,
@@ -216,6 +223,7 @@ HTTP_CONNECTIONS_CLOSED = MetricDef(
 EXPORTER_METRICS: Final[Sequence[MetricDef]] = (
     REQUEST_DURATION,
     REQUEST_PHASE,
+    REQUEST_COMPUTE_STAGE,
     TIME_TO_FIRST_TOKEN,
     TIME_PER_OUTPUT_TOKEN,
     BATCH_SIZE,

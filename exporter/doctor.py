@@ -3,9 +3,12 @@
 It opens the GPU source the exporter would open, takes two samples 150 ms apart
 (GPM rates need two) and reports, per GPU and metric group, supported or not and
 why (driver, architecture, permission), from the very readings the exporter
-would serve. ``--json`` prints the same as JSON (``scripts/gpu-check`` reads it), also
-when no GPU source opens (``"source": null``, the errors, and what the exporter would
-do with the same ``--gpu-source``).
+would serve. It also lists the processes on each GPU once, as the exporter would, and
+says whether spans can be joined to GPUs by their pid here, why not (no GPU, no
+permission, another pid namespace), and what happens instead. ``--json`` prints the
+same as JSON (``scripts/gpu-check`` reads it), also when no GPU source opens
+(``"source": null``, the errors, and what the exporter would do with the same
+``--gpu-source``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from gpuscope.exporter.config import gpu_source_kind
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
+from gpuscope.exporter.gpu.processes import FALLBACK, PROC, ProcessGpuMap, ProcessJoin
 from gpuscope.exporter.gpu.scenario import ScenarioError
 from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind
 
@@ -60,8 +64,9 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return flags.parse_or_exit(DoctorConfig, parser, argv, environ)
 
 
-def diagnose(source: GpuSource) -> dict[str, Any]:
-    """Two samples, then per GPU and metric group: supported, or why not."""
+def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
+    """Two samples, then per GPU and metric group: supported, or why not; and the
+    process join (``proc_root`` is for tests)."""
     source.sample()
     time.sleep(SAMPLE_GAP_S)  # hardware time must pass between the samples
     readings = {r.index: r for r in source.sample()}
@@ -81,7 +86,40 @@ def diagnose(source: GpuSource) -> dict[str, Any]:
                 "metrics": _groups(reading, reasons.get(device.index, {})),
             }
         )
-    return {"source": source.name, "gpus": gpus}
+    return {
+        "source": source.name,
+        "gpus": gpus,
+        "process_join": process_join(source, proc_root=proc_root),
+    }
+
+
+def process_join(source: GpuSource | None, *, proc_root: Path = PROC) -> dict[str, Any]:
+    """One listing of the GPUs' processes into a fresh map, as the exporter's poller does."""
+    join = ProcessGpuMap(proc_root=proc_root)
+    try:
+        join.refresh(source)
+    except Exception as exc:  # the exporter would keep trying; say what failed
+        join.unavailable(ProcessJoin.NOT_SUPPORTED, f"listing the processes failed: {exc}")
+    state = join.state()
+    listing = state.listing
+    gpus = {}
+    devices = source.devices() if source is not None else ()
+    for device in devices:
+        refused = listing.refused.get(device.uuid)
+        gpus[device.uuid] = {
+            "index": device.index,
+            "pids": list(listing.pids.get(device.uuid, ())),
+            "listed": device.uuid in listing.pids,
+            "why": None if refused is None else refused.why,
+            "note": listing.notes.get(device.uuid),
+        }
+    return {
+        "status": state.status.value,
+        "why": state.why,
+        "processes": len(state.visible) if state.status is ProcessJoin.OK else 0,
+        "gpus": gpus,
+        "fallback": FALLBACK,
+    }
 
 
 def _groups(reading: GpuReading | None, reasons: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -112,6 +150,25 @@ def render(report: Mapping[str, Any], out: TextIO) -> None:
             mark = "yes" if entry["supported"] else "no "
             why = f"  - {entry['why']}" if entry["why"] else ""
             print(f"  {mark}  {group}{why}", file=out)
+    render_process_join(report["process_join"], out)
+
+
+def render_process_join(join: Mapping[str, Any], out: TextIO) -> None:
+    print(f"\nGPU process join: {join['status']}  - {join['why']}", file=out)
+    for uuid, gpu in join["gpus"].items():
+        if gpu["listed"]:
+            pids = ", ".join(map(str, gpu["pids"])) or "none"
+            listed = f"processes {pids}"
+        else:
+            listed = f"not listed: {gpu['why'] or 'no answer (lost?)'}"
+        note = f"  ({gpu['note']})" if gpu["note"] else ""
+        print(f"  GPU {gpu['index']}  {uuid}: {listed}{note}", file=out)
+    if join["status"] == ProcessJoin.OK:
+        print(
+            "  spans whose process, or one of its descendants, holds a GPU are joined to it",
+            file=out,
+        )
+    print(f"  otherwise: {join['fallback']}", file=out)
 
 
 def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
@@ -161,6 +218,7 @@ def no_source_report(config: DoctorConfig, errors: Sequence[str]) -> dict[str, A
         "gpus": [],
         "errors": list(errors or ["--gpu-source none"]),
         "exporter": exporter_outcome(config.gpu_source),
+        "process_join": process_join(None),
     }
 
 
@@ -173,11 +231,13 @@ def main(argv: list[str]) -> int:
         return 2
     if source is None:
         report = no_source_report(config, errors)
+        if config.json:  # the document instead of the text, as --help says; exit 1 still
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 1
         print(f"gpuscope doctor: no GPU source; {report['exporter']}.", file=sys.stderr)
         for error in report["errors"]:
             print(f"  {error}", file=sys.stderr)
-        if config.json:  # a reader of stdout still gets a document to parse
-            json.dump(report, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+        print(f"GPU process join: no_gpu_source; {FALLBACK}.", file=sys.stderr)
         return 1
     return run(source, config, sys.stdout)

@@ -27,14 +27,17 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gpuscope import __version__
 from gpuscope import spans as attr
-from gpuscope.middleware import stats
+from gpuscope.middleware import environment, response_fields, stats
 from gpuscope.middleware.phase_spans import PhaseSpanEmitter
+from gpuscope.middleware.request_attributes import request_attributes
 from gpuscope.middleware.routes import RouteResolver
 from gpuscope.middleware.timeline import ARRIVED, FINISHED, RequestTimeline, activate, deactivate
 from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
+
+    from gpuscope.middleware.engine_bridge import EngineSpanBridge
 
 RequestHook = Callable[[trace.Span, Scope], None]
 ResponseHook = Callable[[trace.Span, RequestTimeline], None]
@@ -115,11 +118,19 @@ class GpuscopeMiddleware:
     """Wrap an ASGI app so that every HTTP request becomes a phase-split span.
 
     ``tracer_provider`` defaults to the global one (set it with ``setup_tracing()``
-    or your own SDK setup). ``service_name`` labels these spans with a service other
-    than the provider's resource, for several apps in one process. Requests whose
-    path is in ``excluded_paths`` (health checks, say) are passed through untraced.
-    ``request_hook(span, scope)`` and ``response_hook(span, timeline)`` may add
-    attributes; an exception they raise is counted and logged, never propagated.
+    or your own SDK setup); if none is installed by the first request, the middleware
+    sets up its own from the ``OTEL_*`` variables (``gpuscope.middleware.environment``).
+    ``service_name`` labels these spans with a service other than the provider's
+    resource, for several apps in one process. Requests whose path is in
+    ``excluded_paths`` (health checks, say) are passed through untraced. Without
+    arguments, those two come from ``GPUSCOPE_SERVICE_NAME`` and
+    ``GPUSCOPE_EXCLUDED_PATHS``. ``request_hook(span, scope)`` and
+    ``response_hook(span, timeline)`` may add attributes; an exception they raise is
+    counted and logged, never propagated.
+
+    Behind an engine that traces itself (vLLM), the engine's request span is folded
+    into this server span (``engine_bridge``) and the model is read from the response
+    (``response_fields``) when the app does not set it.
     """
 
     def __init__(
@@ -128,7 +139,7 @@ class GpuscopeMiddleware:
         *,
         tracer_provider: trace.TracerProvider | None = None,
         service_name: str | None = None,
-        excluded_paths: Iterable[str] = (),
+        excluded_paths: Iterable[str] | None = None,
         request_hook: RequestHook | None = None,
         response_hook: ResponseHook | None = None,
     ) -> None:
@@ -136,8 +147,15 @@ class GpuscopeMiddleware:
         self.tracer = trace.get_tracer(
             attr.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
         )
-        self.service_name = service_name
-        self.excluded_paths = frozenset(excluded_paths)
+        self.explicit_provider = tracer_provider
+        self.service_name = service_name or environment.service_name()
+        self.excluded_paths = (
+            environment.excluded_paths() if excluded_paths is None else frozenset(excluded_paths)
+        )
+        self.gpu_uuid = environment.gpu_uuid()
+        # Resolved at the first request (the app may install a provider after building us).
+        self.bridge: EngineSpanBridge | None = None
+        self._provider_resolved = False
         self.request_hook = request_hook
         self.response_hook = response_hook
         self.routes = RouteResolver()
@@ -147,6 +165,8 @@ class GpuscopeMiddleware:
         if scope["type"] != "http" or scope.get("path") in self.excluded_paths:
             await self.app(scope, receive, send)
             return
+        if not self._provider_resolved:
+            self._resolve_provider()
         exchange = _Exchange.begin(self, scope)
         try:
             await self.app(exchange.scope, exchange.wrap_receive(receive), exchange.wrap_send(send))
@@ -155,6 +175,18 @@ class GpuscopeMiddleware:
             raise
         finally:
             exchange.end()
+
+    def _resolve_provider(self) -> None:
+        """Pick the provider (setting one up if none exists) and attach the engine bridge."""
+        self._provider_resolved = True
+        try:
+            provider = self.explicit_provider or environment.global_provider()
+            if hasattr(provider, "add_span_processor"):  # an SDK provider
+                from gpuscope.middleware.engine_bridge import bridge_for
+
+                self.bridge = bridge_for(provider)
+        except Exception as exc:  # telemetry setup must never fail a request
+            stats.record_failure("tracer_provider_setup", exc)
 
 
 class _Exchange:
@@ -168,7 +200,9 @@ class _Exchange:
         "middleware",
         "root_path",
         "scope",
+        "sniff_response",
         "span",
+        "span_id",
         "status",
         "timeline",
         "timeline_token",
@@ -191,6 +225,11 @@ class _Exchange:
         self.timeline = timeline
         timeline.span_context = span.get_span_context()
         self.status: int | None = None
+        self.sniff_response = False
+        self.span_id = 0
+        if span_valid and middleware.bridge is not None:
+            self.span_id = span.get_span_context().span_id
+            middleware.bridge.track(self.span_id, timeline)
         self.disconnected = False
         self.error: BaseException | None = None
         self.timeline_token = activate(timeline)
@@ -237,6 +276,7 @@ class _Exchange:
                 attr.HTTP_REQUEST_METHOD: method,
                 attr.URL_PATH: scope.get("path", ""),
                 attr.URL_SCHEME: scope.get("scheme", "http"),
+                **request_attributes(scope),
             },
             start_time=timeline.epoch_ns(arrived),
         )
@@ -256,6 +296,12 @@ class _Exchange:
             if kind == "http.response.start" and self.status is None:
                 # A buggy app's second start never reaches the client: keep the first.
                 self.status = message["status"]
+                self.sniff_response = self.timeline.model is None and response_fields.sniffable(
+                    message.get("headers")
+                )
+            elif kind == "http.response.body" and self.sniff_response:
+                self.sniff_response = False  # the first chunk only: constant cost
+                self._read_response_fields(message.get("body", b""))
             try:
                 await send(message)
             except OSError:
@@ -269,6 +315,20 @@ class _Exchange:
 
         return send_and_watch
 
+    def _read_response_fields(self, body: object) -> None:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            return
+        found = response_fields.read(bytes(body[: response_fields.SNIFF_BYTES]))
+        timeline = self.timeline
+        if found.model is not None and timeline.model is None:
+            timeline.model = found.model
+        if found.operation is not None and timeline.operation is None:
+            timeline.operation = found.operation
+        if found.model is not None:
+            self.span.set_attribute(attr.GEN_AI_RESPONSE_MODEL, found.model)
+        if found.response_id is not None:
+            self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, found.response_id)
+
     def end(self) -> None:
         """After the app returned or raised: end the span if the response did not."""
         try:
@@ -281,6 +341,9 @@ class _Exchange:
         """Mark ``finished`` and end the server span with its phase children (once)."""
         if not self.timeline.finish(time.perf_counter_ns()):
             return
+        bridge = self.middleware.bridge
+        if bridge is not None and self.span_id:
+            bridge.forget(self.span_id)
         if not self.span.is_recording():
             self.span.end()
             return
@@ -297,6 +360,7 @@ class _Exchange:
         phases = timeline.phases_ns()
         for phase, (start, end) in phases.items():
             attributes[attr.PHASE_DURATION[phase]] = (end - start) / 1e9
+        _add_engine_report(attributes, timeline)
         route = timeline.route or self.middleware.routes.resolve(self.scope, self.root_path)
         if route is not None:
             attributes[attr.HTTP_ROUTE] = route
@@ -348,7 +412,7 @@ class _Exchange:
             (attr.GEN_AI_USAGE_OUTPUT_TOKENS, timeline.output_tokens),
             (attr.BATCH_ID, timeline.batch_id),
             (attr.BATCH_SIZE, timeline.batch_size),
-            (attr.GPU_UUID, timeline.gpu_uuid),
+            (attr.GPU_UUID, timeline.gpu_uuid or self.middleware.gpu_uuid),
             (attr.SERVICE_NAME, self.middleware.service_name),
             (attr.MARKS_IGNORED, timeline.ignored_marks or None),
         )
@@ -361,3 +425,28 @@ class _Exchange:
         if tpot is not None:
             attributes[attr.TIME_PER_OUTPUT_TOKEN] = tpot
         return attributes
+
+
+def _add_engine_report(attributes: dict[str, AttributeValue], timeline: RequestTimeline) -> None:
+    """What the engine's own request span measured, where the timeline's marks did not.
+
+    A mark-derived value always wins: an app that marks phases and also runs under an
+    engine that traces keeps its own measurements.
+    """
+    report = timeline.engine_report
+    if report is None:
+        return
+    for phase, seconds in report.phases.items():
+        attributes.setdefault(attr.PHASE_DURATION[phase], seconds)
+    for stage, seconds in report.stages.items():
+        attributes.setdefault(attr.COMPUTE_STAGE_DURATION[stage], seconds)
+    optional: tuple[tuple[str, AttributeValue | None], ...] = (
+        (attr.TIME_TO_FIRST_TOKEN, report.time_to_first_token),
+        (attr.TIME_PER_OUTPUT_TOKEN, report.time_per_output_token),
+        (attr.GEN_AI_USAGE_INPUT_TOKENS, report.input_tokens),
+        (attr.GEN_AI_USAGE_OUTPUT_TOKENS, report.output_tokens),
+        (attr.GEN_AI_REQUEST_MODEL, report.model),
+    )
+    for key, value in optional:
+        if value is not None:
+            attributes.setdefault(key, value)

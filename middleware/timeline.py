@@ -25,6 +25,8 @@ from gpuscope.spans import MARKS, PHASE_MARKS
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
 
+    from gpuscope.engine_spans import EngineReport
+
 # Indices of the ordered marks (``gpuscope.spans.MARKS``). ``first_token`` is kept
 # apart: under continuous batching it falls between ``dispatched`` and ``computed``.
 _MARK_INDEX = {name: index for index, name in enumerate(MARKS)}
@@ -75,6 +77,7 @@ class RequestTimeline:
         "_marks",
         "batch_id",
         "batch_size",
+        "engine_report",
         "gpu_uuid",
         "ignored_marks",
         "input_tokens",
@@ -105,6 +108,9 @@ class RequestTimeline:
         self.service_name: str | None = None
         # The server span of this request, for the batch span's links.
         self.span_context: SpanContext | None = None
+        # What a serving engine's own request span said (``engine_bridge``): phases it
+        # measured that no mark of this timeline covers.
+        self.engine_report: EngineReport | None = None
 
     # -- marks -----------------------------------------------------------------
 

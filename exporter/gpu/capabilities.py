@@ -5,6 +5,8 @@
   ``gpuscope_collector_success`` and ``gpuscope_collector_duration_seconds``.
 * ``ExplainsSupport``: a source says why a metric is absent (driver, architecture,
   permission), which is what ``gpuscope doctor`` prints.
+* ``ListsProcesses`` (in ``processes``, with the map it feeds): a source lists the
+  processes running on each GPU, so that span pids join their GPUs.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ The families are the rows of ``gpu.metrics``; the plain per-GPU rows need no cod
 Every scrape builds new metric families, so a GPU that went away (lost, MIG
 reconfigured) simply has no series: nothing stale, nothing to unregister. A metric
 that is None in a reading is absent; a GPU that is down keeps only ``gpu_up 0``
-and ``gpu_info``.
+and ``gpu_info``. The process join's status is one series per state, 1 for the
+current one (a state set), so an alert can test ``{status="ok"} == 0``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from gpuscope.exporter.gpu import metrics as rows
 from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.processes import ProcessJoin
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 
 
@@ -37,6 +39,7 @@ class GpuCollector(Collector):
         live = [r for r in readings if r.up]
         yield from self._per_gpu(live)
         yield from self._labelled(live)
+        yield from self._process_join()
         success = rows.COLLECTOR_SUCCESS.family()
         duration = rows.COLLECTOR_DURATION.family()
         for run in snapshot.runs:
@@ -44,6 +47,17 @@ class GpuCollector(Collector):
             duration.add_metric([run.collector], run.duration_s)
         yield success
         yield duration
+
+    def _process_join(self) -> Iterator[Metric]:
+        join = self._poller.processes.state()
+        status = rows.PROCESS_JOIN_STATUS.family()
+        for state in ProcessJoin:
+            if state is not ProcessJoin.NO_GPU_SOURCE:  # with no source, no GPU families at all
+                status.add_metric([state.value], 1.0 if join.status is state else 0.0)
+        yield status
+        yield rows.PROCESS_JOIN_PROCESSES.one_value(
+            len(join.visible) if join.status is ProcessJoin.OK else 0
+        )
 
     @staticmethod
     def _info(devices: Sequence[GpuDevice]) -> Metric:

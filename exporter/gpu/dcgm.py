@@ -6,6 +6,9 @@ by name: DCGM 4.6 renamed the profiling fields, the ids stayed. The narrow surfa
 used here (``DcgmHandle``, ``GetSystem().discovery``, ``GetGroupWithGpuIds``,
 ``DcgmFieldGroup``, ``samples.WatchFields`` / ``GetLatest``) is tested through a fake
 only; docs/gpu.md lists what remains unverified on a real host engine.
+
+DCGM's Python API has no plain per-GPU process list, so ``processes()`` (the process
+join) asks NVML for it where pynvml is installed, and otherwise says not supported.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
+from gpuscope.exporter.gpu.nvml import load_pynvml
+from gpuscope.exporter.gpu.nvml_processes import NvmlProcessSession
+from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 BINDING_DIRS = (
@@ -102,6 +108,7 @@ class DcgmSource:
         host: str = "127.0.0.1",
         update_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        load_nvml: Callable[[], Any] = load_pynvml,
     ) -> None:
         b = load_dcgm_bindings() if bindings is None else bindings
         self._clock = clock
@@ -122,6 +129,8 @@ class DcgmSource:
         except b.dcgm_structs.DCGMError as exc:
             raise DcgmUnavailable(f"DCGM host engine at {host}: {exc}") from exc
         self._totals = {d.index: _GpuTotals(pcie=[0.0, 0.0]) for d in self._devices}
+        # opened at the first listing, so that a DCGM source costs no NVML until then
+        self._processes = NvmlProcessSession([d.uuid for d in self._devices], load_nvml)
 
     @staticmethod
     def _device(gpu_id: int, attributes: Any) -> GpuDevice:
@@ -142,8 +151,13 @@ class DcgmSource:
         now = self._clock()
         return [self._reading(d, latest.get(d.index, {}), now) for d in self._devices]
 
+    def processes(self) -> ProcessListing:
+        """Each GPU's processes through NVML (``ListsProcesses``; poller thread)."""
+        return self._processes.listing()
+
     def close(self) -> None:
         """The handle disconnects when garbage-collected (pydcgm's own design)."""
+        self._processes.close()
 
     def _reading(self, device: GpuDevice, fields: Any, now: float) -> GpuReading:
         values = {fid: v[-1] for fid, v in fields.items() if v and not v[-1].isBlank}

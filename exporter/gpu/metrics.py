@@ -49,6 +49,18 @@ ECC_ERRORS = MetricDef(
     "ECC errors as counted by the driver.",
     (*GPU_LABELS, "type"),
 )
+PROCESS_JOIN_STATUS = MetricDef(
+    "gpuscope_gpu_process_join_status",
+    GAUGE,
+    "1 for the state of the join of span pids to the GPUs their processes hold "
+    "(ok, pending, no_permission, not_supported, other_pid_namespace), 0 for the others.",
+    ("status",),
+)
+PROCESS_JOIN_PROCESSES = MetricDef(
+    "gpuscope_gpu_process_join_processes",
+    GAUGE,
+    "Processes on the GPUs at the last listing that the exporter can join spans to.",
+)
 COLLECTOR_SUCCESS = MetricDef(
     "gpuscope_collector_success",
     GAUGE,
@@ -207,6 +219,8 @@ GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     XID_EVENTS,
     XID_ERRORS,
     ECC_ERRORS,
+    PROCESS_JOIN_STATUS,
+    PROCESS_JOIN_PROCESSES,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
 )

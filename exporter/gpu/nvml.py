@@ -6,6 +6,7 @@ reports ``up=False`` while the others keep reporting; each later poll tries to g
 its handle back by index, so it returns without a restart when the driver does.
 A driver-wide error shuts NVML down and re-initialises it with exponential
 backoff; until then ``sample()`` raises, which the poller counts as a failure.
+``processes()`` lists each GPU's processes for the process join (``nvml_processes``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from gpuscope.exporter.gpu.nvml_errors import (
     classify,
 )
 from gpuscope.exporter.gpu.nvml_events import XidCounts, XidEventWatcher
+from gpuscope.exporter.gpu.nvml_processes import collect
+from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,21 @@ class NvmlSource:
                 reasons["xid_errors"] = watcher_reason
             report[device.index] = reasons
         return report
+
+    def processes(self) -> ProcessListing:
+        """The processes on each GPU that answers (``ListsProcesses``; poller thread)."""
+        if self._retry_at is not None:
+            raise NvmlUnavailable(f"NVML is down ({self.last_error})")
+        listers = [
+            (device.uuid, reader.processes)
+            for device, reader in zip(self._devices, self._readers, strict=True)
+            if reader is not None
+        ]
+        try:
+            return collect(listers)
+        except NvmlDriverError as exc:
+            # the next sample() meets the same error and restarts NVML with backoff
+            raise NvmlUnavailable(str(exc)) from exc
 
     def notes(self) -> Mapping[int, Mapping[str, str]]:
         return {

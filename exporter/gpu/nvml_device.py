@@ -22,6 +22,7 @@ from gpuscope.exporter.gpu.nvml_errors import (
 )
 from gpuscope.exporter.gpu.nvml_gpm import GpmSampler, gpm_supported
 from gpuscope.exporter.gpu.nvml_pcie import PcieByteCounter
+from gpuscope.exporter.gpu.nvml_processes import DeviceProcessLister
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 
 MHZ = 1e6
@@ -136,6 +137,13 @@ class NvmlDeviceReader:
         self.architecture = self._architecture()
         self._pcie = PcieByteCounter(nvml, handle)
         self._gpm = self._open_gpm()
+        # for the process join; asks NVML nothing until the first listing
+        self.processes = DeviceProcessLister(
+            nvml,
+            handle,
+            device=f"GPU {device.index} ({device.name}, {self.architecture})",
+            driver=device.driver_version or "unknown",
+        )
 
     def read(self, now: float, xids: Mapping[int, int], xid_supported: bool) -> GpuReading:
         values: dict[str, Any] = {}

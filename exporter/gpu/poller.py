@@ -3,6 +3,11 @@
 A scrape reads ``snapshot()``: one attribute load of an immutable object, so it
 never waits on NVML, however slow a sample is. When the whole source fails a
 round, its known GPUs are reported down (``up=False``) rather than served stale.
+
+Every ``process_interval_s`` (first in round 1, before the round is published) the
+same thread lists the processes on the GPUs into ``processes``, the ``ProcessGpuMap``
+that joins span pids to GPUs; a failed listing leaves the last map in place and does
+not fail the round.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun, ReportsCollectorHealth
+from gpuscope.exporter.gpu.processes import PROCESS_LIST_INTERVAL_S, ProcessGpuMap, ProcessJoin
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource
 
 log = logging.getLogger(__name__)
@@ -30,7 +36,12 @@ class GpuSnapshot:
 
 
 class GpuPoller:
-    """Owns ``source`` once started: ``stop()`` joins the thread and closes the source."""
+    """Owns ``source`` once started: ``stop()`` joins the thread and closes the source.
+
+    ``processes`` is the map to keep up to date (the one whose ``uuids_for_pid`` the
+    span aggregator reads); without one the poller makes its own, so that its status
+    is served either way.
+    """
 
     def __init__(
         self,
@@ -38,12 +49,19 @@ class GpuPoller:
         interval_s: float,
         *,
         timer: Callable[[], float] = time.perf_counter,
+        processes: ProcessGpuMap | None = None,
+        process_interval_s: float = PROCESS_LIST_INTERVAL_S,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"GPU poll interval must be positive, got {interval_s}")
         self.source = source
         self.interval_s = interval_s
         self._timer = timer
+        self.processes = ProcessGpuMap() if processes is None else processes
+        self.processes.unavailable(ProcessJoin.PENDING, "the first listing is not in yet")
+        self._process_interval_s = process_interval_s
+        self._processes_due: float | None = None  # None: list in the next round
+        self._process_error = ""
         self._stop = threading.Event()
         self._round_done = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -92,11 +110,26 @@ class GpuPoller:
             health = []
             success = False
         runs = [CollectorRun(self.source.name, success, self._timer() - started), *health]
+        self._list_processes()
         snapshot = GpuSnapshot(previous.round + 1, devices, readings, tuple(runs))
         with self._round_done:
             self._snapshot = snapshot
             self._round_done.notify_all()
         return snapshot
+
+    def _list_processes(self) -> None:
+        now = self._timer()
+        if self._processes_due is not None and now < self._processes_due:
+            return
+        self._processes_due = now + self._process_interval_s
+        try:
+            self.processes.refresh(self.source)
+        except Exception as exc:  # the last map stays: NVML may be restarting
+            if str(exc) != self._process_error:  # once per distinct error, not every listing
+                log.warning("listing the GPUs' processes failed: %s", exc)
+            self._process_error = str(exc)
+        else:
+            self._process_error = ""
 
     def _run(self) -> None:
         next_due = self._timer()

@@ -11,8 +11,11 @@ seconds (absent: until the end)::
       - {at: 40, duration: 15, gpu: 1, fault: fall_off_bus}
       - {at: 0, gpu: 0, fault: not_supported, fields: [sm_occupancy_ratio]}
       - {at: 5, duration: 60, gpu: all, fault: load, level: 0.8}
+      - {at: 0, duration: 30, gpu: 1, fault: process, pid: 4242}
 
-Errors name the file and the event, and nothing is half-loaded.
+``process`` is no fault: it lists ``pid`` among the GPU's running processes while it
+lasts, as NVML would, for the process join (``processes``). Errors name the file and
+the event, and nothing is half-loaded.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASONS
 from gpuscope.exporter.gpu.source import GpuReading
 
 FAULTS = frozenset(
-    {"clock_throttle", "pcie_saturation", "xid", "fall_off_bus", "not_supported", "load"}
+    {
+        "clock_throttle",
+        "pcie_saturation",
+        "xid",
+        "fall_off_bus",
+        "not_supported",
+        "load",
+        "process",
+    }
 )
 # readings a scenario may declare NotSupported: every optional metric of GpuReading
 OPTIONAL_FIELDS = frozenset(f.name for f in fields(GpuReading)) - {
@@ -47,6 +58,7 @@ _KEYS: dict[str, frozenset[str]] = {
     "fall_off_bus": frozenset(),
     "not_supported": frozenset({"fields"}),
     "load": frozenset({"level"}),
+    "process": frozenset({"pid"}),
 }
 _COMMON_KEYS = frozenset({"at", "duration", "gpu", "fault"})
 
@@ -68,6 +80,7 @@ class ScenarioEvent:
     count: int = 1
     fields: frozenset[str] = frozenset()
     level: float = 0.0  # load: busy fraction 0-1
+    pid: int = 0  # process: the pid listed on the GPU
 
     def applies(self, gpu: int, t: float) -> bool:
         """Whether this (lasting) event affects ``gpu`` at ``t`` seconds."""
@@ -161,6 +174,8 @@ def _with_fault_options(event: ScenarioEvent, raw: Mapping[str, Any], where: str
         options = {"fields": frozenset(names)}
     elif event.fault == "load":
         options = {"level": _number(raw.get("level"), where, "level", 0.0, 1.0)}
+    elif event.fault == "process":
+        options = {"pid": _integer(raw.get("pid"), where, "pid")}
     return ScenarioEvent(**{**event.__dict__, **options})
 
 

@@ -4,7 +4,9 @@ It exists for the demo and the alert tests where no GPU exists, and produces the
 same ``GpuReading`` objects as NVML, so everything from readings to ``/metrics`` is
 the code NVML goes through. Activity comes from two places: the compute spans the
 exporter reports (``observe_compute``, so bigger batches make a busier GPU) and
-``load`` events of the scenario. The clock is injected: tests drive time by hand.
+``load`` events of the scenario. Its running processes (``processes()``, for the
+process join) are the pids of the scenario's ``process`` events. The clock is
+injected: tests drive time by hand.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpuscope.exporter.gpu.clock_reasons import (
     decode_clock_event_reasons,
     encode_clock_event_reasons,
 )
+from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.scenario import Scenario, ScenarioEvent
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
@@ -125,6 +128,18 @@ class SimulatedSource:
                 self._sample_one(d.index, now, t_prev, t, max(0.0, now - previous))
                 for d in self._devices
             ]
+
+    def processes(self) -> ProcessListing:
+        """The pids the scenario's ``process`` events list on each GPU now; a GPU off
+        the bus lists nothing, as NVML cannot ask it."""
+        t = self._clock() - self._started
+        pids = {}
+        for device in self._devices:
+            events = [e for e in self._scenario.events if e.applies(device.index, t)]
+            if any(e.fault == "fall_off_bus" for e in events):
+                continue
+            pids[device.uuid] = tuple(sorted({e.pid for e in events if e.fault == "process"}))
+        return ProcessListing(pids)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -179,3 +179,15 @@ def check_doctor(doctor: Mapping[str, Any], scrape: Samples, gpu: int) -> CheckR
     return CheckResult(
         "doctor_truthful", not wrong, "; ".join(wrong) or "every metric group agrees"
     )
+
+
+def check_process_join(doctor: Mapping[str, Any], gpu: int, pid: int) -> CheckResult:
+    """The doctor, run while ``pid`` holds GPU ``gpu``, joins that pid to that GPU."""
+    join = doctor.get("process_join") or {}
+    entry = next((g for g in join.get("gpus", {}).values() if g.get("index") == gpu), None)
+    listed = entry is not None and pid in entry.get("pids", [])
+    status = join.get("status")
+    detail = f"status {status}: {join.get('why')}"
+    if entry is not None:
+        detail += f"; GPU {gpu} lists {entry.get('pids')} ({entry.get('why') or 'listed'})"
+    return CheckResult("process_join_lists_the_loader", status == "ok" and listed, detail)

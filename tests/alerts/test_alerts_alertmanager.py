@@ -93,3 +93,50 @@ async def test_lost_gpu_and_exporter_down_inhibit_what_they_explain(tmp_path: Pa
                 break
             await asyncio.sleep(0.2)
     assert states == EXPECTED
+
+
+async def _source_states(
+    session: aiohttp.ClientSession, base: str
+) -> dict[tuple[str, str, str], bool]:
+    """(alertname, source, host) -> whether Alertmanager lists it as inhibited."""
+    async with session.get(base + "/api/v2/alerts") as response:
+        listed = await response.json()
+    return {
+        (a["labels"]["alertname"], a["labels"]["source"], a["labels"].get("host", "")): bool(
+            a["status"]["inhibitedBy"]
+        )
+        for a in listed
+    }
+
+
+# vLLM's /metrics alert is silenced only by the spans' alert of the same name, model
+# and host
+SOURCE_EXPECTED = {
+    ("GpuscopeQueueTimeDominating", "spans", "gpu-host-1"): False,
+    ("GpuscopeQueueTimeDominating", "vllm", "gpu-host-1"): True,
+    ("GpuscopeQueueTimeDominating", "vllm", "gpu-host-2"): False,
+    ("GpuscopeGpuUnderfed", "vllm", "gpu-host-1"): False,
+    ("GpuscopeErrorRatioHigh", "spans", ""): False,
+    ("GpuscopeErrorRatioHigh", "vllm", ""): True,
+}
+
+
+async def test_the_spans_alert_stands_for_vllms_metrics_alert(tmp_path: Path) -> None:
+    queue, where = "GpuscopeQueueTimeDominating", {"model": "tiny", "phase": "queue"}
+    sent = [
+        _alert(queue, source="spans", service="vllm-spans", host="gpu-host-1", **where),
+        _alert(queue, source="vllm", service="vllm", host="gpu-host-1", **where),
+        _alert(queue, source="vllm", service="vllm", host="gpu-host-2", **where),
+        _alert("GpuscopeGpuUnderfed", source="vllm", service="vllm", host="gpu-host-1", **where),
+        _alert("GpuscopeErrorRatioHigh", source="spans", service="s", model="tiny"),
+        _alert("GpuscopeErrorRatioHigh", source="vllm", service="vllm", model="tiny"),
+    ]
+    async with run_alertmanager(CONFIG, tmp_path) as base, aiohttp.ClientSession() as session:
+        async with session.post(base + "/api/v2/alerts", json=sent) as response:
+            assert response.status == 200, await response.text()
+        deadline = time.monotonic() + 20
+        while (states := await _source_states(session, base)) != SOURCE_EXPECTED:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert states == SOURCE_EXPECTED

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gpuscope.exporter.definitions import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
 from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
@@ -42,6 +43,11 @@ WORKER_ALERTS = (
 
 
 QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+# Served by the exporter only from engines' spans that report the parts of compute
+# (vLLM's llm_request span); the pack's reference worker reports compute whole, so
+# its rules get their data from the vLLM replay. The exporter must declare it.
+ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
+
 # A KV cache of 32 blocks of 16 tokens under 8 clients whose completions grow to 216
 # tokens: sequences outgrow the pool, so the oldest run while the youngest are preempted.
 EXHAUSTED_WORKER = replace(
@@ -97,11 +103,13 @@ def served_metric_names(text: str) -> set[str]:
 
 
 def metrics_in_exprs(rules_dir: Path) -> set[str]:
-    """Exporter and worker metrics the rule expressions select (recorded names excluded)."""
-    exprs = [rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")]
-    return set(re.findall(r"\bgpuscope_\w+", "\n".join(exprs))) - {
-        name.split(":")[1] for name in recorded_names(rules_dir)
-    }
+    """Exporter, worker and vLLM metrics the rule expressions select (recorded names
+    excluded)."""
+    exprs = "\n".join(
+        rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")
+    )
+    found = set(re.findall(r"\bgpuscope_\w+", exprs)) | set(re.findall(r"\bvllm:\w+", exprs))
+    return found - {name.split(":")[1] for name in recorded_names(rules_dir)}
 
 
 def served_label_names(text: str) -> set[str]:
@@ -122,6 +130,10 @@ def labels_in_exprs(rules_dir: Path) -> set[str]:
         used |= {name.strip() for name in group.split(",") if name.strip()}
     # label_replace(v, "dst", "replacement", "src", "regex"): dst is created
     created = set(re.findall(r'"(\w+)",\s*"[^"]*",\s*"[^"]*",\s*"[^"]*"\s*\)', text))
+    # and so is every label a rule sets (source, a vLLM series' phase or stage)
+    for path in rules_dir.glob("*.yml"):
+        for rule in rules(path, "expr"):
+            created |= set(rule.get("labels", {}))
     return used - created
 
 
@@ -140,13 +152,13 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
         aiohttp.ClientSession() as session,
     ):
         scrape = ""
-        for url in (stack.exporter_url, stack.worker_url):
+        for url in (stack.exporter_url, stack.worker_url, stack.vllm_url):
             async with session.get(url + "/metrics") as response:
                 scrape += await response.text()
-        missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape)
-        assert missing == set(), "rules use metrics neither the exporter nor the worker serves"
+        missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape) - ENGINE_SPANS_ONLY
+        assert missing == set(), "rules use metrics no exporter, worker or vLLM serves"
         missing = labels_in_exprs(rules_dir) - served_label_names(scrape)
-        assert missing == set(), "rules use labels neither the exporter nor the worker serves"
+        assert missing == set(), "rules use labels no exporter, worker or vLLM serves"
         for record in recorded_names(rules_dir):
             await wait_until(
                 lambda record=record: instant_query(session, stack.prometheus_url, record),
@@ -155,7 +167,13 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
         verdicts = await instant_query(
             session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
         )
-        assert [v["metric"]["uuid"] for v in verdicts] == [stack.gpu_uuids[0]]
+        by_source = {v["metric"]["source"]: v["metric"] for v in verdicts}
+        assert len(verdicts) == len(by_source) == 2, verdicts
+        # the worker's spans name their GPU; vLLM's /metrics none: judged on its host
+        assert by_source["spans"]["uuid"] == stack.gpu_uuids[0]
+        assert "uuid" not in by_source["vllm"]
+        assert by_source["vllm"]["host"] == stack.vllm_instance.rsplit(":", 1)[0]
+        assert by_source["vllm"]["host"] == by_source["spans"]["host"]
         # the worker's configured window, joined to its model through gpuscope_worker_info
         windows = await instant_query(session, stack.prometheus_url, QUEUE_DELAY)
         assert [(w["metric"], float(w["value"][1])) for w in windows] == [
@@ -164,7 +182,7 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
                 WORKER_CONFIG.max_queue_delay_ms / 1000,
             )
         ]
-        assert verdicts[0]["metric"]["cause"] in {
+        assert {v["metric"]["cause"] for v in verdicts} <= {
             "queue",
             "batch_wait",
             "compute",
@@ -265,3 +283,8 @@ async def test_kv_cache_exhaustion_reaches_alertmanager(tmp_path: Path) -> None:
         )
     assert [p["metric"]["instance"] for p in preempting] == [stack.worker_instance]
     assert ("GpuscopeWorkerMetricsDown", stack.worker_instance) not in seen
+
+
+def test_the_engine_only_metrics_are_the_exporters() -> None:
+    declared = {metric.name for metric in EXPORTER_METRICS}
+    assert ENGINE_SPANS_ONLY - declared == set()

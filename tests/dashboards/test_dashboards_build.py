@@ -14,8 +14,10 @@ import pytest
 from support.dashboards_json import (
     DASHBOARD_DIR,
     REPO,
+    dashboards_module,
     load_dashboards,
     panels,
+    panels_by_row,
     parse_label_values,
     query_variables,
     targets,
@@ -86,29 +88,76 @@ def test_every_panel_queries_the_datasource_variable(name: str) -> None:
         assert variable["datasource"]["uid"] == "${datasource}"
 
 
+# Each board's variables, chain by chain: a variable is filtered by those before it in
+# its chain. The request boards' exporter chain reads gpuscope's raw series; the source
+# chains read the recording rules' per-source series (spans and vLLM's /metrics alike).
+CHAINS = {
+    "exporter-health.json": [["job", "instance"]],
+    "gpu.json": [["job", "instance", "gpu"]],
+    "inference-latency.json": [["job", "instance", "service", "model", "route", "gpu"], ["source"]],
+    "where-did-the-time-go.json": [["source", "host", "service", "model", "gpu"]],
+}
+# One value at a time: its panels stack or add up what a value counts.
+SINGLE = {("where-did-the-time-go.json", "source")}
+RECORDED_REQUEST_SERIES = re.compile(r"\bservice_model_gpu:[\w:]+(\{[^}]*\})?")
+
+
 def chain_order(board: dict[str, Any]) -> list[str]:
     return [variable["name"] for variable in query_variables(board)]
 
 
 @pytest.mark.parametrize("name", sorted(UIDS))
 def test_variables_chain(name: str) -> None:
-    """job -> instance -> service -> model -> route -> gpu, each filtered by those before."""
-    order = chain_order(BOARDS[name])
-    full = ["job", "instance", "service", "model", "route", "gpu"]
-    assert order == [v for v in full if v in order], "variables out of chain order"
-    assert order[:2] == ["job", "instance"]
-    for index, variable in enumerate(query_variables(BOARDS[name])):
-        series, label = parse_label_values(variable["query"])
-        assert label == variable["name"]
-        matchers = re.findall(r'(\w+)=~"\$(\w+)"', series)
-        assert matchers == [(v, v) for v in order[:index]], f"{variable['name']}: {series}"
-        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+    """Each variable filtered by those before it in its chain, and by no other."""
+    chains = CHAINS[name]
+    assert chain_order(BOARDS[name]) == [v for chain in chains for v in chain]
+    variables = iter(query_variables(BOARDS[name]))
+    for chain in chains:
+        for index in range(len(chain)):
+            variable = next(variables)
+            series, label = parse_label_values(variable["query"])
+            assert label == variable["name"]
+            matchers = re.findall(r'(\w+)=~"\$(\w+)"', series)
+            assert matchers == [(v, v) for v in chain[:index]], f"{variable['name']}: {series}"
+            if (name, variable["name"]) in SINGLE:
+                assert not variable["multi"] and not variable["includeAll"], variable["name"]
+            else:
+                assert variable["multi"] and variable["includeAll"]
+                assert variable["allValue"] == ".*"
 
 
-def test_request_dashboards_have_the_whole_chain() -> None:
+def test_request_boards_filter_every_per_source_query_by_one_source() -> None:
+    """Series of the same requests through two sources are never shown added up: every
+    query of the rules' per-source series picks ``$source`` and shows one value of it
+    (a single-valued variable, or a row repeated per source)."""
+    checked = 0
     for name in ("inference-latency.json", "where-did-the-time-go.json"):
-        assert chain_order(BOARDS[name]) == ["job", "instance", "service", "model", "route", "gpu"]
-    assert chain_order(BOARDS["gpu.json"]) == ["job", "instance", "gpu"]
+        single = (name, "source") in SINGLE
+        for row, panel in panels_by_row(BOARDS[name]):
+            for target in panel["targets"]:
+                for match in RECORDED_REQUEST_SERIES.finditer(target["expr"]):
+                    checked += 1
+                    assert 'source=~"$source"' in (match.group(1) or ""), target["expr"]
+                    repeated = row is not None and row.get("repeat") == "source"
+                    assert single or repeated, f"{name}: {panel['title']} mixes sources"
+    assert checked >= 15
+
+
+def test_request_boards_say_which_phases_each_engine_has() -> None:
+    engines = dashboards_module("engines")
+    vllm = (
+        "vLLM (spans or /metrics): queue, compute; compute split into prefill and decode; "
+        "no preprocess, batch_wait, postprocess"
+    )
+    for name in ("inference-latency.json", "where-did-the-time-go.json"):
+        notes = [p["options"]["content"] for p in BOARDS[name]["panels"] if p["type"] == "text"]
+        assert notes == [engines.phases_note()], name
+        assert vllm in notes[0]
+
+
+def test_the_where_board_repeats_per_host() -> None:
+    rows = [p for p in BOARDS["where-did-the-time-go.json"]["panels"] if p["type"] == "row"]
+    assert [row.get("repeat") for row in rows] == ["host"]
 
 
 @pytest.mark.parametrize("name", sorted(UIDS))

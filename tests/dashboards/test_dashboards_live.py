@@ -1,13 +1,16 @@
 """Every dashboard query against the running pack: real exporter, worker, load, Prometheus.
 
-Prometheus scrapes the exporter and the worker's own /metrics (the serving-engine
-panels), so every metric a panel names must be served by one of the two.
+Prometheus scrapes the exporter, the worker's own /metrics (the serving-engine
+panels) and a replay of vLLM's /metrics as the real engine served it (the
+metrics-only source), so every metric a panel names must be served by one of them.
 
 The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
 the error panels have series too. Grafana's variables are resolved the way Grafana
 does (``label_values`` through Prometheus' label-values API, each filtered by the
 ones before, set to their first value); panels are then queried in the dashboards'
-default state, every variable on "All".
+default state, every variable on "All", once per value of a variable without "All"
+(the source on "Where did the time go"): each query must return data for one of them
+at least (a panel of prefill and decode has data for vLLM only).
 """
 
 from __future__ import annotations
@@ -15,9 +18,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -25,6 +26,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.exporter.gpu.simulated import PCIE_GEN5_X16_BYTES_PER_S
+from support.dashboard_queries import TIME_VALUES, failing_targets, sources
 from support.dashboards_json import (
     PROMETHEUS_SERIES,
     REPO,
@@ -43,9 +45,6 @@ from support.prometheus_server import instant_query, wait_for_result
 RULES_DIR = REPO / "alerts" / "rules"
 RULES_BUILD = REPO / "alerts" / "build.py"
 VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
-# Scrapes every second: what Grafana would pick for $__rate_interval at a 1 s scrape
-# and a short step, with room for a loaded machine.
-TIME_VALUES = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "5s"}
 XID_AT_S = 120  # faults.yaml: XID 48 on GPU 1; GPU 1 falls off the bus at 150 s
 # Every gpuscope metric name in an expression, with or without a selector (not the
 # middle part of a recording rule's name).
@@ -61,7 +60,8 @@ def recording_rules() -> set[str]:
 
 
 def served_labels(*metrics_texts: str) -> dict[str, set[str]]:
-    """Sample name -> label names, from /metrics texts (the exporter's, the worker's)."""
+    """Sample name -> label names, from /metrics texts (the exporter's, the worker's,
+    vLLM's)."""
     served: dict[str, set[str]] = {}
     for text in metrics_texts:
         for family in text_string_to_metric_families(text):
@@ -74,59 +74,6 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url + "/metrics") as response:
         assert response.status == 200, url
         return await response.text()
-
-
-async def label_values(
-    session: aiohttp.ClientSession, base: str, series: str, label: str
-) -> list[str]:
-    url = f"{base}/api/v1/label/{label}/values"
-    async with session.get(url, params={"match[]": series}) as response:
-        body = await response.json()
-    assert body["status"] == "success", f"{series}: {body}"
-    return [value for value in body["data"] if value]
-
-
-def promql_regex(value: str) -> str:
-    """A label value as an anchored regex inside a PromQL string (Grafana escapes so)."""
-    escaped = "".join("\\" + c if c in ".+*?()[]{}|^$\\" else c for c in value)
-    return escaped.replace("\\", "\\\\")
-
-
-async def check_variable_chain(
-    session: aiohttp.ClientSession, base: str, name: str, board: dict[str, Any]
-) -> None:
-    """Each variable, filtered by the earlier ones set to their first value, has values."""
-    chosen: dict[str, str] = {}
-    for variable in query_variables(board):
-        series, label = parse_label_values(substitute(variable["query"], chosen, {}))
-        values = await label_values(session, base, series, label)
-        assert values, f"{name}: variable {variable['name']} has no values for {series}"
-        chosen[variable["name"]] = promql_regex(sorted(values)[0])
-
-
-async def failing_targets(session: aiohttp.ClientSession, base: str) -> list[str]:
-    failures = []
-    for name, board in load_dashboards().items():
-        await check_variable_chain(session, base, name, board)
-        everything = {v["name"]: v["allValue"] for v in query_variables(board)}
-        for target in targets(name, board):
-            expr = substitute(target.expr, everything, TIME_VALUES)
-            if not await instant_query(session, base, expr):  # fails on a parse error
-                failures.append(f"{target.board} / {target.panel}: no data for\n{expr}")
-            elif (
-                target.exemplar and "_bucket{" in expr and not await exemplars(session, base, expr)
-            ):
-                failures.append(f"{target.board} / {target.panel}: no exemplars for\n{expr}")
-    return failures
-
-
-async def exemplars(session: aiohttp.ClientSession, base: str, expr: str) -> list[Any]:
-    now = time.time()
-    params = {"query": expr, "start": str(now - 300), "end": str(now)}
-    async with session.get(base + "/api/v1/query_exemplars", params=params) as response:
-        body = await response.json()
-    assert body["status"] == "success", f"{expr}\n{body}"
-    return [series for series in body["data"] if series["exemplars"]]
 
 
 async def wait_for_xid(session: aiohttp.ClientSession, stack: PackStack) -> None:
@@ -147,7 +94,7 @@ def unknown_names(target: Target, served: dict[str, set[str]], rules: set[str]) 
     for metric, labels in selected_metrics(target.expr):
         if metric in PROMETHEUS_SERIES:
             continue
-        if ":" in metric:
+        if ":" in metric and metric not in served:  # vLLM's names have colons too
             if metric not in rules:
                 problems.append(f"{metric}: no recording rule of that name in {RULES_DIR}")
             continue
@@ -211,7 +158,7 @@ async def pcie_capacities(session: aiohttp.ClientSession, base: str) -> list[flo
 async def pcie_utilizations(session: aiohttp.ClientSession, base: str) -> list[float]:
     """Traffic over link capacity as the bottleneck dashboard's PCIe panel computes it."""
     board = load_dashboards()["where-did-the-time-go.json"]
-    everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+    everything = {v["name"]: v["allValue"] for v in query_variables(board) if v["includeAll"]}
     values = []
     for target in targets("where-did-the-time-go.json", board):
         if target.panel.startswith("PCIe") and "link_width" in target.expr:
@@ -239,14 +186,20 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
     ):
         await wait_for_xid(session, stack)
         await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
+        await wait_for_result(session, stack.prometheus_url, f'{VERDICT}{{source="vllm"}}', 30)
         served = served_labels(
-            await scrape(session, stack.exporter_url), await scrape(session, stack.worker_url)
+            await scrape(session, stack.exporter_url),
+            await scrape(session, stack.worker_url),
+            await scrape(session, stack.vllm_url),
         )
         not_served = names_not_served(served)
         no_data = await failing_targets(session, stack.prometheus_url)
+        where_sources = await sources(session, stack.prometheus_url)
         capacity = await pcie_capacities(session, stack.prometheus_url)
         utilization = await pcie_utilizations(session, stack.prometheus_url)
     assert not no_data, "\n\n".join(no_data)
+    # the pack's worker through spans, vLLM's /metrics through the rules
+    assert where_sources == ["spans", "vllm"]
     # a share of the link: divided by the capacity, not by the lanes and times the rate
     assert utilization and all(0 <= value <= 1 for value in utilization), utilization
     # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.

@@ -50,6 +50,12 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
         ("phase", "service", "model", "uuid", "gpu"),
     ),
     (
+        "gpuscope_request_compute_stage_seconds",
+        "histogram",
+        "seconds",
+        ("stage", "service", "model", "uuid", "gpu"),
+    ),
+    (
         "gpuscope_time_to_first_token_seconds",
         "histogram",
         "seconds",
@@ -105,6 +111,8 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_gpu_xid_events", "counter", "", _GPU),
     ("gpuscope_gpu_xid_errors", "counter", "", (*_GPU, "xid")),
     ("gpuscope_gpu_ecc_errors", "counter", "", (*_GPU, "type")),
+    ("gpuscope_gpu_process_join_status", "gauge", "", ("status",)),
+    ("gpuscope_gpu_process_join_processes", "gauge", "", ()),
     ("gpuscope_collector_success", "gauge", "", ("collector",)),
     ("gpuscope_collector_duration_seconds", "gauge", "seconds", ("collector",)),
 ]
@@ -150,6 +158,7 @@ def _spans() -> list[ReadableSpan]:
             attr.TIME_PER_OUTPUT_TOKEN: 0.003,
             attr.GEN_AI_USAGE_INPUT_TOKENS: 5,
             attr.GEN_AI_OPERATION_NAME: "chat",
+            **dict.fromkeys(attr.COMPUTE_STAGE_DURATION.values(), 0.0005),
         },
     )
     return [server, factory.batch(4), _foreign_server_span()]

@@ -21,6 +21,7 @@ from gpuscope.exporter.gpu.validation import (
     check_clock_power_memory,
     check_doctor,
     check_pcie,
+    check_process_join,
     gpu_samples,
 )
 from gpuscope.exporter.gpu.validation import parse_args as parse_check_args
@@ -106,6 +107,19 @@ def test_load_checks_pass_on_a_healthy_gpu_and_fail_on_a_stuck_one() -> None:
     ]
 
 
+def test_process_join_check_wants_the_loader_listed_on_its_gpu() -> None:
+    def doctor(status: str, pids: list[int]) -> dict[str, object]:
+        gpus = {"GPU-a": {"index": 0, "pids": pids, "why": None}}
+        return {"process_join": {"status": status, "why": "x", "gpus": gpus}}
+
+    assert check_process_join(doctor("ok", [7, 42]), 0, 42).passed
+    assert not check_process_join(doctor("ok", [7]), 0, 42).passed
+    assert not check_process_join(doctor("ok", [42]), 1, 42).passed  # another GPU
+    failed = check_process_join(doctor("no_permission", [42]), 0, 42)
+    assert not failed.passed and "status no_permission" in failed.detail
+    assert not check_process_join({}, 0, 42).passed  # a doctor without the join
+
+
 @pytest.mark.parametrize(
     ("counted", "passed"), [(2**31 * 1.03, True), (2**31 * 1.07, False), (0, False)]
 )
@@ -170,7 +184,7 @@ def no_gpu_here() -> bool:
         ("nvml", "'gpuscope exporter --gpu-source nvml' would exit with an error"),
     ],
 )
-def test_doctor_without_a_gpu_says_what_the_exporter_does_and_json_still_parses(
+def test_doctor_without_a_gpu_says_what_the_exporter_does_in_json_alone(
     gpu_source: str, outcome: str
 ) -> None:
     if not no_gpu_here():
@@ -184,7 +198,7 @@ def test_doctor_without_a_gpu_says_what_the_exporter_does_and_json_still_parses(
         check=False,
     )
     assert doctor.returncode == 1
-    assert outcome in doctor.stderr
+    assert doctor.stderr == ""  # --json prints the document instead of the text
     report = json.loads(doctor.stdout)
     assert report["source"] is None and report["gpus"] == []
     assert outcome in report["exporter"] and report["errors"]

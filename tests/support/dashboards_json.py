@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).parents[2]
@@ -20,6 +23,18 @@ LABEL_VALUES = re.compile(r"^label_values\((.+), *([a-zA-Z_][a-zA-Z0-9_]*)\)$")
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
 # Labels Prometheus attaches to every scraped series.
 TARGET_LABELS = frozenset({"job", "instance"})
+
+
+def dashboards_module(name: str) -> ModuleType:
+    """A module of ``dashboards/`` (``engines``, ``pcie``, ...), which is no package."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "dashboards" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -40,10 +55,22 @@ def load_dashboards() -> dict[str, dict[str, Any]]:
 
 
 def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every panel that is not a row (rows here are never collapsed: no nested panels)."""
+    """Every panel that queries: not a row (rows here are never collapsed: no nested
+    panels), not a text note."""
     for panel in board["panels"]:
-        if panel["type"] != "row":
+        if panel["type"] not in {"row", "text"}:
             yield panel
+
+
+def panels_by_row(board: dict[str, Any]) -> Iterator[tuple[dict[str, Any] | None, dict[str, Any]]]:
+    """(the row a panel sits in, or None above the first row; the panel) for every
+    panel that queries."""
+    current = None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = panel
+        elif panel["type"] != "text":
+            yield current, panel
 
 
 def targets(name: str, board: dict[str, Any]) -> Iterator[Target]:

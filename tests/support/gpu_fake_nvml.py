@@ -6,7 +6,11 @@ classes (``NVMLError_NotSupported`` ...), the ctypes structs (``c_nvmlFieldValue
 ``c_nvmlDevice_t`` pointers) come from the installed ``pynvml``. Only the functions
 are fake, with the real names and parameters (a test checks that), raising the
 errors real NVML raises: Uninitialized before ``nvmlInit``, GpuIsLost from a lost
-GPU, Timeout from an idle event set, InvalidArgument for misused GPM samples.
+GPU, Timeout from an idle event set, InvalidArgument for misused GPM samples,
+NoPermission for the process list of a MIG GPU without root, FunctionNotFound (and,
+from the unversioned name, pynvml's ``NVMLLibraryMismatchError``) for a process-list
+version the driver lacks. Process lists come as pynvml returns them: ``pid`` and
+``usedGpuMemory`` (None where NVML has no value) of a ``c_nvmlProcessInfo_v3_t``.
 """
 
 from __future__ import annotations
@@ -61,11 +65,22 @@ class FakeGpu:
         }
     )
     xid_events_supported: bool = True
+    # (pid, used bytes; None: NVML_VALUE_NOT_AVAILABLE) as the process lists return them
+    compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    mig_mode: int = real.NVML_DEVICE_MIG_DISABLE
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML_ERROR_*
 
 
-_COPIED_PREFIXES = ("NVML_", "NVMLError", "nvmlClocksEventReason", "nvmlEventType", "c_nvml")
+_COPIED_PREFIXES = (
+    "NVML_",
+    "NVMLError",
+    "NVMLLibraryMismatchError",
+    "nvmlClocksEventReason",
+    "nvmlEventType",
+    "c_nvml",
+)
 
 
 class FakeNvml:
@@ -91,6 +106,8 @@ class FakeNvml:
         self._event_cond = threading.Condition()
         self.waits_started = 0
         self.xids_undelivered = 0
+        self.privileged = False  # MIG GPUs list their processes to root only
+        self.missing_functions: set[str] = set()  # an older driver: FunctionNotFound
 
     # --- test controls ----------------------------------------------------------
 
@@ -170,6 +187,16 @@ class FakeNvml:
         if self.gpus[index].lost:
             raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
         return self._handles[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for index, gpu in enumerate(self.gpus):
+            if gpu.uuid == wanted:
+                if gpu.lost:
+                    raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+                return self._handles[index]
+        raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         return self._device("nvmlDeviceGetUUID", handle).uuid
@@ -308,6 +335,61 @@ class FakeNvml:
             )
             metric.value = percent or 0.0
         return metricsGet
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        gpu = self._device("nvmlDeviceGetMigMode", device)
+        if gpu.architecture < AMPERE:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return [gpu.mig_mode, gpu.mig_mode]
+
+    def _processes(self, function: str, handle: Any, graphics: bool) -> list[Any]:
+        gpu = self._device(function, handle)
+        base = function.removesuffix("_v2").removesuffix("_v3")
+        if base in gpu.errors:
+            raise real.NVMLError(gpu.errors[base])
+        if function in self.missing_functions:
+            raise real.NVMLError(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if gpu.mig_mode == real.NVML_DEVICE_MIG_ENABLE and not self.privileged:
+            raise real.NVMLError(real.NVML_ERROR_NO_PERMISSION)
+        not_available = real.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        listed = []
+        for pid, used in gpu.graphics_processes if graphics else gpu.compute_processes:
+            info = real.c_nvmlProcessInfo_v3_t(
+                pid=pid,
+                usedGpuMemory=not_available if used is None else used,
+                gpuInstanceId=real.NVML_VALUE_NOT_AVAILABLE_uint.value,
+                computeInstanceId=real.NVML_VALUE_NOT_AVAILABLE_uint.value,
+            )
+            entry = real.nvmlStructToFriendlyObject(info)
+            if entry.usedGpuMemory == not_available:  # as pynvml does (WDDM, some vGPUs)
+                entry.usedGpuMemory = None
+            listed.append(entry)
+        return listed
+
+    def _unversioned(self, function: str, handle: Any, graphics: bool) -> list[Any]:
+        # pynvml's unversioned name calls _v3 and turns FunctionNotFound into this
+        try:
+            return self._processes(function + "_v3", handle, graphics)
+        except real.NVMLError_FunctionNotFound:
+            raise real.NVMLLibraryMismatchError(f"{function}: use a versioned function") from None
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v3", handle, False)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, False)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._unversioned("nvmlDeviceGetComputeRunningProcesses", handle, False)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses_v3", handle, True)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses_v2", handle, True)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._unversioned("nvmlDeviceGetGraphicsRunningProcesses", handle, True)
 
     def nvmlEventSetCreate(self) -> Any:
         self._enter("nvmlEventSetCreate")

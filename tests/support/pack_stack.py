@@ -12,12 +12,14 @@
 - a bounded load (``gpuscope.loadgen``'s client loops: ``concurrency`` clients for at
   most ``load_s`` seconds, completions of ``output_tokens``, stopped when the stack
   stops);
+- vLLM's ``/metrics`` as the real engine served it, replayed with growing counters
+  (``support.vllm_replay``): the metrics-only path, no gpuscope in its request path;
 - a real Alertmanager (clustering off, storage in ``workdir``) with
   ``alertmanager_config`` (default: a single receiver that sends nowhere);
-- a real Prometheus scraping the exporter as job ``gpuscope`` and the worker's own
-  ``/metrics`` as job ``gpuscope-worker`` every ``scrape_interval``, exemplar storage
-  on, loading every ``*.yml`` of ``rules_dir`` (if given) and evaluating them at the
-  scrape interval, alerting to that Alertmanager.
+- a real Prometheus scraping the exporter as job ``gpuscope``, the worker's own
+  ``/metrics`` as job ``gpuscope-worker`` and the vLLM replay as job ``vllm`` every
+  ``scrape_interval``, exemplar storage on, loading every ``*.yml`` of ``rules_dir``
+  (if given) and evaluating them at the scrape interval, alerting to that Alertmanager.
 
 It yields a ``PackStack`` once Prometheus has seen request rates above zero, so
 ``rate(...)`` panels and recording rules have data straight away::
@@ -51,12 +53,14 @@ from gpuscope.worker.config import WorkerConfig
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
 from support.servers import run_uvicorn
+from support.vllm_replay import run_vllm_replay
 from support.worker_servers import SMALL
 
 REPO = Path(__file__).parents[2]
 SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
 WORKER_JOB = "gpuscope-worker"
+VLLM_JOB = "vllm"  # the job alerts/settings.py selects (vllm_job_selector)
 SERVICE = "pack-worker"
 # The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
 WORKER_CONFIG = replace(SMALL, max_new_tokens=32)
@@ -93,10 +97,12 @@ class PackStack:
 
     exporter_url: str
     worker_url: str
+    vllm_url: str  # the replay of vLLM's /metrics
     prometheus_url: str
     alertmanager_url: str
     exporter_instance: str  # the ``instance`` label Prometheus gives the exporter
     worker_instance: str  # ... and the worker
+    vllm_instance: str  # ... and the vLLM replay (on the exporter's host, 127.0.0.1)
     gpu_uuids: tuple[str, ...]  # simulated GPU i has gpu_uuids[i]; requests run on GPU 0
     service: str
     model: str
@@ -239,6 +245,7 @@ async def run_pack_stack(
         _exporter(scenario, gpus, start_at_s, sink) as (exporter, clock),
         _worker(exporter.url, worker) as worker_url,
         _load(worker_url, load_s, concurrency, output_tokens),
+        run_vllm_replay() as vllm_url,
         run_alertmanager(alertmanager_config, workdir) as alertmanager_url,
         run_prometheus(
             [f"127.0.0.1:{exporter.port}"],
@@ -247,22 +254,25 @@ async def run_pack_stack(
             rule_files=rule_files,
             alertmanager=alertmanager_url,
             job=JOB,
-            more_jobs={WORKER_JOB: [_host_port(worker_url)]},
+            more_jobs={WORKER_JOB: [_host_port(worker_url)], VLLM_JOB: [_host_port(vllm_url)]},
         ) as prometheus_url,
     ):
         async with aiohttp.ClientSession() as session:
             for ready in (
                 "sum(rate(gpuscope_request_duration_seconds_count[1m])) > 0",
                 f'up{{job="{WORKER_JOB}"}} == 1',
+                f'up{{job="{VLLM_JOB}"}} == 1',
             ):
                 await wait_for_result(session, prometheus_url, ready, ready_timeout_s)
         yield PackStack(
             exporter_url=exporter.url,
             worker_url=worker_url,
+            vllm_url=vllm_url,
             prometheus_url=prometheus_url,
             alertmanager_url=alertmanager_url,
             exporter_instance=f"127.0.0.1:{exporter.port}",
             worker_instance=_host_port(worker_url),
+            vllm_instance=_host_port(vllm_url),
             gpu_uuids=tuple(simulated_uuid(i) for i in range(gpus)),
             service=SERVICE,
             model=worker.model_name,

@@ -1,0 +1,152 @@
+"""Where request timings come from, and how vLLM's own ``/metrics`` map onto gpuscope's.
+
+One table for the recording rules (``alerts/recording.py`` imports it, as it does
+``pcie.py``) and for what the boards say about each engine. A *source* is one path
+the numbers take into Prometheus; the recording rules label every request-side
+series with its source, so the same requests seen through two paths are never added
+together:
+
+- ``spans``: gpuscope's exporter, from spans (the middleware, the reference worker, or
+  vLLM's ``llm_request`` span through the middleware bridge);
+- ``vllm``: vLLM's own ``/metrics``, scraped by Prometheus; no gpuscope in the
+  request path.
+
+vLLM's series carry ``model_name`` and ``engine`` (its data-parallel rank); the rules
+sum the engines, take ``model`` from ``model_name``, ``service`` from the scrape's
+``job`` and ``host`` from its ``instance``. Bucket bounds are those of vLLM 0.32.0
+(``tests/fixtures/vllm-0.32.0/metrics.txt``, which a test compares with this table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPANS = "spans"
+VLLM = "vllm"
+SOURCES = (SPANS, VLLM)
+
+PHASES = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
+# The parts of ``compute`` an engine may report; they add up to compute and are
+# never summed with the phases.
+COMPUTE_STAGES = ("prefill", "decode")
+
+PHASE_HISTOGRAM = "gpuscope_request_phase_seconds"
+STAGE_HISTOGRAM = "gpuscope_request_compute_stage_seconds"
+DURATION_HISTOGRAM = "gpuscope_request_duration_seconds"
+TTFT_HISTOGRAM = "gpuscope_time_to_first_token_seconds"
+TPOT_HISTOGRAM = "gpuscope_time_per_output_token_seconds"
+# The request histograms recorded per source (service_model_gpu level).
+REQUEST_HISTOGRAMS = (
+    PHASE_HISTOGRAM,
+    STAGE_HISTOGRAM,
+    DURATION_HISTOGRAM,
+    TTFT_HISTOGRAM,
+    TPOT_HISTOGRAM,
+)
+# The label that tells a histogram's series apart, where it has one.
+HISTOGRAM_KEY = {PHASE_HISTOGRAM: "phase", STAGE_HISTOGRAM: "stage"}
+
+# vLLM's request-latency buckets: coarse at the short end (the first bound is 0.3 s),
+# so means from _sum / _count are exact while quantiles under a second are not.
+_VLLM_REQUEST_BUCKETS = (
+    "0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "10.0", "15.0", "20.0",
+    "30.0", "40.0", "50.0", "60.0", "120.0", "240.0", "480.0", "960.0", "1920.0",
+    "7680.0",
+)  # fmt: skip
+_VLLM_TTFT_BUCKETS = (
+    "0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5",
+    "0.75", "1.0", "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0",
+    "640.0", "2560.0",
+)  # fmt: skip
+_VLLM_TPOT_BUCKETS = (
+    "0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5",
+    "0.75", "1.0", "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineHistogram:
+    """An engine's histogram standing for one gpuscope histogram (and key value)."""
+
+    native: str  # without _bucket, _sum, _count
+    gpuscope: str
+    key_value: str  # the phase or stage it is; "" for histograms without a key
+    buckets: tuple[str, ...]  # finite upper bounds, as the engine writes them
+
+
+VLLM_HISTOGRAMS = (
+    EngineHistogram(
+        "vllm:request_queue_time_seconds", PHASE_HISTOGRAM, "queue", _VLLM_REQUEST_BUCKETS
+    ),
+    # inference = prefill + decode: the whole of compute
+    EngineHistogram(
+        "vllm:request_inference_time_seconds", PHASE_HISTOGRAM, "compute", _VLLM_REQUEST_BUCKETS
+    ),
+    EngineHistogram(
+        "vllm:request_prefill_time_seconds", STAGE_HISTOGRAM, "prefill", _VLLM_REQUEST_BUCKETS
+    ),
+    EngineHistogram(
+        "vllm:request_decode_time_seconds", STAGE_HISTOGRAM, "decode", _VLLM_REQUEST_BUCKETS
+    ),
+    EngineHistogram(
+        "vllm:e2e_request_latency_seconds", DURATION_HISTOGRAM, "", _VLLM_REQUEST_BUCKETS
+    ),
+    EngineHistogram("vllm:time_to_first_token_seconds", TTFT_HISTOGRAM, "", _VLLM_TTFT_BUCKETS),
+    # per request (vllm:inter_token_latency_seconds is per token)
+    EngineHistogram(
+        "vllm:request_time_per_output_token_seconds", TPOT_HISTOGRAM, "", _VLLM_TPOT_BUCKETS
+    ),
+)
+
+# vLLM's engine state, mapped onto the worker's (gpuscope_worker_*) recorded series.
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # 0-1, like gpuscope_worker_kv_cache_usage_ratio
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
+# Requests the engine finished, by finished_reason (stop, length, abort, error, ...).
+VLLM_FINISHED = "vllm:request_success_total"
+VLLM_ERROR_REASON = 'finished_reason="error"'
+
+# What each engine reports of gpuscope's phases, for the boards' notes.
+ENGINE_PHASES = {
+    "reference worker (spans)": PHASES,
+    "vLLM (spans or /metrics)": ("queue", "compute"),
+}
+ENGINE_STAGES = {
+    "reference worker (spans)": (),
+    "vLLM (spans or /metrics)": COMPUTE_STAGES,
+}
+
+
+def vllm_histograms_for(gpuscope: str) -> tuple[EngineHistogram, ...]:
+    return tuple(h for h in VLLM_HISTOGRAMS if h.gpuscope == gpuscope)
+
+
+def missing_phases(engine: str) -> tuple[str, ...]:
+    return tuple(p for p in PHASES if p not in ENGINE_PHASES[engine])
+
+
+def phases_note() -> str:
+    """Markdown for the boards: the sources, and which phases each engine reports."""
+    lines = [
+        "Request timings per **source**: `spans` (gpuscope's exporter: the middleware, "
+        "the reference worker, or vLLM's `llm_request` span) or `vllm` (vLLM's own "
+        "`/metrics`, no gpuscope in the request path). Panels over the recording rules "
+        "show one source at a time, so the same requests seen both ways are never "
+        "added up. A phase an engine does not report is absent, never zero:",
+        "",
+    ]
+    for engine, phases in ENGINE_PHASES.items():
+        stages = ENGINE_STAGES[engine]
+        missing = missing_phases(engine)
+        lines.append(
+            f"- {engine}: {', '.join(phases)}"
+            + (f"; compute split into {' and '.join(stages)}" if stages else "")
+            + (f"; no {', '.join(missing)}" if missing else "")
+        )
+    lines += [
+        "",
+        "Requests that name no GPU (vLLM's `/metrics` never does) are judged against "
+        "every GPU of their host (GPU `all`).",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""The HTTP semantic conventions' recommended server-span attributes, from the ASGI scope.
+
+``server.address``/``server.port`` (the ``Host`` header, else the socket the server
+listens on), ``client.address`` (the peer), ``user_agent.original``,
+``network.protocol.version`` and ``url.query``. They are span attributes only, never
+metric labels (the exporter reads none of them), so their cardinality costs nothing in
+Prometheus. Values of query parameters whose names look like credentials are replaced
+by ``REDACTED``, as the conventions ask of instrumentations that can recognise them.
+Nothing here may raise: a malformed scope yields fewer attributes, not a failed request.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Final
+
+from gpuscope import spans as attr
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
+
+    from gpuscope.middleware.types import Scope
+
+MAX_VALUE_LENGTH: Final = 1024  # a span attribute, not a place for a whole header
+_SECRET_KEY = re.compile(r"(key|token|secret|passw|signature|sig|auth|credential)", re.I)
+_HOST = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+)(?::(\d{1,5}))?$")
+
+
+def request_attributes(scope: Scope) -> dict[str, AttributeValue]:
+    found: dict[str, AttributeValue] = {}
+    try:
+        _add_server(scope, found)
+        client = scope.get("client")
+        if isinstance(client, list | tuple) and client and isinstance(client[0], str):
+            found[attr.CLIENT_ADDRESS] = client[0][:MAX_VALUE_LENGTH]
+        version = scope.get("http_version")
+        if isinstance(version, str) and version:
+            found[attr.NETWORK_PROTOCOL_VERSION] = version[:16]
+        agent = _header(scope, b"user-agent")
+        if agent:
+            found[attr.USER_AGENT_ORIGINAL] = agent[:MAX_VALUE_LENGTH]
+        query = scope.get("query_string")
+        if isinstance(query, bytes) and query:
+            found[attr.URL_QUERY] = redacted_query(query.decode("latin-1"))[:MAX_VALUE_LENGTH]
+    except Exception:  # a hostile or odd scope: leave the rest out
+        return found
+    return found
+
+
+def redacted_query(query: str) -> str:
+    """``query`` with the value of every credential-like parameter replaced."""
+    parts = []
+    for part in query.split("&"):
+        name, sep, _ = part.partition("=")
+        parts.append(f"{name}=REDACTED" if sep and _SECRET_KEY.search(name) else part)
+    return "&".join(parts)
+
+
+def _add_server(scope: Scope, found: dict[str, AttributeValue]) -> None:
+    host = _header(scope, b"host")
+    match = _HOST.match(host) if host else None
+    if match is not None:
+        found[attr.SERVER_ADDRESS] = match.group(1)[:MAX_VALUE_LENGTH]
+        if match.group(2):
+            found[attr.SERVER_PORT] = int(match.group(2))
+        return
+    server = scope.get("server")
+    if isinstance(server, list | tuple) and len(server) == 2 and isinstance(server[0], str):
+        found[attr.SERVER_ADDRESS] = server[0][:MAX_VALUE_LENGTH]
+        if isinstance(server[1], int):
+            found[attr.SERVER_PORT] = server[1]
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for item in scope.get("headers", ()):
+        if isinstance(item, list | tuple) and len(item) == 2 and item[0].lower() == name:
+            value = item[1]
+            return value.decode("latin-1") if isinstance(value, bytes) else None
+    return None
