@@ -22,9 +22,9 @@ hold every slot. If every connection is busy, the one whose body has been upload
 longest is cut instead (its handler answers and closes it). Only when every
 connection is busy and none is uploading is the new one answered ``refusal`` (a 503)
 and closed. The cap also keeps the server below the process's file descriptor limit,
-where ``accept()`` itself would start to fail: ``fit_to_descriptors`` sizes it, and
-the listen backlog with it, since asyncio accepts up to a backlog's worth of sockets
-at once before any of them reaches the guard.
+where ``accept()`` itself would start to fail: ``fit_to_descriptors`` sizes it with
+the listen backlog, since asyncio accepts sockets a backlog at a time before any of
+them reaches the guard.
 """
 
 from __future__ import annotations
@@ -42,9 +42,20 @@ from typing import Any, Final
 
 log = logging.getLogger(__name__)
 
-# File descriptors kept free for everything that is not a client connection
-# (listening socket, log files, outgoing connections, the libraries' own).
-RESERVED_FDS: Final = 64
+# Connections the kernel queues for ``accept()``, and how many asyncio accepts in one go
+# when a listening socket is readable: each takes a descriptor before the cap can shed
+# anything. Between its accept() and the moment the cap has shed (and closed) an older
+# connection for it, a socket waits through up to ``IN_TRANSIT_BATCHES`` turns of the
+# event loop (accepted; transport made; admitted, an old one closed; that one's
+# descriptor released), and each turn accepts another batch per listening socket; so
+# that many backlogs are kept free under the descriptor limit, plus the server's own
+# ``OWN_FDS`` (standard streams, listening sockets, epoll, outgoing connections, the
+# libraries' own). The kernel makes clients past the backlog wait (SYN retries).
+# (Figures of the exporter's hardening, where a reserve of 64 against asyncio's backlog
+# of 128 let bursts make accept() fail 465 times in 11 s.)
+LISTEN_BACKLOG: Final = 32
+IN_TRANSIT_BATCHES: Final = 4
+OWN_FDS: Final = 64
 CLOSE_REASONS: Final = (
     "idle_timeout",
     "header_timeout",
@@ -89,31 +100,33 @@ def _soft_fd_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def effective_max_connections(wanted: int, reserved: int = RESERVED_FDS) -> int:
-    """``wanted``, lowered to fit under the soft file-descriptor limit with ``reserved``
-    descriptors to spare, if it must be."""
+def listen_backlog() -> int:
+    """``LISTEN_BACKLOG``, or less under a small descriptor limit (a sixteenth of what is
+    not the server's own, at least 8), so that the cap keeps most of it."""
     soft = _soft_fd_limit()
-    if soft is None or wanted + reserved <= soft:
+    if soft is None:
+        return LISTEN_BACKLOG
+    return max(8, min(LISTEN_BACKLOG, (soft - OWN_FDS) // 16))
+
+
+def fit_to_descriptors(
+    wanted: int, backlog: int, listeners: int, *, said: int | None = None
+) -> int:
+    """``wanted`` connections, lowered if they, the sockets in transit through
+    ``listeners`` listening sockets of ``backlog`` and ``OWN_FDS`` do not fit under the
+    soft descriptor limit (a warning says so, unless the cap is ``said`` already)."""
+    soft = _soft_fd_limit()
+    reserve = OWN_FDS + IN_TRANSIT_BATCHES * backlog * listeners
+    if soft is None or wanted + reserve <= soft:
         return wanted
-    fitted = max(1, soft - reserved)
+    fitted = max(1, soft - reserve)
+    if fitted == said:
+        return fitted
     log.warning(
         "--max-connections %d does not fit the file descriptor limit %d; using %d",
         wanted, soft, fitted,
     )  # fmt: skip
     return fitted
-
-
-def fit_backlog(wanted: int) -> int:
-    """A listen backlog that leaves room for connections under the descriptor limit.
-
-    asyncio accepts up to ``backlog`` sockets per wake-up before the guard sees any of
-    them, so those must fit next to the cap: at most a quarter of what is left after
-    ``RESERVED_FDS``, and the cap is then fitted to what remains
-    (``effective_max_connections(wanted, RESERVED_FDS + backlog)``)."""
-    soft = _soft_fd_limit()
-    if soft is None:
-        return wanted
-    return max(1, min(wanted, (soft - RESERVED_FDS) // 4))
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -190,20 +203,18 @@ class ConnectionGuard:
 
     ``refusal`` is what a connection refused at the cap is sent before it is closed
     (a complete HTTP/1.1 response); ``linger_s`` how long a cut upload may take to be
-    answered; ``reserved_fds`` the descriptors kept free beside the cap."""
+    answered. Listen with ``backlog``, and call ``listening_on`` with the number of
+    listening sockets before accepting (one is assumed until then)."""
 
     def __init__(
-        self,
-        limits: ConnectionLimits,
-        *,
-        refusal: bytes = PLAIN_REFUSAL,
-        linger_s: float = 2.0,
-        reserved_fds: int = RESERVED_FDS,
+        self, limits: ConnectionLimits, *, refusal: bytes = PLAIN_REFUSAL, linger_s: float = 2.0
     ) -> None:
         self.limits = limits
         self.refusal = refusal
         self.linger_s = linger_s
-        self.max_connections = effective_max_connections(limits.max_connections, reserved_fds)
+        self.backlog = listen_backlog()
+        self.max_connections = limits.max_connections
+        self.listening_on(1)
         self.closed_by_reason: Counter[str] = Counter({reason: 0 for reason in CLOSE_REASONS})
         # transport -> its connection, oldest first (dicts keep insertion order)
         self._open: dict[object, GuardedProtocol] = {}
@@ -211,6 +222,12 @@ class ConnectionGuard:
         self._idle = asyncio.Event()
         self._idle.set()
         self.stopping = False  # set by the server when it stops accepting
+
+    def listening_on(self, listeners: int) -> None:
+        """Fit the cap to the descriptor limit for ``listeners`` listening sockets."""
+        self.max_connections = fit_to_descriptors(
+            self.limits.max_connections, self.backlog, listeners, said=self.max_connections
+        )
 
     def protocol_factory(self, make_inner: Callable[[], Any]) -> Callable[[], GuardedProtocol]:
         return lambda: GuardedProtocol(self, make_inner())

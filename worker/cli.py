@@ -75,6 +75,7 @@ def serve(config: WorkerConfig, app: WorkerApp) -> None:
     """Serve ``app`` on ``config.host:config.port`` until a signal has drained it, every
     connection under the limits of ``app.listener``."""
     listener = app.listener
+    listener.listening_on(config.host, config.port)
     server = DrainingServer(
         uvicorn.Config(
             app,

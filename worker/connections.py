@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -25,18 +26,13 @@ from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
 from gpuscope.connections import (
-    RESERVED_FDS,
     ConnectionGuard,
     ConnectionLimits,
     GuardedProtocol,
     current_connection,
-    fit_backlog,
 )
 from gpuscope.worker.protocol import error_body
 
-# The listen backlog asked for (Linux's somaxconn before 5.4); ``fit_backlog`` lowers it
-# under a small descriptor limit. Connections past it wait in the client's SYN retries.
-ACCEPT_BACKLOG: Final = 128
 _BODY: Final = json.dumps(
     error_body(
         "too many connections to this worker, every one handling a request; retry",
@@ -52,15 +48,25 @@ REFUSAL: Final = (
 
 
 class Listener:
-    """The guard of the worker's connections and the backlog its socket listens with."""
+    """The guard of the worker's connections; its socket listens with ``backlog``."""
 
     def __init__(self, max_connections: int, header_timeout_s: float, idle_timeout_s: float):
-        self.backlog = fit_backlog(ACCEPT_BACKLOG)
         self.guard = ConnectionGuard(
-            ConnectionLimits(max_connections, header_timeout_s, idle_timeout_s),
-            refusal=REFUSAL,
-            reserved_fds=RESERVED_FDS + self.backlog,
+            ConnectionLimits(max_connections, header_timeout_s, idle_timeout_s), refusal=REFUSAL
         )
+
+    def listening_on(self, host: str, port: int) -> None:
+        """Fit the cap for the sockets uvicorn will listen on: one per address ``host``
+        resolves to, as asyncio's ``create_server`` makes them."""
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError:
+            return  # uvicorn says why it cannot listen; the cap stays fitted for one
+        self.guard.listening_on(max(1, len({address for *_, address in found})))
+
+    @property
+    def backlog(self) -> int:
+        return self.guard.backlog
 
 
 class ConnectionTracking:
