@@ -39,7 +39,7 @@ from gpuscope import engine_spans
 from gpuscope import spans as attr
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
-from gpuscope.exporter.series import HistogramFamily, SpanRef
+from gpuscope.exporter.series import SpanRef
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
@@ -148,15 +148,20 @@ class SpanAggregator:
         compute_observers: Sequence[ComputeObserver] = (),
         uuids_for_pid: UuidsForPid | None = None,
     ) -> None:
-        self.duration = defs.REQUEST_DURATION.histogram(max_series)
-        self.phase = defs.REQUEST_PHASE.histogram(max_series)
-        self.compute_stage = defs.REQUEST_COMPUTE_STAGE.histogram(max_series)
+        # One capped family per row of the tables, in their (scrape) order.
+        histograms = {row: row.histogram(max_series) for row in defs.SPAN_HISTOGRAMS}
+        counters = {row: row.counter(max_series) for row in defs.SPAN_COUNTERS}
+        self.histograms = tuple(histograms.values())
+        self.counters = tuple(counters.values())
+        self.duration = histograms[defs.REQUEST_DURATION]
+        self.phase = histograms[defs.REQUEST_PHASE]
+        self.compute_stage = histograms[defs.REQUEST_COMPUTE_STAGE]
+        self.ttft = histograms[defs.TIME_TO_FIRST_TOKEN]
+        self.tpot = histograms[defs.TIME_PER_OUTPUT_TOKEN]
+        self.batch_size = histograms[defs.BATCH_SIZE]
+        self.tokens = counters[defs.TOKENS]
+        self.stock = StockSpanMetrics(counters[defs.SPAN_CALLS], histograms[defs.SPAN_DURATION])
         self.uuids_for_pid = uuids_for_pid
-        self.ttft = defs.TIME_TO_FIRST_TOKEN.histogram(max_series)
-        self.tpot = defs.TIME_PER_OUTPUT_TOKEN.histogram(max_series)
-        self.batch_size = defs.BATCH_SIZE.histogram(max_series)
-        self.tokens = defs.TOKENS.counter(max_series)
-        self.stock = StockSpanMetrics(max_series)
         self.max_label_length = max_label_length
         self.compute_observers = tuple(compute_observers)
         self._gpu_index: dict[str, str] = {}
@@ -164,18 +169,6 @@ class SpanAggregator:
         self._cache_limit = 4 * max_series + 64
         self._known_labels: set[str] = set()
         self._phase_keys: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
-
-    @property
-    def histograms(self) -> tuple[HistogramFamily, ...]:
-        return (
-            self.duration,
-            self.phase,
-            self.compute_stage,
-            self.ttft,
-            self.tpot,
-            self.batch_size,
-            self.stock.duration,
-        )
 
     def set_gpu_devices(self, devices: Sequence[GpuDevice]) -> None:
         """Learn ``uuid -> NVML index`` for the ``gpu`` label of new observations."""
