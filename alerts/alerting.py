@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recording import (
+from alerts.recording import (
     INSTANCE,
     KV_USAGE,
     PREEMPTIONS,
@@ -16,7 +16,7 @@ from recording import (
     indent,
     on_request_gpu,
 )
-from settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
+from alerts.settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
 
 # Where a request alert is about: its service and model, the GPU (or, for requests
 # that name none, the host) and the source the numbers came through.

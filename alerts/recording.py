@@ -21,17 +21,14 @@ vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-from settings import GPU, HOST_GPU, REQUEST, SMG, THROTTLE_REASONS, Settings, Slo, seconds_of
+from alerts.settings import GPU, HOST_GPU, REQUEST, SMG, THROTTLE_REASONS, Settings, Slo, seconds_of
 
 # The PCIe per-lane table is the dashboards' (dashboards/pcie.py), so that the panels
 # and the rules agree on every generation's capacity; so is the table of sources and
 # of vLLM's series (dashboards/engines.py), which the boards' notes use too.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))
-from engines import (
+from dashboards.engines import (
     DURATION_HISTOGRAM,
     HISTOGRAM_KEY,
     PHASE_HISTOGRAM,
@@ -47,7 +44,7 @@ from engines import (
     VLLM_WAITING,
     vllm_histograms_for,
 )
-from pcie import LINK_GENERATIONS, lane_bytes_per_second
+from dashboards.pcie import LINK_GENERATIONS, lane_bytes_per_second
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
-from panels import (
+
+from dashboards.panels import (
     EXPORTER_CHAIN,
     HALF,
     QUARTER,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
-from panels import (
+
+from dashboards.panels import (
     GPU_CHAIN,
     HALF,
     QUARTER,
@@ -18,7 +19,7 @@ from panels import (
     state_timeline,
     timeseries,
 )
-from pcie import capacity_expr
+from dashboards.pcie import capacity_expr
 
 UID = "gpuscope-gpu"
 GPU = selector("job", "instance", "gpu")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import serving
-from engines import (
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+
+from dashboards import serving
+from dashboards.engines import (
     DURATION_HISTOGRAM,
     PHASE_HISTOGRAM,
     STAGE_HISTOGRAM,
@@ -11,10 +15,7 @@ from engines import (
     TTFT_HISTOGRAM,
     phases_note,
 )
-from grafana_foundation_sdk.builders import timeseries as timeseries_builders
-from grafana_foundation_sdk.builders.dashboard import Dashboard
-from grafana_foundation_sdk.builders.prometheus import Dataquery
-from panels import (
+from dashboards.panels import (
     FULL,
     HALF,
     RATE,
@@ -30,7 +31,7 @@ from panels import (
     text_panel,
     timeseries,
 )
-from recorded import rate as recorded_rate
+from dashboards.recorded import rate as recorded_rate
 
 UID = "gpuscope-inference-latency"
 QUANTILES = (0.5, 0.95, 0.99)

@@ -12,10 +12,11 @@ share of its maximum, and PCIe traffic as a share of link capacity.
 
 from __future__ import annotations
 
-from engines import PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
-from panels import (
+
+from dashboards.engines import PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
+from dashboards.panels import (
     RATE,
     SOURCE_CHAIN,
     THIRD,
@@ -29,8 +30,8 @@ from panels import (
     text_panel,
     timeseries,
 )
-from pcie import capacity_expr
-from recorded import GPU_HOST, VERDICT, rate
+from dashboards.pcie import capacity_expr
+from dashboards.recorded import GPU_HOST, VERDICT, rate
 
 UID = "gpuscope-where-did-the-time-go"
 # Written by the bottleneck rules in alerts/: 1 for the cause that holds now.

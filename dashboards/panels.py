@@ -33,7 +33,8 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
-from recorded import SOURCE_SERIES
+
+from dashboards.recorded import SOURCE_SERIES
 
 TAGS = ["gpuscope"]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -10,27 +10,10 @@ the rules are built from (``alerts/settings.py``): change it there, then run bot
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from alerts.settings import Settings
+from dashboards.engines import PHASE_HISTOGRAM
 
-from engines import PHASE_HISTOGRAM
-
-ALERTS = Path(__file__).resolve().parents[1] / "alerts"
-
-
-def _rules_window() -> str:
-    """``Settings().window`` of alerts/settings.py (a folder of scripts, not a package)."""
-    name = "gpuscope_alert_settings"
-    spec = importlib.util.spec_from_file_location(name, ALERTS / "settings.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return str(module.Settings().window)
-
-
-WINDOW = _rules_window()
+WINDOW = Settings().window
 VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
 # 1 per GPU, labelled with its host: GPU panels filtered by the rules' host
 GPU_HOST = "host_gpu:gpuscope_gpu_info:max"

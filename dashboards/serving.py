@@ -11,9 +11,10 @@ vLLM's series carry the model as ``model_name``. The exporter's ``$job`` and
 
 from __future__ import annotations
 
-from engines import VLLM_KV_USAGE, VLLM_PREEMPTIONS, VLLM_RUNNING, VLLM_WAITING
 from grafana_foundation_sdk.builders.dashboard import Dashboard
-from panels import RATE, THIRD, query, row, timeseries
+
+from dashboards.engines import VLLM_KV_USAGE, VLLM_PREEMPTIONS, VLLM_RUNNING, VLLM_WAITING
+from dashboards.panels import RATE, THIRD, query, row, timeseries
 
 WORKER_INFO = 'gpuscope_worker_info{model=~"$model"}'
 VLLM_MODEL = '{model_name=~"$model"}'
