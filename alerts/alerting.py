@@ -7,16 +7,28 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.recording import (
+    BATCH_WAIT,
+    ERRORS_RATIO,
     INSTANCE,
     KV_USAGE,
+    MEMORY_USED_RATIO,
+    PCIE_UTILIZATION,
+    PHASE_P99,
+    PHASE_SHARE_MEAN,
     PREEMPTIONS,
+    QUEUE,
     QUEUE_DELAY,
     WAITING,
     gpu_conditions,
     indent,
     on_request_gpu,
+    phase_is,
+    slo_errors_ratio,
 )
 from alerts.settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
+from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 # Where a request alert is about: its service and model, the GPU (or, for requests
 # that name none, the host) and the source the numbers came through.
@@ -53,14 +65,13 @@ def _alert(
 
 def request_alerts(s: Settings) -> list[dict[str, Any]]:
     w = s.window
-    share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
-    p99 = f"service_model_gpu:gpuscope_request_phase_seconds:p99_{w}"
+    share, p99 = PHASE_SHARE_MEAN + w, PHASE_P99 + w
     where = WHERE
     return [
         _alert(
             s,
             "GpuscopeQueueTimeDominating",
-            f'{share}{{phase="queue"}} > {s.dominant_share:g}',
+            f"{share}{phase_is(QUEUE)} > {s.dominant_share:g}",
             s.for_(s.for_phase),
             "warning",
             "Requests spend most of their time waiting in the queue.",
@@ -70,7 +81,7 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeBatchWaitAboveWindow",
-            batch_wait_expr(s, f'{p99}{{phase="batch_wait"}}'),
+            batch_wait_expr(s, p99 + phase_is(BATCH_WAIT)),
             s.for_(s.for_phase),
             "warning",
             "Batch wait exceeds the batcher's configured window.",
@@ -80,7 +91,7 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeGpuUnderfed",
-            f'{share}{{phase="queue"}} > {s.underfed_queue_share:g}\n'
+            f"{share}{phase_is(QUEUE)} > {s.underfed_queue_share:g}\n"
             f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)",
             s.for_(s.for_phase),
             "warning",
@@ -93,7 +104,7 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeErrorRatioHigh",
-            f"service_model:gpuscope_request_errors:ratio_rate{w} > {s.error_ratio:g}",
+            f"{ERRORS_RATIO}{w} > {s.error_ratio:g}",
             s.for_(s.for_error_ratio),
             "critical",
             "Many model requests fail with a server error.",
@@ -128,7 +139,7 @@ def _window_text(s: Settings) -> str:
 
 
 def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
-    ratio = f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate"
+    ratio = slo_errors_ratio(slo)
     budget = 1 - slo.objective
     name = "Gpuscope" + {"latency": "Latency", "ttft": "TimeToFirstToken"}[slo.name]
     alerts = []
@@ -162,14 +173,14 @@ def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
 def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
     w, inc = s.window, s.increase_window
     gpu = gpu_conditions(s)
-    throttling = s.sel(f'reason=~"{"|".join(THROTTLE_REASONS)}"')
-    uncorrected = s.sel('type="volatile_uncorrected"')
+    throttling = s.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    uncorrected = s.sel(f'{ECC_TYPE}="volatile_uncorrected"')
     on_gpu = "GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
     return [
         _alert(
             s,
             "GpuscopeGpuClockThrottled",
-            f"gpuscope_gpu_clock_event_active{throttling} == 1\n"
+            f"{series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling} == 1\n"
             f"and on ({GPU}) (\n  {indent(gpu['throttled'])}\n)",
             s.for_(s.for_gpu_hardware),
             "warning",
@@ -180,7 +191,7 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeGpuPcieSaturated",
-            f"gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w} > {s.pcie_utilization:g}",
+            f"{PCIE_UTILIZATION}{w} > {s.pcie_utilization:g}",
             s.for_(s.for_gpu_hardware),
             "warning",
             "A GPU's PCIe link runs near its capacity.",
@@ -190,7 +201,7 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeGpuMemoryNearlyFull",
-            f"gpu:gpuscope_gpu_memory_used:ratio > {s.memory_used_ratio:g}",
+            f"{MEMORY_USED_RATIO} > {s.memory_used_ratio:g}",
             s.for_(s.for_gpu_hardware),
             "warning",
             "A GPU's memory is nearly full.",
@@ -199,17 +210,17 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeGpuXidErrors",
-            f"increase(gpuscope_gpu_xid_events_total{s.sel()}[{inc}]) > 0",
+            f"increase({series(gpu_rows.XID_EVENTS)}{s.sel()}[{inc}]) > 0",
             s.for_("0m"),
             "warning",
             "A GPU reported XID errors.",
             f"{on_gpu} reported {{{{ $value | humanize }}}} XID errors in {inc}; "
-            "gpuscope_gpu_xid_errors_total names the codes.",
+            f"{series(gpu_rows.XID_ERRORS)} names the codes.",
         ),
         _alert(
             s,
             "GpuscopeGpuEccUncorrectedErrors",
-            f"increase(gpuscope_gpu_ecc_errors_total{uncorrected}[{inc}]) > 0",
+            f"increase({series(gpu_rows.ECC_ERRORS)}{uncorrected}[{inc}]) > 0",
             s.for_("0m"),
             "critical",
             "A GPU reported uncorrectable ECC errors.",
@@ -218,7 +229,7 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeGpuLost",
-            f"gpuscope_gpu_up{s.sel()} == 0",
+            f"{series(gpu_rows.UP)}{s.sel()} == 0",
             s.for_(s.for_gpu_lost),
             "critical",
             "A GPU cannot be read any more.",
@@ -230,7 +241,7 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
             "GpuscopeGpuCollectorFailing",
             # the share of failed runs, not the last one: one success between failures
             # would restart ``for:`` and a collector failing most runs would never alert
-            f"1 - avg_over_time(gpuscope_collector_success{s.sel()}[{w}]) > 0.5",
+            f"1 - avg_over_time({series(gpu_rows.COLLECTOR_SUCCESS)}{s.sel()}[{w}]) > 0.5",
             s.for_(s.for_gpu_hardware),
             "warning",
             "A GPU metrics collector keeps failing.",
@@ -243,7 +254,7 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
 
 def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
     inc, idle = s.increase_window, s.spans_idle_window
-    received = f"gpuscope_spans_received_total{s.sel()}"
+    received = series(exporter_rows.SPANS_RECEIVED) + s.sel()
     on = "{{ $labels.instance }}"
     return [
         _alert(
@@ -259,8 +270,8 @@ def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeSpansRejected",
-            f"sum by (job, instance, reason) (rate(gpuscope_spans_rejected_total{s.sel()}"
-            f"[{s.window}])) > 0",
+            f"sum by (job, instance, {REASON}) "
+            f"(rate({series(exporter_rows.SPANS_REJECTED)}{s.sel()}[{s.window}])) > 0",
             s.for_(s.for_exporter_signals),
             "warning",
             "The exporter rejects spans that break the span contract.",
@@ -269,8 +280,8 @@ def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeSeriesOverflow",
-            f"sum by (job, instance, metric) (increase(gpuscope_series_overflow_total{s.sel()}"
-            f"[{inc}])) > 0",
+            f"sum by (job, instance, {OVERFLOWED_METRIC}) "
+            f"(increase({series(exporter_rows.SERIES_OVERFLOW)}{s.sel()}[{inc}])) > 0",
             s.for_(s.for_exporter_signals),
             "warning",
             "A request metric hit the exporter's series limit.",
@@ -281,8 +292,8 @@ def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
         _alert(
             s,
             "GpuscopeForwardingDropping",
-            f"sum by (job, instance, reason) (increase(gpuscope_forward_spans_dropped_total"
-            f"{s.sel()}[{inc}])) > 0",
+            f"sum by (job, instance, {REASON}) "
+            f"(increase({series(exporter_rows.FORWARD_SPANS_DROPPED)}{s.sel()}[{inc}])) > 0",
             s.for_(s.for_exporter_signals),
             "warning",
             "The exporter drops spans it should forward.",

@@ -23,7 +23,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.settings import GPU, HOST_GPU, REQUEST, SMG, THROTTLE_REASONS, Settings, Slo, seconds_of
+from alerts.settings import (
+    GPU,
+    HOST_GPU,
+    REQUEST,
+    SERVICE_MODEL,
+    SMG,
+    THROTTLE_REASONS,
+    Settings,
+    Slo,
+    seconds_of,
+)
+from dashboards.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
 
 # The PCIe per-lane table is the dashboards' (dashboards/pcie.py), so that the panels
 # and the rules agree on every generation's capacity; so is the table of sources and
@@ -42,9 +53,16 @@ from dashboards.engines import (
     VLLM_PREEMPTIONS,
     VLLM_RUNNING,
     VLLM_WAITING,
+    WORKER_INFO,
+    WORKER_KV_USAGE,
+    WORKER_MAX_QUEUE_DELAY,
+    WORKER_PREEMPTIONS,
+    WORKER_RUNNING,
+    WORKER_WAITING,
     vllm_histograms_for,
 )
 from dashboards.pcie import LINK_GENERATIONS, lane_bytes_per_second
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -73,11 +91,27 @@ def _vllm(s: Settings, expr: str, by: str) -> str:
     when ``by`` keeps it); vLLM's ``engine`` ranks are added up."""
     if "host" in by:
         expr = with_host(s, expr)
-    relabelled = _copy_label(_copy_label(expr, "model", "model_name"), "service", "job")
+    relabelled = _copy_label(_copy_label(expr, MODEL, "model_name"), SERVICE, "job")
     return f"sum by ({by}) (\n  {indent(relabelled)}\n)"
 
 
 # --- recording rules ----------------------------------------------------------------
+
+
+def rate_record(hist: str, suffix: str) -> str:
+    """The recorded per-second rate of ``hist``'s ``sum``, ``count`` or ``bucket`` per
+    source, service, model, host and GPU (and phase or stage), without its window."""
+    return f"service_model_gpu:{hist}_{suffix}:rate"
+
+
+def stat_record(hist: str, statistic: str) -> str:
+    """The recorded ``statistic`` of ``hist`` (``mean``, ``p99_``, ``share_mean``,
+    ``share_p99_``) at the same level, without its window."""
+    return f"service_model_gpu:{hist}:{statistic}"
+
+
+PHASE_SHARE_MEAN = stat_record(PHASE_HISTOGRAM, "share_mean")
+PHASE_P99 = stat_record(PHASE_HISTOGRAM, "p99_")
 
 
 def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
@@ -89,7 +123,7 @@ def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
     spans_sel = s.sel(s.slo_selector if hist == DURATION_HISTOGRAM else "")
     rules = []
     for suffix in ("sum", "count", "bucket"):
-        record = f"service_model_gpu:{hist}_{suffix}:rate{w}"
+        record = rate_record(hist, suffix) + w
         le = ", le" if suffix == "bucket" else ""
         by = REQUEST + (f", {key}" if key else "") + le
         spans = with_host(s, f"rate({hist}_{suffix}{spans_sel}[{w}])")
@@ -97,7 +131,7 @@ def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
         for native in vllm_histograms_for(hist):
             labels = {"source": VLLM, **({key: native.key_value} if key else {})}
             rate = f"rate({native.native}_{suffix}{s.vllm_sel()}[{w}])"
-            expr = _vllm(s, rate, "service, model, host" + le)
+            expr = _vllm(s, rate, f"{SERVICE_MODEL}, host{le}")
             rules.append(_rule(record, expr, **labels))
     return rules
 
@@ -105,11 +139,13 @@ def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
 def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
     """Mean and P99 per source, service, model, host, GPU and phase (or stage); for the
     phases, also each one's share of their sum."""
-    w, level = s.window, f"service_model_gpu:{hist}"
+    w = s.window
+    mean, p99 = stat_record(hist, "mean") + w, stat_record(hist, "p99_") + w
+    total, count = rate_record(hist, "sum") + w, rate_record(hist, "count") + w
     rules = [
         # "> 0": an idle series has no mean (and no share or verdict), not a NaN one
-        _rule(f"{level}:mean{w}", f"{level}_sum:rate{w}\n/\n({level}_count:rate{w} > 0)"),
-        _rule(f"{level}:p99_{w}", f"histogram_quantile(0.99, {level}_bucket:rate{w})"),
+        _rule(mean, f"{total}\n/\n({count} > 0)"),
+        _rule(p99, f"histogram_quantile(0.99, {rate_record(hist, 'bucket')}{w})"),
     ]
     if not shares:
         return rules
@@ -119,15 +155,15 @@ def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[s
         # share of the mean latency (per source: never one source's phases over
         # another's).
         _rule(
-            f"{level}:share_mean{w}",
-            f"{level}:mean{w}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({level}:mean{w})",
+            stat_record(hist, "share_mean") + w,
+            f"{mean}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({mean})",
         ),
         # Per-phase P99s do not add up to the request's P99 (the slowest requests
         # differ per phase); their sum is an upper bound, so this is each phase's
         # share of the tail.
         _rule(
-            f"{level}:share_p99_{w}",
-            f"{level}:p99_{w}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({level}:p99_{w})",
+            stat_record(hist, "share_p99_") + w,
+            f"{p99}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({p99})",
         ),
     ]
 
@@ -141,29 +177,39 @@ def phase_rules(s: Settings) -> list[dict[str, Any]]:
     ]
 
 
+# Per source, service and model (each name ends with its window): requests per second,
+# the share that failed, the share that missed an objective.
+REQUESTS_RATE = "service_model:gpuscope_requests:rate"
+ERRORS_RATIO = "service_model:gpuscope_request_errors:ratio_rate"
+
+
+def slo_errors_ratio(slo: Slo) -> str:
+    return f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate"
+
+
 def request_rules(s: Settings) -> list[dict[str, Any]]:
-    w, hist = s.window, "gpuscope_request_duration_seconds"
+    w, hist = s.window, DURATION_HISTOGRAM
     count = f"{hist}_count{s.sel(s.slo_selector)}"
-    errors = hist + "_count" + s.sel(s.slo_selector + ', code=~"5.."')
+    errors = hist + "_count" + s.sel(f'{s.slo_selector}, {CODE}=~"5.."')
     finished = f"{VLLM_FINISHED}{s.vllm_sel()}"
     failed = f"{VLLM_FINISHED}{s.vllm_sel(VLLM_ERROR_REASON)}"
     rules = [
-        _rule(f"service_model:gpuscope_requests:rate{w}", _sum_rate(count, w), source=SPANS),
+        _rule(f"{REQUESTS_RATE}{w}", _sum_rate(count, w), source=SPANS),
         _rule(
-            f"service_model:gpuscope_requests:rate{w}",
-            _vllm(s, f"rate({finished}[{w}])", "service, model"),
+            f"{REQUESTS_RATE}{w}",
+            _vllm(s, f"rate({finished}[{w}])", SERVICE_MODEL),
             source=VLLM,
         ),
     ]
     # the SLO windows, and ``window`` for GpuscopeErrorRatioHigh when it is none of them
     for window in sorted({*s.slo_windows(), w}, key=seconds_of):
-        record = f"service_model:gpuscope_request_errors:ratio_rate{window}"
+        record = f"{ERRORS_RATIO}{window}"
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
         spans = _error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM: requests the engine finished with an error, of all it finished
-        vllm_failed = _vllm(s, f"rate({failed}[{window}])", "service, model")
-        vllm_finished = _vllm(s, f"rate({finished}[{window}])", "service, model")
+        vllm_failed = _vllm(s, f"rate({failed}[{window}])", SERVICE_MODEL)
+        vllm_finished = _vllm(s, f"rate({finished}[{window}])", SERVICE_MODEL)
         rules.append(_rule(record, _error_ratio(vllm_failed, vllm_finished), source=VLLM))
     return rules
 
@@ -178,7 +224,7 @@ def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
     good = f"{slo.histogram}_bucket{s.sel(s.slo_selector + ', ' + le)}"
     rules = []
     for window in s.slo_windows():
-        record = f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate{window}"
+        record = f"{slo_errors_ratio(slo)}{window}"
         spans = _slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM's histogram, where the objective's bound is one of its buckets (a bound
@@ -187,10 +233,10 @@ def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
             if float(slo.le) not in {float(bound) for bound in native.buckets}:
                 continue
             vllm_good = _vllm(
-                s, f"rate({native.native}_bucket{s.vllm_sel(le)}[{window}])", "service, model"
+                s, f"rate({native.native}_bucket{s.vllm_sel(le)}[{window}])", SERVICE_MODEL
             )
             vllm_total = _vllm(
-                s, f"rate({native.native}_count{s.vllm_sel()}[{window}])", "service, model"
+                s, f"rate({native.native}_count{s.vllm_sel()}[{window}])", SERVICE_MODEL
             )
             rules.append(_rule(record, _slo_ratio(vllm_good, vllm_total), source=VLLM))
     return rules
@@ -207,73 +253,88 @@ def _le_pattern(le: str) -> str:
 
 
 def _sum_rate(selector: str, window: str) -> str:
-    return f"sum by (service, model) (rate({selector}[{window}]))"
+    return f"sum by ({SERVICE_MODEL}) (rate({selector}[{window}]))"
+
+
+# Per-GPU series (labels gpu and uuid) the conditions, the alerts and the verdict read;
+# those with a window in their name end with it.
+OCCUPANCY_AVG = f"gpu:{gpu_rows.SM_OCCUPANCY.name}:avg"
+UTILIZATION_AVG = f"gpu:{gpu_rows.UTILIZATION.name}:avg"
+SM_CLOCK_RATIO = "gpu:gpuscope_gpu_sm_clock:ratio"
+SM_CLOCK_RATIO_AVG = "gpu:gpuscope_gpu_sm_clock:ratio_avg"
+THROTTLE_ACTIVE = "gpu:gpuscope_gpu_clock_throttle_reasons:active"
+PCIE_CAPACITY = "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
+PCIE_UTILIZATION = "gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
+MEMORY_USED_RATIO = "gpu:gpuscope_gpu_memory_used:ratio"
+# 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
+GPU_HOST = f"host_gpu:{gpu_rows.INFO.name}:max"
+HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
 
 
 def gpu_rules(s: Settings) -> list[dict[str, Any]]:
     w = s.window
+    occupancy, utilization = series(gpu_rows.SM_OCCUPANCY), series(gpu_rows.UTILIZATION)
     capacity = "\n    + ".join(
-        f"(gpuscope_gpu_pcie_link_generation{s.sel()} == bool {gen})"
+        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{s.sel()} == bool {gen})"
         f" * {lane_bytes_per_second(gen):.6g}"
         for gen in sorted(LINK_GENERATIONS)
     )
-    throttling = s.sel(f'reason=~"{"|".join(THROTTLE_REASONS)}"')
+    throttling = s.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    pcie = {"receive": gpu_rows.PCIE_RECEIVE, "transmit": gpu_rows.PCIE_TRANSMIT}
     return [
         _rule(
-            f"gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w}",
-            f"avg by ({GPU}) (avg_over_time(gpuscope_gpu_sm_occupancy_ratio{s.sel()}[{w}]))",
+            f"{OCCUPANCY_AVG}{w}",
+            f"avg by ({GPU}) (avg_over_time({occupancy}{s.sel()}[{w}]))",
         ),
         _rule(
-            f"gpu:gpuscope_gpu_utilization_ratio:avg{w}",
-            f"avg by ({GPU}) (avg_over_time(gpuscope_gpu_utilization_ratio{s.sel()}[{w}]))",
+            f"{UTILIZATION_AVG}{w}",
+            f"avg by ({GPU}) (avg_over_time({utilization}{s.sel()}[{w}]))",
         ),
         _rule(
-            "gpu:gpuscope_gpu_sm_clock:ratio",
-            f"avg by ({GPU}) (gpuscope_gpu_sm_clock_hertz{s.sel()})\n/\n"
-            f"avg by ({GPU}) (gpuscope_gpu_sm_clock_max_hertz{s.sel()})",
+            SM_CLOCK_RATIO,
+            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK)}{s.sel()})\n/\n"
+            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{s.sel()})",
         ),
         _rule(
-            f"gpu:gpuscope_gpu_sm_clock:ratio_avg{w}",
-            f"avg_over_time(gpu:gpuscope_gpu_sm_clock:ratio[{w}])",
+            f"{SM_CLOCK_RATIO_AVG}{w}",
+            f"avg_over_time({SM_CLOCK_RATIO}[{w}])",
         ),
         # 1 per GPU while a thermal or power reason holds its clocks down
         _rule(
-            "gpu:gpuscope_gpu_clock_throttle_reasons:active",
-            f"max by ({GPU}) (gpuscope_gpu_clock_event_active{throttling})",
+            THROTTLE_ACTIVE,
+            f"max by ({GPU}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling})",
         ),
         # "> 0": a generation outside the table (or a width of 0) has no known capacity;
         # dividing by 0 would give +Inf, a saturated link, under any traffic
         _rule(
-            "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second",
-            f"max by ({GPU}) (\n  gpuscope_gpu_pcie_link_width{s.sel()}\n"
-            f"  * on (job, instance, gpu, uuid) (\n    {capacity}\n  )\n)\n> 0",
+            PCIE_CAPACITY,
+            f"max by ({GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{s.sel()}\n"
+            f"  * on (job, instance, {GPU}) (\n    {capacity}\n  )\n)\n> 0",
         ),
         _rule(
-            f"gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}",
+            f"{PCIE_UTILIZATION}{w}",
             " or ".join(
                 f"label_replace(\n"
-                f"  sum by ({GPU}) (rate(gpuscope_gpu_pcie_{d}_bytes_total{s.sel()}[{w}]))\n"
-                f"  / on ({GPU}) gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second,\n"
-                f'  "direction", "{d}", "", ""\n)'
-                for d in ("receive", "transmit")
+                f"  sum by ({GPU}) (rate({series(row)}{s.sel()}[{w}]))\n"
+                f"  / on ({GPU}) {PCIE_CAPACITY},\n"
+                f'  "direction", "{direction}", "", ""\n)'
+                for direction, row in pcie.items()
             ),
         ),
         _rule(
-            "gpu:gpuscope_gpu_memory_used:ratio",
-            f"max by ({GPU}) (gpuscope_gpu_memory_used_bytes{s.sel()})\n/\n"
-            f"max by ({GPU}) (gpuscope_gpu_memory_total_bytes{s.sel()})",
+            MEMORY_USED_RATIO,
+            f"max by ({GPU}) ({series(gpu_rows.MEMORY_USED)}{s.sel()})\n/\n"
+            f"max by ({GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{s.sel()})",
         ),
         # The per-host join for requests that name no GPU: each GPU's host (the
         # exporter's instance without the port), and the best-fed GPU of each host.
         _rule(
             GPU_HOST,
-            f"max by ({HOST_GPU}) (\n  {indent(with_host(s, f'gpuscope_gpu_info{s.sel()}'))}\n)",
+            f"max by ({HOST_GPU}) (\n  {indent(with_host(s, series(gpu_rows.INFO) + s.sel()))}\n)",
         ),
         _rule(
             f"{HOST_OCCUPANCY}{w}",
-            _max_by_host(
-                with_host(s, f"avg_over_time(gpuscope_gpu_sm_occupancy_ratio{s.sel()}[{w}])")
-            ),
+            _max_by_host(with_host(s, f"avg_over_time({occupancy}{s.sel()}[{w}])")),
         ),
     ]
 
@@ -282,26 +343,18 @@ def _max_by_host(expr: str) -> str:
     return f"max by (host) (\n  {indent(expr)}\n)"
 
 
-# 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
-GPU_HOST = "host_gpu:gpuscope_gpu_info:max"
-HOST_OCCUPANCY = "host:gpuscope_gpu_sm_occupancy_ratio:max_avg"
-
-
 def gpu_conditions(s: Settings) -> dict[str, str]:
     """Per-GPU conditions (labels gpu, uuid) shared by the verdict and the alerts."""
     w = s.window
     return {
         "throttled": (
-            f"gpu:gpuscope_gpu_sm_clock:ratio_avg{w} < {s.throttle_clock_ratio:g}\n"
-            f"and on ({GPU}) gpu:gpuscope_gpu_utilization_ratio:avg{w} > "
+            f"{SM_CLOCK_RATIO_AVG}{w} < {s.throttle_clock_ratio:g}\n"
+            f"and on ({GPU}) {UTILIZATION_AVG}{w} > "
             f"{s.throttle_min_utilization:g}\n"
-            f"and on ({GPU}) gpu:gpuscope_gpu_clock_throttle_reasons:active == 1"
+            f"and on ({GPU}) {THROTTLE_ACTIVE} == 1"
         ),
-        "pcie": (
-            f"max by ({GPU}) (gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}) > "
-            f"{s.pcie_utilization:g}"
-        ),
-        "underfed": f"gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w} < {s.underfed_occupancy:g}",
+        "pcie": f"max by ({GPU}) ({PCIE_UTILIZATION}{w}) > {s.pcie_utilization:g}",
+        "underfed": f"{OCCUPANCY_AVG}{w} < {s.underfed_occupancy:g}",
     }
 
 
@@ -324,7 +377,7 @@ def on_request_gpu(s: Settings, cause: str) -> str:
     """The request series (one per source, service, model, host and GPU; any phase
     share) whose GPU meets condition ``cause``: joined on the GPU's UUID, or, where the
     requests name no GPU (``uuid`` empty), on their host."""
-    base = f"max by ({SMG}) (service_model_gpu:gpuscope_request_phase_seconds:share_mean{s.window})"
+    base = f"max by ({SMG}) ({PHASE_SHARE_MEAN}{s.window})"
     gpu, host = gpu_conditions(s)[cause], host_conditions(s)[cause]
     return (
         f"{base}\n  and on ({GPU}) ({indent(indent(gpu))})\nor\n"
@@ -334,22 +387,30 @@ def on_request_gpu(s: Settings, cause: str) -> str:
 
 # Verdict precedence: a hardware limit explains everything above it, so it wins; then
 # an underfed GPU (a feeding problem shows as queueing); then the dominant phase.
-VERDICT_CAUSES = ("none", "compute", "batch_wait", "queue", "underfed", "pcie", "throttled")
+COMPUTE, BATCH_WAIT, QUEUE = phase("compute"), phase("batch_wait"), phase("queue")
+VERDICT_CAUSES = ("none", COMPUTE, BATCH_WAIT, QUEUE, "underfed", "pcie", "throttled")
+VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+
+
+def phase_is(name: str) -> str:
+    """The selector of phase ``name``'s series."""
+    return f'{{{PHASE}="{phase(name)}"}}'
 
 
 def verdict_rules(s: Settings) -> list[dict[str, Any]]:
     """One verdict per source, service, model, host and GPU: each source's phase shares
     against the GPU conditions of the GPU the requests ran on (or of their host)."""
     w = s.window
-    share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
+    share = f"{PHASE_SHARE_MEAN}{w}"
     base = f"max by ({SMG}) ({share})"
     conditions = {
         "none": "",
-        "compute": f'and on ({SMG}) {share}{{phase="compute"}} > {s.dominant_share:g}',
-        "batch_wait": f'and on ({SMG}) {share}{{phase="batch_wait"}} > {s.dominant_share:g}',
-        "queue": f'and on ({SMG}) {share}{{phase="queue"}} > {s.dominant_share:g}',
+        **{
+            dominant: f"and on ({SMG}) {share}{phase_is(dominant)} > {s.dominant_share:g}"
+            for dominant in (COMPUTE, BATCH_WAIT, QUEUE)
+        },
         "underfed": (
-            f'and on ({SMG}) {share}{{phase="queue"}} > {s.underfed_queue_share:g}\n'
+            f"and on ({SMG}) {share}{phase_is(QUEUE)} > {s.underfed_queue_share:g}\n"
             f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)"
         ),
         "pcie": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'pcie'))}\n)",
@@ -366,10 +427,7 @@ def verdict_rules(s: Settings) -> list[dict[str, Any]]:
         # one series per candidate cause, valued by precedence
         _rule(rank, candidates),
         # the highest-precedence cause wins; value 1
-        _rule(
-            "service_model_gpu:gpuscope_bottleneck:verdict",
-            f"topk by ({SMG}) (1, {rank}) * 0 + 1",
-        ),
+        _rule(VERDICT, f"topk by ({SMG}) (1, {rank}) * 0 + 1"),
     ]
 
 
@@ -381,11 +439,11 @@ def indent(text: str) -> str:
 # gpuscope_worker_*, or vLLM's, mapped onto the same names), and the configured batching
 # window per model. A scrape target is one engine, so these never mix sources.
 INSTANCE = "job, instance"
-KV_USAGE = "instance:gpuscope_worker_kv_cache_usage_ratio:avg"
-PREEMPTIONS = "instance:gpuscope_worker_preemptions:rate"
-WAITING = "instance_endpoint:gpuscope_worker_requests_waiting:avg"
-RUNNING = "instance_endpoint:gpuscope_worker_requests_running:avg"
-QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+KV_USAGE = f"instance:{WORKER_KV_USAGE}:avg"
+PREEMPTIONS = f"instance:{WORKER_PREEMPTIONS.removesuffix('_total')}:rate"
+WAITING = f"instance_endpoint:{WORKER_WAITING}:avg"
+RUNNING = f"instance_endpoint:{WORKER_RUNNING}:avg"
+QUEUE_DELAY = f"model:{WORKER_MAX_QUEUE_DELAY}:max"
 # vLLM schedules generation only: every request it runs or keeps waiting holds (or
 # needs) KV-cache blocks, the worker's "completions" endpoint.
 VLLM_ENDPOINT = "completions"
@@ -400,12 +458,12 @@ def worker_rules(s: Settings) -> list[dict[str, Any]]:
         # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)
         _rule(
             f"{KV_USAGE}{w}",
-            f"max by ({INSTANCE}) (avg_over_time(gpuscope_worker_kv_cache_usage_ratio{sel}[{w}]))"
+            f"max by ({INSTANCE}) (avg_over_time({WORKER_KV_USAGE}{sel}[{w}]))"
             f"\nor\nmax by ({INSTANCE}) (avg_over_time({VLLM_KV_USAGE}{vllm}[{w}]))",
         ),
         _rule(
             f"{PREEMPTIONS}{w}",
-            f"sum by ({INSTANCE}) (rate(gpuscope_worker_preemptions_total{sel}[{w}]))"
+            f"sum by ({INSTANCE}) (rate({WORKER_PREEMPTIONS}{sel}[{w}]))"
             f"\nor\nsum by ({INSTANCE}) (rate({VLLM_PREEMPTIONS}{vllm}[{w}]))",
         ),
         # requests queued, or preempted and waiting to resume, per endpoint
@@ -417,15 +475,15 @@ def worker_rules(s: Settings) -> list[dict[str, Any]]:
                 f"  {completions}\n)",
             )
             for record, worker, native in (
-                (WAITING, "gpuscope_worker_requests_waiting", VLLM_WAITING),
-                (RUNNING, "gpuscope_worker_requests_running", VLLM_RUNNING),
+                (WAITING, WORKER_WAITING, VLLM_WAITING),
+                (RUNNING, WORKER_RUNNING, VLLM_RUNNING),
             )
         ),
         # the largest configured window among the workers serving a model
         _rule(
             QUEUE_DELAY,
-            f"max by (model) (\n  gpuscope_worker_max_queue_delay_seconds{sel}\n"
-            f"  * on ({INSTANCE}) group_left (model)\n  gpuscope_worker_info{sel}\n)",
+            f"max by (model) (\n  {WORKER_MAX_QUEUE_DELAY}{sel}\n"
+            f"  * on ({INSTANCE}) group_left (model)\n  {WORKER_INFO}{sel}\n)",
         ),
     ]
 
