@@ -20,13 +20,18 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.gpu import metrics as gpu_rows
 from gpuscope.loadgen.stats import histogram_quantile, mean
 from gpuscope.spans import PHASES
 
-PHASE_METRIC = "gpuscope_request_phase_seconds"
-DURATION_METRIC = "gpuscope_request_duration_seconds"
-BATCH_METRIC = "gpuscope_batch_size"
-PCIE_COUNTERS = ("gpuscope_gpu_pcie_transmit_bytes_total", "gpuscope_gpu_pcie_receive_bytes_total")
+# The exporter's families this view reads, by the names the exporter's tables give them.
+PHASE_METRIC = exporter_rows.REQUEST_PHASE.name
+DURATION_METRIC = exporter_rows.REQUEST_DURATION.name
+BATCH_METRIC = exporter_rows.BATCH_SIZE.name
+PCIE_COUNTERS = (gpu_rows.PCIE_TRANSMIT.sample_name, gpu_rows.PCIE_RECEIVE.sample_name)
+# a counter's family may or may not end in _total, depending on the parser
+GPU_FAMILIES = frozenset(name for r in gpu_rows.GPU_METRICS for name in (r.name, r.sample_name))
 
 
 @dataclass
@@ -86,16 +91,16 @@ def parse_snapshot(text: str, taken_s: float) -> Snapshot:
                 for s in family.samples
                 if s.name == DURATION_METRIC + "_count" and _is_load_route(s.labels)
             )
-        elif family.name.startswith("gpuscope_gpu_"):
+        elif family.name in GPU_FAMILIES:
             for sample in family.samples:
                 if sample.name in PCIE_COUNTERS:  # the family may or may not end in _total
                     snapshot.pcie_bytes = (snapshot.pcie_bytes or 0.0) + sample.value
                 else:
                     gauges[sample.name].append(sample.value)
-    snapshot.sm_occupancy = mean(gauges["gpuscope_gpu_sm_occupancy_ratio"])
+    snapshot.sm_occupancy = mean(gauges[gpu_rows.SM_OCCUPANCY.sample_name])
     clocks, maxima = (
-        gauges["gpuscope_gpu_sm_clock_hertz"],
-        gauges["gpuscope_gpu_sm_clock_max_hertz"],
+        gauges[gpu_rows.SM_CLOCK.sample_name],
+        gauges[gpu_rows.SM_CLOCK_MAX.sample_name],
     )
     if clocks and maxima and sum(maxima) > 0:
         snapshot.clock_ratio = sum(clocks) / sum(maxima)
