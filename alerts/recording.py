@@ -80,17 +80,17 @@ def _copy_label(expr: str, dst: str, src: str, regex: str = "(.*)") -> str:
     return f'label_replace(\n  {indent(expr)},\n  "{dst}", "$1", "{src}", "{regex}"\n)'
 
 
-def with_host(s: Settings, expr: str) -> str:
+def with_host(settings: Settings, expr: str) -> str:
     """``expr`` with a ``host`` label: its ``instance`` without the port."""
-    return _copy_label(expr, "host", "instance", s.host_from_instance)
+    return _copy_label(expr, "host", "instance", settings.host_from_instance)
 
 
-def _vllm(s: Settings, expr: str, by: str) -> str:
+def _vllm(settings: Settings, expr: str, by: str) -> str:
     """``sum by (by)`` of ``expr`` over vLLM's series with gpuscope's label names: model
     from ``model_name``, service from the scrape's ``job`` (and host from ``instance``
     when ``by`` keeps it); vLLM's ``engine`` ranks are added up."""
     if "host" in by:
-        expr = with_host(s, expr)
+        expr = with_host(settings, expr)
     relabelled = _copy_label(_copy_label(expr, MODEL, "model_name"), SERVICE, "job")
     return f"sum by ({by}) (\n  {indent(relabelled)}\n)"
 
@@ -114,32 +114,32 @@ PHASE_SHARE_MEAN = stat_record(PHASE_HISTOGRAM, "share_mean")
 PHASE_P99 = stat_record(PHASE_HISTOGRAM, "p99_")
 
 
-def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
+def histogram_rate_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
     """Per source, service, model, host and GPU: the rates of ``hist``'s sum, count and
     buckets, from the exporter (``source="spans"``) and from the vLLM histograms that
     stand for it (``source="vllm"``, phase or stage set by the rule)."""
-    w, key = s.window, HISTOGRAM_KEY.get(hist)
+    w, key = settings.window, HISTOGRAM_KEY.get(hist)
     # the duration of model requests only, as vLLM counts them (not /v1/models, /health)
-    spans_sel = s.sel(s.slo_selector if hist == DURATION_HISTOGRAM else "")
+    spans_sel = settings.sel(settings.slo_selector if hist == DURATION_HISTOGRAM else "")
     rules = []
     for suffix in ("sum", "count", "bucket"):
         record = rate_record(hist, suffix) + w
         le = ", le" if suffix == "bucket" else ""
         by = REQUEST + (f", {key}" if key else "") + le
-        spans = with_host(s, f"rate({hist}_{suffix}{spans_sel}[{w}])")
+        spans = with_host(settings, f"rate({hist}_{suffix}{spans_sel}[{w}])")
         rules.append(_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
         for native in vllm_histograms_for(hist):
             labels = {"source": VLLM, **({key: native.key_value} if key else {})}
-            rate = f"rate({native.native}_{suffix}{s.vllm_sel()}[{w}])"
-            expr = _vllm(s, rate, f"{SERVICE_MODEL}, host{le}")
+            rate = f"rate({native.native}_{suffix}{settings.vllm_sel()}[{w}])"
+            expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
             rules.append(_rule(record, expr, **labels))
     return rules
 
 
-def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
+def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
     """Mean and P99 per source, service, model, host, GPU and phase (or stage); for the
     phases, also each one's share of their sum."""
-    w = s.window
+    w = settings.window
     mean, p99 = stat_record(hist, "mean") + w, stat_record(hist, "p99_") + w
     total, count = rate_record(hist, "sum") + w, rate_record(hist, "count") + w
     rules = [
@@ -168,12 +168,12 @@ def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[s
     ]
 
 
-def phase_rules(s: Settings) -> list[dict[str, Any]]:
+def phase_rules(settings: Settings) -> list[dict[str, Any]]:
     return [
-        *(rule for hist in REQUEST_HISTOGRAMS for rule in histogram_rate_rules(s, hist)),
-        *histogram_stat_rules(s, PHASE_HISTOGRAM, shares=True),
+        *(rule for hist in REQUEST_HISTOGRAMS for rule in histogram_rate_rules(settings, hist)),
+        *histogram_stat_rules(settings, PHASE_HISTOGRAM, shares=True),
         # the parts of compute: never shares of the phases' sum (they are in compute)
-        *histogram_stat_rules(s, STAGE_HISTOGRAM, shares=False),
+        *histogram_stat_rules(settings, STAGE_HISTOGRAM, shares=False),
     ]
 
 
@@ -187,29 +187,29 @@ def slo_errors_ratio(slo: Slo) -> str:
     return f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate"
 
 
-def request_rules(s: Settings) -> list[dict[str, Any]]:
-    w, hist = s.window, DURATION_HISTOGRAM
-    count = f"{hist}_count{s.sel(s.slo_selector)}"
-    errors = hist + "_count" + s.sel(f'{s.slo_selector}, {CODE}=~"5.."')
-    finished = f"{VLLM_FINISHED}{s.vllm_sel()}"
-    failed = f"{VLLM_FINISHED}{s.vllm_sel(VLLM_ERROR_REASON)}"
+def request_rules(settings: Settings) -> list[dict[str, Any]]:
+    w, hist = settings.window, DURATION_HISTOGRAM
+    count = f"{hist}_count{settings.sel(settings.slo_selector)}"
+    errors = hist + "_count" + settings.sel(f'{settings.slo_selector}, {CODE}=~"5.."')
+    finished = f"{VLLM_FINISHED}{settings.vllm_sel()}"
+    failed = f"{VLLM_FINISHED}{settings.vllm_sel(VLLM_ERROR_REASON)}"
     rules = [
         _rule(f"{REQUESTS_RATE}{w}", _sum_rate(count, w), source=SPANS),
         _rule(
             f"{REQUESTS_RATE}{w}",
-            _vllm(s, f"rate({finished}[{w}])", SERVICE_MODEL),
+            _vllm(settings, f"rate({finished}[{w}])", SERVICE_MODEL),
             source=VLLM,
         ),
     ]
     # the SLO windows, and ``window`` for GpuscopeErrorRatioHigh when it is none of them
-    for window in sorted({*s.slo_windows(), w}, key=seconds_of):
+    for window in sorted({*settings.slo_windows(), w}, key=seconds_of):
         record = f"{ERRORS_RATIO}{window}"
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
         spans = _error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM: requests the engine finished with an error, of all it finished
-        vllm_failed = _vllm(s, f"rate({failed}[{window}])", SERVICE_MODEL)
-        vllm_finished = _vllm(s, f"rate({finished}[{window}])", SERVICE_MODEL)
+        vllm_failed = _vllm(settings, f"rate({failed}[{window}])", SERVICE_MODEL)
+        vllm_finished = _vllm(settings, f"rate({finished}[{window}])", SERVICE_MODEL)
         rules.append(_rule(record, _error_ratio(vllm_failed, vllm_finished), source=VLLM))
     return rules
 
@@ -218,12 +218,12 @@ def _error_ratio(errors: str, total: str) -> str:
     return f"(\n  {indent(errors)}\n  or\n  {indent(total)} * 0\n)\n/\n{total}"
 
 
-def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
-    total = f"{slo.histogram}_count{s.sel(s.slo_selector)}"
+def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
+    total = f"{slo.histogram}_count{settings.sel(settings.slo_selector)}"
     le = f'le=~"{_le_pattern(slo.le)}"'
-    good = f"{slo.histogram}_bucket{s.sel(s.slo_selector + ', ' + le)}"
+    good = f"{slo.histogram}_bucket{settings.sel(settings.slo_selector + ', ' + le)}"
     rules = []
-    for window in s.slo_windows():
+    for window in settings.slo_windows():
         record = f"{slo_errors_ratio(slo)}{window}"
         spans = _slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
         rules.append(_rule(record, spans, source=SPANS))
@@ -233,10 +233,14 @@ def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
             if float(slo.le) not in {float(bound) for bound in native.buckets}:
                 continue
             vllm_good = _vllm(
-                s, f"rate({native.native}_bucket{s.vllm_sel(le)}[{window}])", SERVICE_MODEL
+                settings,
+                f"rate({native.native}_bucket{settings.vllm_sel(le)}[{window}])",
+                SERVICE_MODEL,
             )
             vllm_total = _vllm(
-                s, f"rate({native.native}_count{s.vllm_sel()}[{window}])", SERVICE_MODEL
+                settings,
+                f"rate({native.native}_count{settings.vllm_sel()}[{window}])",
+                SERVICE_MODEL,
             )
             rules.append(_rule(record, _slo_ratio(vllm_good, vllm_total), source=VLLM))
     return rules
@@ -271,29 +275,30 @@ GPU_HOST = f"host_gpu:{gpu_rows.INFO.name}:max"
 HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
 
 
-def gpu_rules(s: Settings) -> list[dict[str, Any]]:
-    w = s.window
+def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
+    w = settings.window
     occupancy, utilization = series(gpu_rows.SM_OCCUPANCY), series(gpu_rows.UTILIZATION)
     capacity = "\n    + ".join(
-        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{s.sel()} == bool {gen})"
+        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{settings.sel()} == bool {gen})"
         f" * {lane_bytes_per_second(gen):.6g}"
         for gen in sorted(LINK_GENERATIONS)
     )
-    throttling = s.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    throttling = settings.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
     pcie = {"receive": gpu_rows.PCIE_RECEIVE, "transmit": gpu_rows.PCIE_TRANSMIT}
+    info = series(gpu_rows.INFO) + settings.sel()
     return [
         _rule(
             f"{OCCUPANCY_AVG}{w}",
-            f"avg by ({GPU}) (avg_over_time({occupancy}{s.sel()}[{w}]))",
+            f"avg by ({GPU}) (avg_over_time({occupancy}{settings.sel()}[{w}]))",
         ),
         _rule(
             f"{UTILIZATION_AVG}{w}",
-            f"avg by ({GPU}) (avg_over_time({utilization}{s.sel()}[{w}]))",
+            f"avg by ({GPU}) (avg_over_time({utilization}{settings.sel()}[{w}]))",
         ),
         _rule(
             SM_CLOCK_RATIO,
-            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK)}{s.sel()})\n/\n"
-            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{s.sel()})",
+            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.sel()})\n/\n"
+            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.sel()})",
         ),
         _rule(
             f"{SM_CLOCK_RATIO_AVG}{w}",
@@ -308,14 +313,14 @@ def gpu_rules(s: Settings) -> list[dict[str, Any]]:
         # dividing by 0 would give +Inf, a saturated link, under any traffic
         _rule(
             PCIE_CAPACITY,
-            f"max by ({GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{s.sel()}\n"
+            f"max by ({GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.sel()}\n"
             f"  * on (job, instance, {GPU}) (\n    {capacity}\n  )\n)\n> 0",
         ),
         _rule(
             f"{PCIE_UTILIZATION}{w}",
             " or ".join(
                 f"label_replace(\n"
-                f"  sum by ({GPU}) (rate({series(row)}{s.sel()}[{w}]))\n"
+                f"  sum by ({GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
                 f"  / on ({GPU}) {PCIE_CAPACITY},\n"
                 f'  "direction", "{direction}", "", ""\n)'
                 for direction, row in pcie.items()
@@ -323,18 +328,18 @@ def gpu_rules(s: Settings) -> list[dict[str, Any]]:
         ),
         _rule(
             MEMORY_USED_RATIO,
-            f"max by ({GPU}) ({series(gpu_rows.MEMORY_USED)}{s.sel()})\n/\n"
-            f"max by ({GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{s.sel()})",
+            f"max by ({GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
+            f"max by ({GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
         ),
         # The per-host join for requests that name no GPU: each GPU's host (the
         # exporter's instance without the port), and the best-fed GPU of each host.
         _rule(
             GPU_HOST,
-            f"max by ({HOST_GPU}) (\n  {indent(with_host(s, series(gpu_rows.INFO) + s.sel()))}\n)",
+            f"max by ({HOST_GPU}) (\n  {indent(with_host(settings, info))}\n)",
         ),
         _rule(
             f"{HOST_OCCUPANCY}{w}",
-            _max_by_host(with_host(s, f"avg_over_time({occupancy}{s.sel()}[{w}])")),
+            _max_by_host(with_host(settings, f"avg_over_time({occupancy}{settings.sel()}[{w}])")),
         ),
     ]
 
@@ -343,42 +348,42 @@ def _max_by_host(expr: str) -> str:
     return f"max by (host) (\n  {indent(expr)}\n)"
 
 
-def gpu_conditions(s: Settings) -> dict[str, str]:
+def gpu_conditions(settings: Settings) -> dict[str, str]:
     """Per-GPU conditions (labels gpu, uuid) shared by the verdict and the alerts."""
-    w = s.window
+    w = settings.window
     return {
         "throttled": (
-            f"{SM_CLOCK_RATIO_AVG}{w} < {s.throttle_clock_ratio:g}\n"
+            f"{SM_CLOCK_RATIO_AVG}{w} < {settings.throttle_clock_ratio:g}\n"
             f"and on ({GPU}) {UTILIZATION_AVG}{w} > "
-            f"{s.throttle_min_utilization:g}\n"
+            f"{settings.throttle_min_utilization:g}\n"
             f"and on ({GPU}) {THROTTLE_ACTIVE} == 1"
         ),
-        "pcie": f"max by ({GPU}) ({PCIE_UTILIZATION}{w}) > {s.pcie_utilization:g}",
-        "underfed": f"{OCCUPANCY_AVG}{w} < {s.underfed_occupancy:g}",
+        "pcie": f"max by ({GPU}) ({PCIE_UTILIZATION}{w}) > {settings.pcie_utilization:g}",
+        "underfed": f"{OCCUPANCY_AVG}{w} < {settings.underfed_occupancy:g}",
     }
 
 
-def host_conditions(s: Settings) -> dict[str, str]:
+def host_conditions(settings: Settings) -> dict[str, str]:
     """The same conditions per host (label host), for requests that name no GPU: a host
     is throttled or saturates PCIe when one of its GPUs does (a request may run on any
     of them, and a tensor-parallel group runs at its slowest GPU's pace); it is
     underfed only when every one of its GPUs is."""
-    gpu = gpu_conditions(s)
+    gpu = gpu_conditions(settings)
     return {
         **{
             cause: f"max by (host) (\n  {GPU_HOST}\n  and on ({GPU}) ({indent(gpu[cause])})\n)"
             for cause in ("throttled", "pcie")
         },
-        "underfed": f"{HOST_OCCUPANCY}{s.window} < {s.underfed_occupancy:g}",
+        "underfed": f"{HOST_OCCUPANCY}{settings.window} < {settings.underfed_occupancy:g}",
     }
 
 
-def on_request_gpu(s: Settings, cause: str) -> str:
+def on_request_gpu(settings: Settings, cause: str) -> str:
     """The request series (one per source, service, model, host and GPU; any phase
     share) whose GPU meets condition ``cause``: joined on the GPU's UUID, or, where the
     requests name no GPU (``uuid`` empty), on their host."""
-    base = f"max by ({SMG}) ({PHASE_SHARE_MEAN}{s.window})"
-    gpu, host = gpu_conditions(s)[cause], host_conditions(s)[cause]
+    base = f"max by ({SMG}) ({PHASE_SHARE_MEAN}{settings.window})"
+    gpu, host = gpu_conditions(settings)[cause], host_conditions(settings)[cause]
     return (
         f"{base}\n  and on ({GPU}) ({indent(indent(gpu))})\nor\n"
         f"{base}\n  and on ({HOST_GPU}) ({indent(indent(host))})"
@@ -397,24 +402,24 @@ def phase_is(name: str) -> str:
     return f'{{{PHASE}="{phase(name)}"}}'
 
 
-def verdict_rules(s: Settings) -> list[dict[str, Any]]:
+def verdict_rules(settings: Settings) -> list[dict[str, Any]]:
     """One verdict per source, service, model, host and GPU: each source's phase shares
     against the GPU conditions of the GPU the requests ran on (or of their host)."""
-    w = s.window
+    w = settings.window
     share = f"{PHASE_SHARE_MEAN}{w}"
     base = f"max by ({SMG}) ({share})"
     conditions = {
         "none": "",
         **{
-            dominant: f"and on ({SMG}) {share}{phase_is(dominant)} > {s.dominant_share:g}"
+            dominant: f"and on ({SMG}) {share}{phase_is(dominant)} > {settings.dominant_share:g}"
             for dominant in (COMPUTE, BATCH_WAIT, QUEUE)
         },
         "underfed": (
-            f"and on ({SMG}) {share}{phase_is(QUEUE)} > {s.underfed_queue_share:g}\n"
-            f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)"
+            f"and on ({SMG}) {share}{phase_is(QUEUE)} > {settings.underfed_queue_share:g}\n"
+            f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'underfed'))}\n)"
         ),
-        "pcie": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'pcie'))}\n)",
-        "throttled": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'throttled'))}\n)",
+        "pcie": f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'pcie'))}\n)",
+        "throttled": f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'throttled'))}\n)",
     }
     candidates = "\nor\n".join(
         f"label_replace(\n  ({base} * 0 + {rank})"
@@ -449,10 +454,10 @@ QUEUE_DELAY = f"model:{WORKER_MAX_QUEUE_DELAY}:max"
 VLLM_ENDPOINT = "completions"
 
 
-def worker_rules(s: Settings) -> list[dict[str, Any]]:
+def worker_rules(settings: Settings) -> list[dict[str, Any]]:
     """The engine's state per scrape target: the worker's series, or vLLM's (one rule
     each, ``or``: a target is one engine or the other)."""
-    w, sel, vllm = s.window, s.worker_sel(), s.vllm_sel()
+    w, sel, vllm = settings.window, settings.worker_sel(), settings.vllm_sel()
     completions = f'"endpoint", "{VLLM_ENDPOINT}", "", ""'
     return [
         # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)
@@ -488,13 +493,19 @@ def worker_rules(s: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def recording_groups(s: Settings) -> list[dict[str, Any]]:
-    slo_rules_all = [*slo_rules(s, s.latency_slo), *slo_rules(s, s.ttft_slo)]
+def recording_groups(settings: Settings) -> list[dict[str, Any]]:
+    groups = {
+        "gpuscope-requests": [
+            *phase_rules(settings),
+            *request_rules(settings),
+            *slo_rules(settings, settings.latency_slo),
+            *slo_rules(settings, settings.ttft_slo),
+        ],
+        "gpuscope-gpus": gpu_rules(settings),
+        "gpuscope-bottleneck": verdict_rules(settings),
+        "gpuscope-worker": worker_rules(settings),
+    }
     return [
-        {"name": "gpuscope-requests", "interval": s.interval, "rules": [
-            *phase_rules(s), *request_rules(s), *slo_rules_all,
-        ]},
-        {"name": "gpuscope-gpus", "interval": s.interval, "rules": gpu_rules(s)},
-        {"name": "gpuscope-bottleneck", "interval": s.interval, "rules": verdict_rules(s)},
-        {"name": "gpuscope-worker", "interval": s.interval, "rules": worker_rules(s)},
-    ]  # fmt: skip
+        {"name": name, "interval": settings.interval, "rules": rules}
+        for name, rules in groups.items()
+    ]
