@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from gpuscope import flags
 from gpuscope.exporter.config import gpu_source_kind
+from gpuscope.exporter.gpu import factory
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.metrics import METRIC_GROUPS
@@ -186,7 +187,7 @@ def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
 
 def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
     auto = config.gpu_source == GpuSourceKind.AUTO
-    kinds = [GpuSourceKind.DCGM, GpuSourceKind.NVML] if auto else [config.gpu_source]
+    kinds = [entry.kind for entry in factory.HARDWARE_SOURCES] if auto else [config.gpu_source]
     errors = []
     for kind in kinds:
         try:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuscope.exporter.gpu import metrics
 
 
 class GpuSourceKind(StrEnum):
-    """The values of ``--gpu-source``: a backend, ``auto`` (DCGM, else NVML, else none) or none."""
+    """The values of ``--gpu-source``: a backend, ``auto`` (the first of
+    ``factory.HARDWARE_SOURCES`` that opens, else none) or none."""
 
     AUTO = "auto"
     NVML = "nvml"
@@ -92,6 +93,7 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class ComputeObserver(Protocol):
     """Told of every batch span the exporter ingests. The simulated source is one, so
     that simulated occupancy follows the real workload (bigger batches, busier GPU).
