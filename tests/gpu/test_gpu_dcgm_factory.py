@@ -7,12 +7,10 @@ from typing import cast
 
 import pytest
 
-from gpuscope.exporter import doctor
-from gpuscope.exporter.gpu import factory
 from gpuscope.exporter.gpu.dcgm import FIELD_IDS, DcgmSource, DcgmUnavailable, load_dcgm_bindings
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.gpu.source import GpuSource, GpuSourceKind
+from gpuscope.exporter.gpu.source import GpuSourceKind
 from support.gpu_fake_dcgm import FakeDcgmHost, FakeValue
 
 
@@ -102,39 +100,6 @@ def test_factory_kinds() -> None:
     assert isinstance(source, SimulatedSource) and len(source.devices()) == 3
     # no DCGM, no NVML driver on this machine: auto settles for request metrics only
     assert open_gpu_source(GpuSourceKind.AUTO, scenario=None, simulated_count=1) is None
-
-
-def test_every_hardware_kind_is_in_the_registry_once() -> None:
-    kinds = [entry.kind for entry in factory.HARDWARE_SOURCES]
-    others = {GpuSourceKind.AUTO, GpuSourceKind.NONE, GpuSourceKind.SIMULATED}
-    assert sorted(kinds) == sorted(set(GpuSourceKind) - others)
-
-
-def test_auto_and_the_doctor_try_the_registry_in_its_order(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    tried: list[str] = []
-
-    def refuse() -> GpuSource:
-        tried.append("first")
-        raise OSError("no such engine")
-
-    def simulate() -> GpuSource:
-        tried.append("second")
-        return SimulatedSource(1)
-
-    registry = (
-        factory.HardwareSource(GpuSourceKind.DCGM, refuse, OSError),
-        factory.HardwareSource(GpuSourceKind.NVML, simulate, OSError),
-    )
-    monkeypatch.setattr(factory, "HARDWARE_SOURCES", registry)
-    assert isinstance(
-        open_gpu_source(GpuSourceKind.AUTO, scenario=None, simulated_count=1), SimulatedSource
-    )
-    source, errors = doctor._open(doctor.DoctorConfig())
-    assert isinstance(source, SimulatedSource)
-    assert errors == ["--gpu-source dcgm: no such engine"]
-    assert tried == ["first", "second", "first", "second"]
 
 
 @pytest.mark.parametrize(
