@@ -151,7 +151,7 @@ class SpanAggregator:
         histograms = {row: row.histogram(max_series) for row in defs.SPAN_HISTOGRAMS}
         counters = {row: row.counter(max_series) for row in defs.SPAN_COUNTERS}
         self.histograms = tuple(histograms.values())
-        self.counters = tuple(counters.values())
+        self.counters = counters  # row -> family, for the collector
         self.duration = histograms[defs.REQUEST_DURATION]
         self.phase = histograms[defs.REQUEST_PHASE]
         self.compute_stage = histograms[defs.REQUEST_COMPUTE_STAGE]

@@ -62,11 +62,10 @@ class ExporterCollector(Collector):
         aggregator, own = self.aggregator, self.self_metrics
         families: list[HistogramFamily | CounterFamily] = [
             *aggregator.histograms,
-            *aggregator.counters,
+            *aggregator.counters.values(),
         ]
         samples: dict[MetricDef, Iterable[tuple[Sequence[str], float]]] = {
-            defs.TOKENS: aggregator.tokens.items(),
-            defs.SPAN_CALLS: aggregator.stock.calls.items(),
+            **{row: counter.items() for row, counter in aggregator.counters.items()},
             defs.SERIES_OVERFLOW: [([_sample_name(f)], f.overflowed) for f in families],
             defs.BUILD_INFO: [([__version__], 1.0)],
             defs.SPANS_RECEIVED: [([], own.spans_received)],

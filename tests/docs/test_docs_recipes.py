@@ -196,6 +196,28 @@ def test_a_new_request_metric_row_is_created_rendered_and_capped(
     assert registry.get_sample_value("gpuscope_series_overflow_total", overflow) == 1.0
 
 
+EXTRA_COUNTER = MetricDef(
+    "gpuscope_request_extras",
+    MetricType.COUNTER,
+    "A request counter a recipe adds.",
+    ("service", "model"),
+)
+
+
+def test_a_new_request_counter_row_is_collected_after_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(defs, "SPAN_COUNTERS", (*defs.SPAN_COUNTERS, EXTRA_COUNTER))
+    aggregator = SpanAggregator()
+    aggregator.counters[EXTRA_COUNTER].inc(("svc", "m"), 3)
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(aggregator, SelfMetrics()))
+    names = [family.name for family in registry.collect()]
+    assert names.index(EXTRA_COUNTER.name) == len(defs.SPAN_COUNTERS) - 1
+    labels = {"service": "svc", "model": "m"}
+    assert registry.get_sample_value(EXTRA_COUNTER.sample_name, labels) == 3.0
+
+
 def test_the_golden_list_and_the_docs_name_every_request_metric() -> None:
     """The two places a new row must also reach, checked by their own tests."""
     golden = (REPO / "tests" / "exporter" / "test_exporter_metric_definitions.py").read_text()
