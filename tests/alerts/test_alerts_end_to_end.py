@@ -58,6 +58,7 @@ EXHAUSTED_WORKER = replace(
     max_new_tokens=200,
 )
 FAST = ("--interval", "1s", "--for", "2s", "--window", "10s")
+SOURCES = {"spans", "vllm"}  # the pack's sources of request timings
 
 
 def fast_rules(out: Path) -> Path:
@@ -164,9 +165,16 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
                 lambda record=record: instant_query(session, stack.prometheus_url, record),
                 f"data for {record}",
             )
-        verdicts = await instant_query(
-            session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
-        )
+
+        # one verdict per source: the bottleneck group may have run last before the
+        # second source's phase shares were in, so wait for an evaluation that has both
+        async def verdicts_of_both_sources() -> list[Any]:
+            verdicts: list[Any] = await instant_query(
+                session, stack.prometheus_url, "service_model_gpu:gpuscope_bottleneck:verdict"
+            )
+            return verdicts if {v["metric"]["source"] for v in verdicts} >= SOURCES else []
+
+        verdicts = await wait_until(verdicts_of_both_sources, "a verdict for spans and vllm")
         by_source = {v["metric"]["source"]: v["metric"] for v in verdicts}
         assert len(verdicts) == len(by_source) == 2, verdicts
         # the worker's spans name their GPU; vLLM's /metrics none: judged on its host
