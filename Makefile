@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -89,3 +89,25 @@ vllm-check: vllm-venv
 	GPUSCOPE_VLLM_CAPTURE=tests/fixtures/vllm-$(VLLM_VERSION) \
 	GPUSCOPE_VLLM_MODEL_DIR=$(VLLM_VENV)/tiny-llama \
 	$(BIN)/pytest -q tests/engines/test_vllm_live.py
+
+# The real-engine check on Ray Serve: ray[serve] (about 490 MB, installed once into
+# .venv-ray) with gpuscope installed beside it; one deployment of two replicas whose
+# spans reach one exporter (tests/engines/test_ray_serve_live.py).
+RAY_VENV    := .venv-ray
+RAY_VERSION := 2.60.0
+RAY_STAMP   := $(RAY_VENV)/.installed-$(RAY_VERSION)
+
+$(RAY_STAMP):
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install --quiet --upgrade pip
+	$(RAY_VENV)/bin/pip install --quiet 'ray[serve]==$(RAY_VERSION)'
+	touch $(RAY_STAMP)
+
+ray-venv: $(RAY_STAMP) install
+	# this checkout's gpuscope (its version never changes, hence the forced reinstall);
+	# Ray brings the OpenTelemetry SDK, the second install adds what it does not
+	$(RAY_VENV)/bin/pip install --quiet --no-deps --force-reinstall .
+	$(RAY_VENV)/bin/pip install --quiet .
+
+ray-check: ray-venv
+	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python $(BIN)/pytest -q -rP tests/engines/test_ray_serve_live.py

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import math
 import os
 import sys
 import types
@@ -60,14 +61,24 @@ def check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
         raise ConfigError(f"{flag}: expected one of {', '.join(choices)}, got {value!r}")
 
 
+def check_finite(flag: str, value: float) -> None:
+    """A number, not NaN or ±inf: every comparison with NaN is false, so a range check
+    alone lets it through, and an infinite time or size never ends."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{flag}: must be a finite number, got {value}")
+
+
 def check_range(flag: str, value: float, low: float, high: float | None = None) -> None:
-    """``low <= value <= high`` (no upper bound when ``high`` is None)."""
+    """``low <= value <= high`` (no upper bound when ``high`` is None), and finite."""
+    check_finite(flag, value)
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ConfigError(f"{flag}: must be {bound}, got {value}")
 
 
 def check_positive(flag: str, value: float) -> None:
+    """``value > 0``, and finite."""
+    check_finite(flag, value)
     if not value > 0:
         raise ConfigError(f"{flag}: must be greater than 0, got {value}")
 

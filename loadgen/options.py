@@ -7,14 +7,22 @@ prefix (``GPUSCOPE_LOADGEN_CONCURRENCY``, ``GPUSCOPE_TUNE_SWEEP``).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
-from gpuscope.flags import ConfigError, check_choice, check_positive, check_range
+from gpuscope.flags import (
+    ConfigError,
+    check_choice,
+    check_http_url,
+    check_positive,
+    check_range,
+)
+from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES
+from gpuscope.loadgen.probe import DEFAULT_MAX_METRICS_BYTES
 from gpuscope.loadgen.results import Load
 from gpuscope.loadgen.runner import ARRIVALS, Plan
 from gpuscope.loadgen.workload import (
@@ -47,6 +55,8 @@ class LoadOptions:
     timeout_s: float = 30.0
     max_in_flight: int = 512
     late_ms: float = 10.0
+    max_response_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_metrics_bytes: int = DEFAULT_MAX_METRICS_BYTES
     record: Path | None = None
     json: str | None = None
     csv: str | None = None
@@ -60,6 +70,8 @@ class LoadOptions:
         check_range("--warmup-s", self.warmup_s, 0)
         check_range("--max-in-flight", self.max_in_flight, 1)
         check_range("--late-ms", self.late_ms, 0)
+        check_range("--max-response-bytes", self.max_response_bytes, 1)
+        check_range("--max-metrics-bytes", self.max_metrics_bytes, 1)
         for flag, path in (
             ("--record", self.record),
             ("--json", self.json),
@@ -103,7 +115,14 @@ class LoadOptions:
             max_in_flight=self.max_in_flight,
             late_ms=self.late_ms,
             config=config,
+            max_response_bytes=self.max_response_bytes,
+            max_metrics_bytes=self.max_metrics_bytes,
         )
+
+
+# Steps beyond what one Python client can drive: each client is a coroutine with its
+# connection, each arrival a prompt drawn on the event loop.
+MAX_STEP: Final = 100_000
 
 
 def _number(flag: str, text: str, kind: type[int] | type[float]) -> float:
@@ -111,8 +130,10 @@ def _number(flag: str, text: str, kind: type[int] | type[float]) -> float:
         value = kind(text)
     except ValueError:
         raise ConfigError(f"{flag}: cannot read {text!r} as a number") from None
-    if value <= 0:
-        raise ConfigError(f"{flag}: every step must be greater than 0, got {text}")
+    if not math.isfinite(value) or not 0 < value <= MAX_STEP:
+        raise ConfigError(
+            f"{flag}: every step must be greater than 0 and at most {MAX_STEP}, got {text}"
+        )
     return float(value)
 
 
@@ -132,12 +153,9 @@ def check_writable(flag: str, path: str | Path | None) -> None:
         raise ConfigError(f"{flag}: cannot write {str(path)!r}")
 
 
-def check_url(flag: str, url: str | None) -> None:
-    if url is None:
-        return
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{flag}: expected an http(s) URL, got {url!r}")
+def check_url(flag: str, url: str | None, example: str) -> None:
+    if url is not None:
+        check_http_url(flag, url, example)
 
 
 @dataclass(frozen=True)
@@ -148,8 +166,8 @@ class LoadgenOptions(LoadOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_url("--url", self.url)
-        check_url("--exporter-url", self.exporter_url)
+        check_url("--url", self.url, "http://127.0.0.1:8000/v1")
+        check_url("--exporter-url", self.exporter_url, "http://127.0.0.1:9420")
 
 
 LOAD_HELP: Final = {
@@ -171,6 +189,10 @@ LOAD_HELP: Final = {
     "timeout_s": "seconds one request may take before it counts as a timeout",
     "max_in_flight": "open loop: requests open at once beyond which a send counts as missed",
     "late_ms": "open loop: a send this late on its schedule counts as missed",
+    "max_response_bytes": "largest non-streamed answer read; a larger one counts as a "
+    "too_large error (every open request may hold this much)",
+    "max_metrics_bytes": "largest /metrics read from the exporter; past it a step has no "
+    "exporter view (about 1.9 MiB per 1,000 request series)",
     "record": "Markdown record file to append one row per step to",
     "json": "write the results as JSON to this file ('-': standard output)",
     "csv": "write the results as CSV to this file ('-': standard output)",

@@ -3,35 +3,71 @@
 The worker exports its spans in batches, so after a step the exporter counts that
 step's requests a little later: ``settle`` scrapes until the request count has grown by
 what the client saw answered (or a deadline passes) before the step's view is taken.
+
+A scrape is read a line at a time, at most ``max_bytes`` in all and within
+``SCRAPE_TIMEOUT_S`` including the parse; one that fails, is too large or is not the
+text format raises ``ProbeFailed``, which costs the step its exporter view, never the
+run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Final
 
 import aiohttp
 
-from gpuscope.loadgen.server_view import ServerStep, Snapshot, parse_snapshot, step_view
+from gpuscope.loadgen.bounded import MIB, TooLarge, check_declared, lines
+from gpuscope.loadgen.server_view import (
+    MalformedMetrics,
+    ServerStep,
+    Snapshot,
+    SnapshotBuilder,
+    step_view,
+)
 
 GAUGE_INTERVAL_S = 1.0
+SCRAPE_TIMEOUT_S: Final = 10.0
+MAX_METRICS_LINE_BYTES: Final = 1 * MIB
+DEFAULT_MAX_METRICS_BYTES: Final = 64 * MIB
+
+
+class ProbeFailed(RuntimeError):
+    """A scrape of the exporter that gave no snapshot, and why."""
 
 
 class ExporterProbe:
-    def __init__(self, session: aiohttp.ClientSession, exporter_url: str) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        exporter_url: str,
+        max_bytes: int = DEFAULT_MAX_METRICS_BYTES,
+    ) -> None:
         self._session = session
         self._url = exporter_url.rstrip("/") + "/metrics"
+        self._max_bytes = max_bytes
         self._during: list[Snapshot] = []
 
     async def snapshot(self) -> Snapshot:
+        url = self._url
         try:
-            async with self._session.get(self._url) as response:
+            async with asyncio.timeout(SCRAPE_TIMEOUT_S), self._session.get(url) as response:
                 if response.status != 200:
-                    raise RuntimeError(f"{self._url} answered {response.status}")
-                text = await response.text()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise RuntimeError(f"cannot read {self._url}: {exc or type(exc).__name__}") from None
-        return parse_snapshot(text, time.monotonic())
+                    raise ProbeFailed(f"{url} answered {response.status}")
+                check_declared(response, self._max_bytes)
+                builder = SnapshotBuilder()
+                async for line in lines(response.content, MAX_METRICS_LINE_BYTES, self._max_bytes):
+                    builder.add(_text(line))
+        except TooLarge as exc:
+            raise ProbeFailed(f"{url}: {exc} (see --max-metrics-bytes)") from None
+        except MalformedMetrics as exc:
+            raise ProbeFailed(f"{url} is not Prometheus text: {exc}") from None
+        except TimeoutError:
+            raise ProbeFailed(f"{url} was not read within {SCRAPE_TIMEOUT_S:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ProbeFailed(f"cannot read {url}: {str(exc) or type(exc).__name__}") from None
+        return builder.finish(time.monotonic())
 
     async def sample_gauges(self) -> None:
         """Scrape every second until cancelled; the gauges of a step are their mean."""
@@ -40,7 +76,7 @@ class ExporterProbe:
             await asyncio.sleep(GAUGE_INTERVAL_S)
             try:
                 self._during.append(await self.snapshot())
-            except RuntimeError:
+            except ProbeFailed:
                 continue  # one missed sample only thins the mean
 
     async def settle(self, before: Snapshot, answered: int, timeout_s: float = 10.0) -> Snapshot:
@@ -54,3 +90,10 @@ class ExporterProbe:
 
     def view(self, before: Snapshot, after: Snapshot) -> ServerStep:
         return step_view(before, after, self._during)
+
+
+def _text(line: bytes) -> str:
+    try:
+        return line.decode()
+    except UnicodeDecodeError:
+        raise MalformedMetrics("a line is not UTF-8") from None

@@ -4,20 +4,32 @@ Each child runs in its own session (so its own process group): Ctrl-C at the ter
 reaches only the parent, which then stops the children itself, and stopping a group
 also stops anything the child started. ``Children.close`` sends SIGTERM to every
 group, waits, then SIGKILLs what is left; it runs on success, error and Ctrl-C alike.
+
+A parent killed outright (SIGKILL, the OOM killer) runs none of that. On Linux each
+child therefore asks the kernel, before it execs, for SIGTERM when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``): it then shuts down as it would on a plain SIGTERM,
+within its own ``--shutdown-timeout-s``, and frees its port. That was chosen over a
+watchdog thread polling the parent's pid because the kernel's signal needs no code in
+the exporter or the worker, cannot be missed between two polls, and also covers a
+child that hangs before it could start such a thread. Elsewhere children outlive a
+killed parent, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Final
 
 import aiohttp
 
@@ -46,6 +58,44 @@ def port_taken(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once in the parent; None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies.
+
+    It runs in the forked child before exec, where only async-signal-safe work is
+    sound: it calls the ``prctl`` looked up beforehand and ``getppid``, and imports and
+    allocates nothing of its own. The signal comes when the *thread* that forked the
+    child ends, not the process: so it is asked for only from the main thread, which
+    lives as long as the process does."""
+    prctl = _PRCTL
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    sigterm = int(signal.SIGTERM)
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return arm
+
+
 class Children:
     def __init__(self, quiet: bool = True) -> None:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -56,6 +106,7 @@ class Children:
             [sys.executable, "-m", "gpuscope", *args],
             start_new_session=True,
             stdout=subprocess.DEVNULL if self.quiet else None,
+            preexec_fn=_dies_with(os.getpid()),  # sound before exec: see _dies_with
         )
         self.processes[name] = process
         return process

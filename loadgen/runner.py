@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gpuscope.loadgen.client import Outcome, discover_model, send
-from gpuscope.loadgen.probe import ExporterProbe
+from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES, Outcome, discover_model, send
+from gpuscope.loadgen.probe import DEFAULT_MAX_METRICS_BYTES, ExporterProbe, ProbeFailed
 from gpuscope.loadgen.results import Load, StepResult, summarize
 from gpuscope.loadgen.server_view import Snapshot
 from gpuscope.loadgen.workload import RequestSpec
@@ -43,6 +43,8 @@ class Plan:
     max_in_flight: int = 512
     late_ms: float = 10.0
     config: str = ""  # what the record calls this configuration
+    max_response_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_metrics_bytes: int = DEFAULT_MAX_METRICS_BYTES
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Runner:
         self.on_step = on_step
         self.model = target.model or ""
         self.url = target.url.rstrip("/")
+        self.probe_problem = ""  # why the last scrape of the exporter gave nothing
 
     async def run(self) -> list[StepResult]:
         timeout = aiohttp.ClientTimeout(total=self.plan.timeout_s)
@@ -100,15 +103,15 @@ class Runner:
             if not self.model:
                 self.model = await discover_model(session, self.url)
             probe = (
-                ExporterProbe(scrape, self.target.exporter_url)
+                ExporterProbe(scrape, self.target.exporter_url, self.plan.max_metrics_bytes)
                 if self.target.exporter_url
                 else None
             )
-            before = await probe.snapshot() if probe else None
+            before = await self._scrape(probe.snapshot()) if probe else None
             if self.plan.warmup_s > 0 and self.plan.loads:
                 warm = await self._step(session, -1, self.plan.loads[0], warmup=True)
                 if probe and before:
-                    before = await probe.settle(before, _traced(warm.outcomes))
+                    before = await self._scrape(probe.settle(before, _traced(warm.outcomes)))
             for index, load in enumerate(self.plan.loads):
                 if self.stop.is_set():
                     break
@@ -134,10 +137,13 @@ class Runner:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
-        if probe is not None and before is not None and not self.stop.is_set():
-            after = await probe.settle(before, _traced(live.outcomes))
-            server = probe.view(before, after)
-            before = after
+        if probe is not None and not self.stop.is_set():
+            if before is None:  # the scrape before failed: this one starts the next step
+                before = await self._scrape(probe.snapshot())
+            else:
+                after = await self._scrape(probe.settle(before, _traced(live.outcomes)))
+                server = None if after is None else probe.view(before, after)
+                before = after
         result = summarize(
             load,
             live.outcomes,
@@ -153,11 +159,21 @@ class Runner:
                 f"{self.plan.late_ms:g} ms (the client fell behind its schedule), "
                 f"{live.missed_full} with --max-in-flight requests open"
             )
+        if probe is not None and server is None and not self.stop.is_set():
+            result.notes.append(f"no exporter view: {self.probe_problem}")
         if server is not None and server.requests < _traced(live.outcomes):
             result.notes.append(
                 f"the exporter counted {server.requests} of {_traced(live.outcomes)} requests"
             )
         return result, before
+
+    async def _scrape(self, scraping: Awaitable[Snapshot]) -> Snapshot | None:
+        """What ``scraping`` gives, or None with the reason kept in ``probe_problem``."""
+        try:
+            return await scraping
+        except ProbeFailed as exc:
+            self.probe_problem = str(exc)
+            return None
 
     async def _step(
         self, session: aiohttp.ClientSession, index: int, load: Load, *, warmup: bool = False
@@ -193,7 +209,7 @@ class Runner:
             nonlocal issued
             while time.monotonic() < deadline and (not count or issued < count):
                 issued += 1
-                live.outcomes.append(await send(session, self.url, self.model, next(self.specs)))
+                live.outcomes.append(await self._send(session, next(self.specs)))
 
         await asyncio.gather(*(client() for _ in range(int(live.load.value))))
 
@@ -229,9 +245,9 @@ class Runner:
         due = live.started_s
         scheduled = 0
         while due < deadline and (not count or scheduled < count):
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Behind schedule the sends are counted missed without awaiting anything, so
+            # yield anyway: answers, the progress line and Ctrl-C must still get through.
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             scheduled += 1
             spec = next(self.specs)  # drawn even when missed, so the sequence stays the same
             if len(open_tasks) >= self.plan.max_in_flight:
@@ -245,7 +261,14 @@ class Runner:
             due += rng.expovariate(rate) if self.plan.arrival == "poisson" else 1 / rate
 
     async def _record(self, session: aiohttp.ClientSession, spec: RequestSpec, live: Live) -> None:
-        live.outcomes.append(await send(session, self.url, self.model, spec))
+        live.outcomes.append(await self._send(session, spec))
+
+    async def _send(self, session: aiohttp.ClientSession, spec: RequestSpec) -> Outcome:
+        plan = self.plan
+        return await send(
+            session, self.url, self.model, spec,
+            timeout_s=plan.timeout_s, max_body_bytes=plan.max_response_bytes,
+        )  # fmt: skip
 
 
 def _traced(outcomes: list[Outcome]) -> int:

@@ -1,8 +1,11 @@
 """The exporter's view of one load step, from two ``/metrics`` scrapes, free of I/O.
 
-``parse_snapshot`` reads the exporter's text exposition (prometheus_client's parser)
-into the few totals a step needs, summed over every label set: the phase and batch
-size histograms, the request count, the PCIe byte counters and the GPU gauges.
+``SnapshotBuilder`` reads the exporter's text exposition a line at a time into the
+few totals a step needs, summed over every label set as the lines come: the phase and
+batch size histograms, the request count, the PCIe byte counters and the GPU gauges.
+Its memory does not grow with the scrape (a 1 GiB ``/metrics`` parsed whole took the
+load generator to 6 GB), and anything that is not the text format, or a histogram
+bucket without a numeric ``le``, is ``MalformedMetrics`` naming the line.
 ``step_view`` subtracts the scrape taken before a step from the one taken after it,
 so the histograms describe only that step's requests: mean time per phase, each
 phase's share of the mean, and its share of the P99 (each phase's P99 over the sum of
@@ -13,12 +16,11 @@ Gauges (SM occupancy, clock ratio) are averaged over the scrapes taken during th
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from typing import Final
 
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import metrics as gpu_rows
@@ -30,8 +32,9 @@ PHASE_METRIC = exporter_rows.REQUEST_PHASE.name
 DURATION_METRIC = exporter_rows.REQUEST_DURATION.name
 BATCH_METRIC = exporter_rows.BATCH_SIZE.name
 PCIE_COUNTERS = (gpu_rows.PCIE_TRANSMIT.sample_name, gpu_rows.PCIE_RECEIVE.sample_name)
-# a counter's family may or may not end in _total, depending on the parser
-GPU_FAMILIES = frozenset(name for r in gpu_rows.GPU_METRICS for name in (r.name, r.sample_name))
+SM_OCCUPANCY = gpu_rows.SM_OCCUPANCY.sample_name
+SM_CLOCK = gpu_rows.SM_CLOCK.sample_name
+SM_CLOCK_MAX = gpu_rows.SM_CLOCK_MAX.sample_name
 
 
 @dataclass
@@ -74,37 +77,116 @@ class ServerStep:
     pcie_bytes_per_s: float | None
 
 
-def parse_snapshot(text: str, taken_s: float) -> Snapshot:
-    snapshot = Snapshot(taken_s)
-    gauges: defaultdict[str, list[float]] = defaultdict(list)
-    for family in text_string_to_metric_families(text):
-        if family.name == PHASE_METRIC:
-            for sample in family.samples:
-                phase = sample.labels.get("phase", "")
-                _add_sample(snapshot.phases.setdefault(phase, Histogram()), family.name, sample)
-        elif family.name == BATCH_METRIC:
-            for sample in family.samples:
-                _add_sample(snapshot.batch_size, family.name, sample)
-        elif family.name == DURATION_METRIC:
-            snapshot.requests += sum(
-                s.value
-                for s in family.samples
-                if s.name == DURATION_METRIC + "_count" and _is_load_route(s.labels)
-            )
-        elif family.name in GPU_FAMILIES:
-            for sample in family.samples:
-                if sample.name in PCIE_COUNTERS:  # the family may or may not end in _total
-                    snapshot.pcie_bytes = (snapshot.pcie_bytes or 0.0) + sample.value
-                else:
-                    gauges[sample.name].append(sample.value)
-    snapshot.sm_occupancy = mean(gauges[gpu_rows.SM_OCCUPANCY.sample_name])
-    clocks, maxima = (
-        gauges[gpu_rows.SM_CLOCK.sample_name],
-        gauges[gpu_rows.SM_CLOCK_MAX.sample_name],
-    )
-    if clocks and maxima and sum(maxima) > 0:
-        snapshot.clock_ratio = sum(clocks) / sum(maxima)
-    return snapshot
+GAUGES: Final = (SM_OCCUPANCY, SM_CLOCK, SM_CLOCK_MAX)
+
+
+# Every family a snapshot reads (the others are checked only for a metric name).
+_WANTED: Final = (PHASE_METRIC, BATCH_METRIC, DURATION_METRIC, *PCIE_COUNTERS, *GAUGES)
+
+
+class MalformedMetrics(ValueError):
+    """A scrape that is not the Prometheus text format the exporter serves."""
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# One label and what follows it: the next one (after a comma) or the end of the set. The
+# two branches of the value start with different characters, so matching is linear.
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*([,}])')
+_CLOSE = re.compile(r"\s*\}")
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+def parse_sample(line: str) -> tuple[str, dict[str, str], float]:
+    """Name, labels and value of one sample line (``name{a="b"} 1 [timestamp] [# exemplar]``)."""
+    name = _NAME.match(line)
+    if name is None:
+        raise MalformedMetrics("not a sample")
+    labels: dict[str, str] = {}
+    at = name.end()
+    if line.startswith("{", at):
+        at += 1
+        while (close := _CLOSE.match(line, at)) is None:
+            label = _LABEL.match(line, at)
+            if label is None:
+                raise MalformedMetrics("labels not in the text format")
+            labels[label.group(1)] = _UNESCAPE.sub(_unescaped, label.group(2))
+            at = label.end()
+            if label.group(3) == "}":
+                break
+        else:  # an empty set, or one ending in a comma
+            at = close.end()
+    fields = line[at:].partition("#")[0].split()
+    if not 1 <= len(fields) <= 2 or (at == name.end() and not line[at : at + 1].isspace()):
+        raise MalformedMetrics("not a sample")
+    try:
+        value = float(fields[0])
+    except ValueError:
+        raise MalformedMetrics(f"value {fields[0][:40]!r} is not a number") from None
+    return name.group(), labels, value
+
+
+def _unescaped(escape: re.Match[str]) -> str:
+    return "\n" if escape.group(1) == "n" else escape.group(1)
+
+
+class SnapshotBuilder:
+    """One scrape's ``Snapshot``, added to a line at a time."""
+
+    def __init__(self) -> None:
+        self.snapshot = Snapshot(0.0)
+        self._gauges: defaultdict[str, list[float]] = defaultdict(list)
+        self._lines = 0
+
+    def add(self, line: str) -> None:
+        self._lines += 1
+        line = line.strip()
+        if not line or line.startswith("#"):
+            return  # HELP, TYPE, EOF and comments
+        try:
+            name = _NAME.match(line)
+            if name is None or line[name.end() : name.end() + 1] not in ("{", " ", "\t"):
+                raise MalformedMetrics("not a sample")
+            if not name.group().startswith(_WANTED):
+                return  # a family the view does not use: not parsed further, for speed
+            name_text, labels, value = parse_sample(line)
+            self._add_sample(name_text, labels, value)
+        except MalformedMetrics as exc:
+            raise MalformedMetrics(f"line {self._lines}: {exc}") from None
+
+    def _add_sample(self, name: str, labels: dict[str, str], value: float) -> None:
+        snapshot = self.snapshot
+        if name.startswith(PHASE_METRIC):
+            phase = labels.get("phase", "")
+            _add(snapshot.phases.setdefault(phase, Histogram()), PHASE_METRIC, name, labels, value)
+        elif name.startswith(BATCH_METRIC):
+            _add(snapshot.batch_size, BATCH_METRIC, name, labels, value)
+        elif name == DURATION_METRIC + "_count":
+            if _is_load_route(labels):
+                snapshot.requests += _count(name, value)
+        elif name in PCIE_COUNTERS:  # the family may or may not end in _total
+            snapshot.pcie_bytes = (snapshot.pcie_bytes or 0.0) + _count(name, value)
+        elif name in GAUGES and math.isfinite(value):
+            self._gauges[name].append(value)
+
+    def finish(self, taken_s: float) -> Snapshot:
+        snapshot = self.snapshot
+        snapshot.taken_s = taken_s
+        snapshot.sm_occupancy = mean(self._gauges[SM_OCCUPANCY])
+        clocks, maxima = (
+            self._gauges[SM_CLOCK],
+            self._gauges[SM_CLOCK_MAX],
+        )
+        if clocks and maxima and sum(maxima) > 0:
+            snapshot.clock_ratio = sum(clocks) / sum(maxima)
+        return snapshot
+
+
+def parse_snapshot(text: str | Iterable[str], taken_s: float) -> Snapshot:
+    """The ``Snapshot`` of one scrape's text (or its lines); ``MalformedMetrics``."""
+    builder = SnapshotBuilder()
+    for line in text.splitlines() if isinstance(text, str) else text:
+        builder.add(line)
+    return builder.finish(taken_s)
 
 
 def _is_load_route(labels: dict[str, str]) -> bool:
@@ -112,14 +194,24 @@ def _is_load_route(labels: dict[str, str]) -> bool:
     return not labels.get("route", "").endswith("/models")
 
 
-def _add_sample(histogram: Histogram, base: str, sample: Sample) -> None:
-    if sample.name == base + "_bucket":
-        le = float(sample.labels["le"])
-        histogram.buckets[le] = histogram.buckets.get(le, 0.0) + sample.value
-    elif sample.name == base + "_sum":
-        histogram.sum += sample.value
-    elif sample.name == base + "_count":
-        histogram.count += sample.value
+def _count(name: str, value: float) -> float:
+    """A counter's or bucket's value: a finite number, never below 0."""
+    if not math.isfinite(value) or value < 0:
+        raise MalformedMetrics(f"{name} is {value}, not a count")
+    return value
+
+
+def _add(histogram: Histogram, base: str, name: str, labels: dict[str, str], value: float) -> None:
+    if name == base + "_bucket":
+        try:
+            le = float(labels["le"])
+        except (KeyError, ValueError):
+            raise MalformedMetrics(f"{name} without a numeric 'le'") from None
+        histogram.buckets[le] = histogram.buckets.get(le, 0.0) + _count(name, value)
+    elif name == base + "_sum":
+        histogram.sum += value  # may be non-finite: that phase's mean is then left out
+    elif name == base + "_count":
+        histogram.count += _count(name, value)
 
 
 def step_view(before: Snapshot, after: Snapshot, during: Sequence[Snapshot] = ()) -> ServerStep:
@@ -128,8 +220,8 @@ def step_view(before: Snapshot, after: Snapshot, during: Sequence[Snapshot] = ()
     p99s: dict[str, float] = {}
     for phase in PHASES:
         delta = after.phases.get(phase, Histogram()).minus(before.phases.get(phase, Histogram()))
-        if delta.count <= 0:
-            continue  # a phase that never happened stays absent
+        if delta.count <= 0 or not math.isfinite(delta.sum):
+            continue  # a phase that never happened (or whose sum is poisoned) stays absent
         means[phase] = delta.sum / delta.count * 1000
         p99 = histogram_quantile(0.99, delta.buckets) if math.inf in delta.buckets else None
         if p99 is not None:
@@ -145,7 +237,9 @@ def step_view(before: Snapshot, after: Snapshot, during: Sequence[Snapshot] = ()
         phase_mean_ms=means,
         phase_mean_share=shares(means),
         phase_p99_share=shares(p99s),
-        batch_size_mean=batch.sum / batch.count if batch.count > 0 else None,
+        batch_size_mean=(
+            batch.sum / batch.count if batch.count > 0 and math.isfinite(batch.sum) else None
+        ),
         sm_occupancy=mean([s.sm_occupancy for s in gauges if s.sm_occupancy is not None]),
         clock_ratio=mean([s.clock_ratio for s in gauges if s.clock_ratio is not None]),
         pcie_bytes_per_s=pcie,

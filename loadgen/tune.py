@@ -43,7 +43,7 @@ class TuneOptions(LoadOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_url("--exporter-url", self.exporter_url)
+        check_url("--exporter-url", self.exporter_url, "http://127.0.0.1:9420")
         try:
             objective = Objective.parse(self.objective)
         except ObjectiveError as exc:

@@ -39,36 +39,33 @@ class EngineSpanBridge(SpanProcessor):
     """Pairs engine request spans with the in-flight server spans they belong to."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Every access is one dict operation, atomic under the GIL: no lock on the
+        # per-request path (engines may end their spans from another thread).
         # server span id -> its request's timeline, while the response is in flight
         self._servers: dict[int, RequestTimeline] = {}
         # engine span id -> the timeline it reports to, between its start and end
         self._engines: dict[int, RequestTimeline] = {}
 
     def track(self, span_id: int, timeline: RequestTimeline) -> None:
-        with self._lock:
-            self._servers[span_id] = timeline
+        self._servers[span_id] = timeline
 
     def forget(self, span_id: int) -> None:
-        with self._lock:
-            self._servers.pop(span_id, None)
+        self._servers.pop(span_id, None)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if not engine_spans.is_engine_request_span(span.name) or span.parent is None:
             return
-        with self._lock:
-            timeline = self._servers.get(span.parent.span_id)
-            if timeline is None:
-                return
-            self._engines[span.context.span_id] = timeline
+        timeline = self._servers.get(span.parent.span_id)
+        if timeline is None:
+            return
+        self._engines[span.context.span_id] = timeline
         # Set while the span is still mutable: the exporter reads it to count once.
         span.set_attribute(engine_spans.COUNTED_BY_SERVER_SPAN, True)
 
     def on_end(self, span: ReadableSpan) -> None:
         if span.context is None:
             return
-        with self._lock:
-            timeline = self._engines.pop(span.context.span_id, None)
+        timeline = self._engines.pop(span.context.span_id, None)
         if timeline is None:
             return
         try:
@@ -77,9 +74,8 @@ class EngineSpanBridge(SpanProcessor):
             stats.record_failure("engine_span", exc)
 
     def shutdown(self) -> None:
-        with self._lock:
-            self._servers.clear()
-            self._engines.clear()
+        self._servers.clear()
+        self._engines.clear()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

@@ -29,16 +29,21 @@ _HOST = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+)(?::(\d{1,5}))?$")
 def request_attributes(scope: Scope) -> dict[str, AttributeValue]:
     found: dict[str, AttributeValue] = {}
     try:
-        _add_server(scope, found)
+        host = agent = None
+        for name, value in scope.get("headers", ()):  # one pass: this runs per request
+            if name == b"host" or name == b"Host":
+                host = value
+            elif name == b"user-agent" or name == b"User-Agent":
+                agent = value
+        _add_server(scope, host, found)
         client = scope.get("client")
         if isinstance(client, list | tuple) and client and isinstance(client[0], str):
             found[spans.CLIENT_ADDRESS] = client[0][:MAX_VALUE_LENGTH]
         version = scope.get("http_version")
         if isinstance(version, str) and version:
             found[spans.NETWORK_PROTOCOL_VERSION] = version[:16]
-        agent = _header(scope, b"user-agent")
-        if agent:
-            found[spans.USER_AGENT_ORIGINAL] = agent[:MAX_VALUE_LENGTH]
+        if isinstance(agent, bytes) and agent:
+            found[spans.USER_AGENT_ORIGINAL] = agent[:MAX_VALUE_LENGTH].decode("latin-1")
         query = scope.get("query_string")
         if isinstance(query, bytes) and query:
             found[spans.URL_QUERY] = redacted_query(query.decode("latin-1"))[:MAX_VALUE_LENGTH]
@@ -56,9 +61,8 @@ def redacted_query(query: str) -> str:
     return "&".join(parts)
 
 
-def _add_server(scope: Scope, found: dict[str, AttributeValue]) -> None:
-    host = _header(scope, b"host")
-    match = _HOST.match(host) if host else None
+def _add_server(scope: Scope, host: object, found: dict[str, AttributeValue]) -> None:
+    match = _HOST.match(host.decode("latin-1")) if isinstance(host, bytes) else None
     if match is not None:
         found[spans.SERVER_ADDRESS] = match.group(1)[:MAX_VALUE_LENGTH]
         if match.group(2):
@@ -69,11 +73,3 @@ def _add_server(scope: Scope, found: dict[str, AttributeValue]) -> None:
         found[spans.SERVER_ADDRESS] = server[0][:MAX_VALUE_LENGTH]
         if isinstance(server[1], int):
             found[spans.SERVER_PORT] = server[1]
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for item in scope.get("headers", ()):
-        if isinstance(item, list | tuple) and len(item) == 2 and item[0].lower() == name:
-            value = item[1]
-            return value.decode("latin-1") if isinstance(value, bytes) else None
-    return None

@@ -28,6 +28,7 @@ from gpuscope.middleware import GpuscopeMiddleware, RequestTimeline
 from gpuscope.middleware import current_timeline as _current_timeline
 from gpuscope.worker import chat, protocol, responses
 from gpuscope.worker.config import WorkerConfig
+from gpuscope.worker.connections import ConnectionCollector, ConnectionTracking, Listener
 from gpuscope.worker.errors import EXCEPTION_HANDLERS
 from gpuscope.worker.metrics import WorkerCollector, metrics_endpoint
 from gpuscope.worker.model_api import EmbeddingModel, Generator
@@ -177,8 +178,9 @@ class Handlers:
         return JSONResponse({"version": __version__})
 
 
-def _registry(worker: Worker) -> CollectorRegistry:
+def _registry(worker: Worker, listener: Listener) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
+    registry.register(ConnectionCollector(listener.guard))
     schedulers = {
         name: scheduler
         for name, scheduler in (
@@ -196,7 +198,7 @@ def _registry(worker: Worker) -> CollectorRegistry:
     return registry
 
 
-def _routes(handlers: Handlers, worker: Worker) -> list[Route]:
+def _routes(handlers: Handlers, worker: Worker, listener: Listener) -> list[Route]:
     return [
         Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
         Route("/v1/completions", handlers.completions, methods=["POST"]),
@@ -207,16 +209,18 @@ def _routes(handlers: Handlers, worker: Worker) -> list[Route]:
         Route("/healthz", handlers.healthz, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/version", handlers.version, methods=["GET"]),
-        Route("/metrics", metrics_endpoint(_registry(worker)), methods=["GET"]),
+        Route("/metrics", metrics_endpoint(_registry(worker, listener)), methods=["GET"]),
     ]
 
 
 class WorkerApp:
-    """The served ASGI app (the middleware around the worker), with ``drain()`` for shutdown."""
+    """The served ASGI app (the middleware around the worker), with ``drain()`` for
+    shutdown and the ``listener`` that ``gpuscope worker`` serves its connections under."""
 
-    def __init__(self, asgi: ASGIApp, worker: Worker) -> None:
-        self._asgi = asgi
+    def __init__(self, asgi: ASGIApp, worker: Worker, listener: Listener) -> None:
+        self._asgi = ConnectionTracking(asgi, listener.guard)
         self.worker = worker
+        self.listener = listener
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._asgi(scope, receive, send)
@@ -243,6 +247,7 @@ def create_app(
     then ``on_shutdown`` runs.
     """
     worker = build_worker(config, tracer_provider, embedding_model, generator)
+    listener = Listener(config.max_connections, config.header_timeout_s, config.idle_timeout_s)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -257,11 +262,11 @@ def create_app(
                 on_shutdown()
 
     app = Starlette(
-        routes=_routes(Handlers(worker), worker),
+        routes=_routes(Handlers(worker), worker, listener),
         lifespan=lifespan,
         exception_handlers=dict(EXCEPTION_HANDLERS),
     )
     traced = GpuscopeMiddleware(
         app, tracer_provider=tracer_provider, service_name=None, excluded_paths=UNTRACED_PATHS
     )
-    return WorkerApp(traced, worker)
+    return WorkerApp(traced, worker, listener)

@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
+from gpuscope.connections import AcceptErrorLog
 from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.connections import http_protocol
+
+if TYPE_CHECKING:
+    from gpuscope.worker.app import WorkerApp
 
 logger = logging.getLogger("gpuscope.worker")
 
@@ -42,7 +49,8 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        with AcceptErrorLog(self._loop):  # out of descriptors: a line per 10 s, not a flood
+            await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler: only hand the work to the event loop.
@@ -63,10 +71,11 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(
-    config: WorkerConfig, app: Callable[..., Awaitable[None]], drain: Callable[[], Awaitable[None]]
-) -> None:
-    """Serve ``app`` on ``config.host:config.port`` until a signal has drained it."""
+def serve(config: WorkerConfig, app: WorkerApp) -> None:
+    """Serve ``app`` on ``config.host:config.port`` until a signal has drained it, every
+    connection under the limits of ``app.listener``."""
+    listener = app.listener
+    listener.listening_on(config.host, config.port)
     server = DrainingServer(
         uvicorn.Config(
             app,
@@ -76,8 +85,12 @@ def serve(
             # After the drain only finished answers are still being written.
             timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
             lifespan="on",
+            http=http_protocol(listener.guard),
+            backlog=listener.backlog,
+            # A backstop only: the guard's idle timeout closes (and counts) first.
+            timeout_keep_alive=math.ceil(config.idle_timeout_s) + 1,
         ),
-        drain,
+        app.drain,
     )
     server.run()
 
@@ -136,5 +149,5 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"gpuscope worker: {exc}", file=sys.stderr)
         return 2
-    serve(config, app, app.drain)
+    serve(config, app)
     return 0

@@ -67,6 +67,9 @@ class WorkerConfig:
     log_level: str = "info"
     shutdown_timeout_s: float = 10.0
     max_body_bytes: int = 4 * 1024 * 1024
+    max_connections: int = 512
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         # A mode given in code as its text is kept as the enum, like a parsed flag.
@@ -89,6 +92,7 @@ class WorkerConfig:
             ("--max-body-bytes", self.max_body_bytes),
             ("--kv-cache-blocks", self.kv_cache_blocks),
             ("--kv-block-size", self.kv_block_size),
+            ("--max-connections", self.max_connections),
         ):
             check_range(flag, value, 1)
         check_range("--cpu-threads", self.cpu_threads, 0, 1024)
@@ -98,6 +102,8 @@ class WorkerConfig:
         for flag, seconds in (
             ("--request-timeout-s", self.request_timeout_s),
             ("--shutdown-timeout-s", self.shutdown_timeout_s),
+            ("--header-timeout-s", self.header_timeout_s),
+            ("--idle-timeout-s", self.idle_timeout_s),
         ):
             check_positive(flag, seconds)
         if self.otlp_endpoint is not None:
@@ -138,6 +144,13 @@ _HELP: Final = {
     "log_level": "uvicorn and worker log level",
     "shutdown_timeout_s": "on shutdown, how long in-flight requests may take to finish",
     "max_body_bytes": "largest request body accepted; a larger one gets 413 unread",
+    "max_connections": "open client connections at most; past it the oldest one without a "
+    "request in flight is closed, and if every one has a request, the newcomer gets 503 "
+    "(lowered to fit the file descriptor limit)",
+    "header_timeout_s": "seconds from a request's first byte to its complete head; a slower "
+    "client's connection is closed",
+    "idle_timeout_s": "seconds a connection may stay open without a request (keep-alive, "
+    "and before the first request)",
 }
 
 

@@ -39,14 +39,17 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for pending in (task, watcher):
             if not pending.done():
                 pending.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pending
-    if not task.cancelled() and task.done():
+    # Decided by what finished first, not by the state of ``task`` after the cancel: a
+    # cancelled ``gather`` does not end cancelled but done with a ``CancelledError`` as
+    # its exception, so ``task.result()`` would raise it (a traceback per disconnect).
+    if task in done:
         return task.result()
     raise ClientDisconnected()
 

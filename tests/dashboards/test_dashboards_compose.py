@@ -168,12 +168,6 @@ def test_gpuscope_services_pass_valid_flags(name: str) -> None:
     parse(argv, environment)
 
 
-def test_load_script_compiles() -> None:
-    (script,) = SERVICES["load"]["command"]
-    compile(script, "load", "exec")
-    assert SERVICES["load"]["entrypoint"] == ["python", "-c"]
-
-
 def scrape_jobs() -> dict[str, list[str]]:
     """Job name -> targets of deploy/prometheus.yml."""
     config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())

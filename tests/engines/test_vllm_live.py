@@ -23,11 +23,13 @@ Skipped unless ``GPUSCOPE_VLLM_PYTHON`` names the vLLM venv's interpreter.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from google.protobuf.json_format import MessageToJson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -44,6 +47,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import engine_spans
+from support.dashboard_queries import failing_targets, sources
+from support.prometheus_server import run_prometheus, wait_for_result
 from support.servers import run_uvicorn
 from support.vllm_engine import (
     SERVED_MODEL,
@@ -432,6 +437,61 @@ def test_queue_time_under_overload_matches_vllm(stack: Stack, tmp_path: Path) ->
     assert queue_sum / count > 0.001, "32 clients on 8 sequences should queue"
 
 
+VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+RULES_BUILD = Path(__file__).resolve().parents[2] / "alerts" / "build.py"
+# Panels about what vLLM does not have (the reference worker's batching and its own
+# /metrics, batch spans) or what this run never produces (GPU faults): no data is right.
+NOT_FROM_VLLM = (
+    "gpuscope_batch_size",
+    "gpuscope_worker_info",
+    "gpuscope_worker_max_queue_delay",
+    "gpuscope_worker_batch",
+    'phase="batch_wait"',
+    "xid",
+    "ecc",
+    "gpuscope_gpu_up == 0",
+    "gpuscope_span_",
+    'code=~"5.."',
+)
+
+
+async def test_boards_and_verdict_over_real_vllm_in_prometheus(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A real Prometheus scrapes the exporter and vLLM's /metrics with the shipped rules
+    (evaluated every second): both sources get a verdict for the vLLM service, and every
+    board query that vLLM can feed returns data."""
+    rules = tmp_path / "rules"
+    await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(RULES_BUILD), "--out", str(rules), "--interval", "1s"],
+        check=True,
+        capture_output=True,
+    )
+    load = threading.Thread(target=loadgen, args=(stack.both, 32, 1200, tmp_path / "load.json"))
+    load.start()
+    try:
+        async with (
+            run_prometheus(
+                [stack.exporter.removeprefix("http://")],
+                tmp_path,
+                "1s",
+                rule_files=sorted(rules.glob("*.yml")),
+                job="gpuscope",
+                more_jobs={"vllm": [stack.both.url.removeprefix("http://")]},
+            ) as prometheus,
+            aiohttp.ClientSession() as session,
+        ):
+            for source in ("spans", "vllm"):
+                await wait_for_result(session, prometheus, f'{VERDICT}{{source="{source}"}}', 120)
+            assert await sources(session, prometheus) == ["spans", "vllm"]
+            failures = await failing_targets(session, prometheus)
+    finally:
+        await asyncio.to_thread(load.join)
+    unexplained = [f for f in failures if not any(word in f for word in NOT_FROM_VLLM)]
+    assert not unexplained, "\n\n".join(unexplained)
+
+
 def test_capture_fixtures(stack: Stack) -> None:
     """Write what the engine really sent, for ``make test`` (only with GPUSCOPE_VLLM_CAPTURE)."""
     target = os.environ.get(CAPTURE_VARIABLE)
@@ -445,17 +505,56 @@ def test_capture_fixtures(stack: Stack) -> None:
     (folder / "metrics.txt").write_text(stack.both.metrics())
     time.sleep(SPAN_FLUSH_S)
     for service in ("vllm-both", "vllm-traces", "vllm-middleware"):
+        keep = request_traces(stack.sink.requests, service, CAPTURED_REQUESTS)
         lines = []
         for request in stack.sink.requests:
             kept = ExportTraceServiceRequest()
             for resource_spans in request.resource_spans:
-                names = [
-                    kv.value.string_value
-                    for kv in resource_spans.resource.attributes
-                    if kv.key == "service.name"
-                ]
-                if names == [service]:
-                    kept.resource_spans.append(resource_spans)
+                if service_of(resource_spans) != service:
+                    continue
+                copy = kept.resource_spans.add()
+                copy.resource.CopyFrom(resource_spans.resource)
+                for scope_spans in resource_spans.scope_spans:
+                    wanted = [
+                        s for s in scope_spans.spans if s.kind != SERVER or s.trace_id in keep
+                    ]
+                    if wanted:
+                        scope_copy = copy.scope_spans.add()
+                        scope_copy.scope.CopyFrom(scope_spans.scope)
+                        scope_copy.spans.extend(wanted)
+                if not copy.scope_spans:
+                    del kept.resource_spans[-1]
             if kept.resource_spans:
                 lines.append(MessageToJson(kept, indent=None))
         (folder / f"spans-{service}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+SERVER = 2  # SPAN_KIND_SERVER
+# Whole requests (every span of their trace) kept per service: enough for every case
+# the replay tests check, small enough to commit.
+CAPTURED_REQUESTS = 64
+
+
+def service_of(resource_spans: Any) -> str:
+    names = [
+        kv.value.string_value
+        for kv in resource_spans.resource.attributes
+        if kv.key == "service.name"
+    ]
+    return names[0] if names else ""
+
+
+def request_traces(
+    requests: list[ExportTraceServiceRequest], service: str, limit: int
+) -> set[bytes]:
+    """The trace ids of the first ``limit`` requests a service sent (by its SERVER spans)."""
+    traces: list[bytes] = []
+    for request in requests:
+        for resource_spans in request.resource_spans:
+            if service_of(resource_spans) != service:
+                continue
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    if span.kind == SERVER and span.trace_id not in traces:
+                        traces.append(span.trace_id)
+    return set(traces[:limit])

@@ -241,3 +241,32 @@ def test_the_demo_stopped_by_a_supervisor_stops_what_it_started(
                 os.kill(pid, signal.SIGKILL)
     assert process.returncode == 0, err
     assert left == set()
+
+
+def test_a_killed_demo_takes_its_exporter_and_worker_with_it() -> None:
+    # SIGKILL runs no handler of the demo's: the children must learn from the kernel.
+    from gpuscope.loadgen.processes import free_port, port_taken
+
+    before = gpuscope_processes()
+    ports = free_port(), free_port()
+    argv = ["demo", "--duration-s", "1", "--concurrency", "2"]
+    argv += ["--exporter-port", str(ports[0]), "--worker-port", str(ports[1])]
+    process = subprocess.Popen(
+        [*GPUSCOPE, *argv], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # both children ready
+            if line.startswith("exporter: "):
+                break
+        assert all(port_taken(port) for port in ports)
+        process.kill()
+        process.wait(30)
+        wait_for(lambda: not any(port_taken(port) for port in ports), "both ports closed")
+        wait_for(lambda: not gpuscope_processes() - before, "both children gone")
+    finally:
+        process.kill()
+        for pid in gpuscope_processes() - before:  # leave nothing to the other tests
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.communicate(timeout=30)  # the children held its standard output

@@ -127,7 +127,7 @@ def _slow_worker(argv: list[str]) -> int:
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
     embedding, generator = numpy_models(config)
     app = create_app(config, embedding_model=embedding, generator=SlowGenerator(generator, step_s))
-    serve(config, app, app.drain)
+    serve(config, app)
     return 0
 
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from gpuscope.worker.app import create_app
+from gpuscope.connections import ConnectionGuard
+from gpuscope.worker.app import WorkerApp, create_app
 from gpuscope.worker.config import WorkerConfig
+from gpuscope.worker.connections import http_protocol
 from gpuscope.worker.model_api import EmbeddingModel, FloatArray, Generator
 from support.servers import run_uvicorn
 from support.span_recorder import SpanRecorder
@@ -26,6 +28,20 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
+def _app(
+    spans: SpanRecorder | None,
+    embedding_model: EmbeddingModel | None,
+    generator: Generator | None,
+    overrides: dict[str, Any],
+) -> WorkerApp:
+    return create_app(
+        replace(SMALL, **overrides),
+        tracer_provider=spans.provider if spans is not None else None,
+        embedding_model=embedding_model,
+        generator=generator,
+    )
+
+
 @contextmanager
 def serve_worker(
     spans: SpanRecorder | None = None,
@@ -35,15 +51,21 @@ def serve_worker(
     **overrides: Any,
 ) -> Iterator[str]:
     """Serve the worker (``SMALL`` sizes plus ``overrides``) on 127.0.0.1; yields its URL."""
-    config = replace(SMALL, **overrides)
-    app = create_app(
-        config,
-        tracer_provider=spans.provider if spans is not None else None,
-        embedding_model=embedding_model,
-        generator=generator,
-    )
-    with run_uvicorn(app) as url:
+    with run_uvicorn(_app(spans, embedding_model, generator, overrides)) as url:
         yield url
+
+
+@contextmanager
+def serve_guarded_worker(
+    *, generator: Generator | None = None, **overrides: Any
+) -> Iterator[tuple[str, ConnectionGuard]]:
+    """``serve_worker``, its connections under the worker's limits as ``gpuscope worker``
+    serves them (idle and header timeouts, the cap); yields its URL and the guard (whose
+    counts a test may read from its own thread)."""
+    app = _app(None, None, generator, overrides)
+    listener = app.listener
+    with run_uvicorn(app, http=http_protocol(listener.guard), backlog=listener.backlog) as url:
+        yield url, listener.guard
 
 
 class Gate:
