@@ -28,12 +28,12 @@ lint: install
 	$(BIN)/ruff format --check .
 
 # The package as installed (the editable install's tree of links), then the code that
-# uses it; mypy does not report errors of an installed package it only follows into.
+# uses it (the builders of dashboards/ and alerts/ are packages of the checkout); mypy
+# does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard tests/*.py tests/*/*.py benchmarks/*.py scripts/*.py scripts/*/*.py)
-	cd dashboards && ../$(BIN)/mypy --config-file ../pyproject.toml *.py
-	cd alerts && MYPYPATH=../dashboards ../$(BIN)/mypy --config-file ../pyproject.toml *.py
+	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py tests/*.py tests/*/*.py \
+		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps
 	$(BIN)/pytest -q
@@ -52,7 +52,7 @@ dashboards: install
 demo: install
 	$(BIN)/gpuscope demo
 
-# Regenerate alerts/rules/*.yml from the Settings table of alerts/build.py.
+# Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
 rules: install
 	$(BIN)/python alerts/build.py
 

@@ -6,17 +6,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from recording import (
+from alerts.recording import (
+    BATCH_WAIT,
+    ERRORS_RATIO,
     INSTANCE,
     KV_USAGE,
+    MEMORY_USED_RATIO,
+    PCIE_UTILIZATION,
+    PHASE_P99,
+    PHASE_SHARE_MEAN,
     PREEMPTIONS,
+    QUEUE,
     QUEUE_DELAY,
     WAITING,
     gpu_conditions,
     indent,
     on_request_gpu,
+    phase_is,
+    slo_errors_ratio,
 )
-from settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
+from alerts.settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
+from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 # Where a request alert is about: its service and model, the GPU (or, for requests
 # that name none, the host) and the source the numbers came through.
@@ -29,7 +41,7 @@ SERVICE_MODEL = "{{ $labels.service }}/{{ $labels.model }} ({{ $labels.source }}
 
 
 def _alert(
-    s: Settings,
+    settings: Settings,
     name: str,
     expr: str,
     for_: str,
@@ -46,55 +58,54 @@ def _alert(
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{s.runbook}#{name.lower()}",
+            "runbook_url": f"{settings.runbook}#{name.lower()}",
         },
     }
 
 
-def request_alerts(s: Settings) -> list[dict[str, Any]]:
-    w = s.window
-    share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
-    p99 = f"service_model_gpu:gpuscope_request_phase_seconds:p99_{w}"
+def request_alerts(settings: Settings) -> list[dict[str, Any]]:
+    w = settings.window
+    share, p99 = PHASE_SHARE_MEAN + w, PHASE_P99 + w
     where = WHERE
     return [
         _alert(
-            s,
+            settings,
             "GpuscopeQueueTimeDominating",
-            f'{share}{{phase="queue"}} > {s.dominant_share:g}',
-            s.for_(s.for_phase),
+            f"{share}{phase_is(QUEUE)} > {settings.dominant_share:g}",
+            settings.for_(settings.for_phase),
             "warning",
             "Requests spend most of their time waiting in the queue.",
             f"Queue time is {{{{ $value | humanizePercentage }}}} of the mean request time of "
             f"{where}: more requests arrive than the server admits.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeBatchWaitAboveWindow",
-            batch_wait_expr(s, f'{p99}{{phase="batch_wait"}}'),
-            s.for_(s.for_phase),
+            batch_wait_expr(settings, p99 + phase_is(BATCH_WAIT)),
+            settings.for_(settings.for_phase),
             "warning",
             "Batch wait exceeds the batcher's configured window.",
             f"P99 batch wait of {where} is {{{{ $value | humanizeDuration }}}}, over "
-            f"{s.batch_wait_tolerance:g}x the {_window_text(s)} window.",
+            f"{settings.batch_wait_tolerance:g}x the {_window_text(settings)} window.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuUnderfed",
-            f'{share}{{phase="queue"}} > {s.underfed_queue_share:g}\n'
-            f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)",
-            s.for_(s.for_phase),
+            f"{share}{phase_is(QUEUE)} > {settings.underfed_queue_share:g}\n"
+            f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'underfed'))}\n)",
+            settings.for_(settings.for_phase),
             "warning",
             "Requests queue while the GPU's SMs are underused.",
             f"Queue time is {{{{ $value | humanizePercentage }}}} of the mean request time of "
             f"{where} while the SM occupancy of {{{{ if $labels.uuid }}}}that GPU"
             f"{{{{ else }}}}every GPU of the host{{{{ end }}}} stays under "
-            f"{s.underfed_occupancy:.0%}: the batcher does not feed the GPU.",
+            f"{settings.underfed_occupancy:.0%}: the batcher does not feed the GPU.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeErrorRatioHigh",
-            f"service_model:gpuscope_request_errors:ratio_rate{w} > {s.error_ratio:g}",
-            s.for_(s.for_error_ratio),
+            f"{ERRORS_RATIO}{w} > {settings.error_ratio:g}",
+            settings.for_(settings.for_error_ratio),
             "critical",
             "Many model requests fail with a server error.",
             "{{ $value | humanizePercentage }} of the requests of "
@@ -106,35 +117,35 @@ def request_alerts(s: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def batch_wait_expr(s: Settings, p99: str) -> str:
+def batch_wait_expr(settings: Settings, p99: str) -> str:
     """Over the tolerance times the window the model's workers export (when above
     zero), else times the table's window."""
     configured = f"({QUEUE_DELAY} > 0)"
     return (
         f"(\n  {p99}\n  > on (model) group_left ()\n"
-        f"  {s.batch_wait_tolerance:g} * {configured}\n)\nor\n"
-        f"(\n  {p99} > {s.batch_wait_window_seconds * s.batch_wait_tolerance:g}\n"
+        f"  {settings.batch_wait_tolerance:g} * {configured}\n)\nor\n"
+        f"(\n  {p99} > {settings.batch_wait_window_seconds * settings.batch_wait_tolerance:g}\n"
         f"  unless on (model)\n  {configured}\n)"
     )
 
 
-def _window_text(s: Settings) -> str:
+def _window_text(settings: Settings) -> str:
     """The window in the alert's text: the exported one, else the table's."""
     lookup = f'printf "{QUEUE_DELAY}{{model=%q}} > 0" $labels.model | query'
     return (
         f"{{{{ with {lookup} }}}}{{{{ . | first | value | humanizeDuration }}}}"
-        f"{{{{ else }}}}{s.batch_wait_window_seconds * 1000:g}ms{{{{ end }}}}"
+        f"{{{{ else }}}}{settings.batch_wait_window_seconds * 1000:g}ms{{{{ end }}}}"
     )
 
 
-def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
-    ratio = f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate"
+def slo_alerts(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
+    ratio = slo_errors_ratio(slo)
     budget = 1 - slo.objective
     name = "Gpuscope" + {"latency": "Latency", "ttft": "TimeToFirstToken"}[slo.name]
     alerts = []
     for kind, burns, severity, for_ in (
-        ("Fast", s.page_burns, "critical", s.for_slo_page),
-        ("Slow", s.ticket_burns, "warning", s.for_slo_ticket),
+        ("Fast", settings.page_burns, "critical", settings.for_slo_page),
+        ("Slow", settings.ticket_burns, "warning", settings.for_slo_ticket),
     ):
         expr = "\nor\n".join(
             f"(\n  {ratio}{long} > {rate:g} * {budget:.6g}\n  and\n"
@@ -144,10 +155,10 @@ def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
         windows = ", ".join(f"{long}/{short} at {rate:g}x" for long, short, rate in burns)
         alerts.append(
             _alert(
-                s,
+                settings,
                 f"{name}SLOBudgetBurn{kind}",
                 expr,
-                s.for_(for_),
+                settings.for_(for_),
                 severity,
                 f"{slo.title} burns its error budget {'fast' if kind == 'Fast' else 'steadily'}.",
                 f"{{{{ $value | humanizePercentage }}}} of the requests of "
@@ -159,79 +170,79 @@ def slo_alerts(s: Settings, slo: Slo) -> list[dict[str, Any]]:
     return alerts
 
 
-def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
-    w, inc = s.window, s.increase_window
-    gpu = gpu_conditions(s)
-    throttling = s.sel(f'reason=~"{"|".join(THROTTLE_REASONS)}"')
-    uncorrected = s.sel('type="volatile_uncorrected"')
+def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
+    w, inc = settings.window, settings.increase_window
+    gpu = gpu_conditions(settings)
+    throttling = settings.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    uncorrected = settings.sel(f'{ECC_TYPE}="volatile_uncorrected"')
     on_gpu = "GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
     return [
         _alert(
-            s,
+            settings,
             "GpuscopeGpuClockThrottled",
-            f"gpuscope_gpu_clock_event_active{throttling} == 1\n"
+            f"{series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling} == 1\n"
             f"and on ({GPU}) (\n  {indent(gpu['throttled'])}\n)",
-            s.for_(s.for_gpu_hardware),
+            settings.for_(settings.for_gpu_hardware),
             "warning",
             "A GPU under load runs with its SM clock held down.",
             f"{on_gpu} is held down by {{{{ $labels.reason }}}} while busy: its SM clock "
-            f"averaged under {s.throttle_clock_ratio:.0%} of its maximum over {w}.",
+            f"averaged under {settings.throttle_clock_ratio:.0%} of its maximum over {w}.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuPcieSaturated",
-            f"gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w} > {s.pcie_utilization:g}",
-            s.for_(s.for_gpu_hardware),
+            f"{PCIE_UTILIZATION}{w} > {settings.pcie_utilization:g}",
+            settings.for_(settings.for_gpu_hardware),
             "warning",
             "A GPU's PCIe link runs near its capacity.",
             f"{on_gpu} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} "
             "of its PCIe link's capacity: host-device transfers limit throughput.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuMemoryNearlyFull",
-            f"gpu:gpuscope_gpu_memory_used:ratio > {s.memory_used_ratio:g}",
-            s.for_(s.for_gpu_hardware),
+            f"{MEMORY_USED_RATIO} > {settings.memory_used_ratio:g}",
+            settings.for_(settings.for_gpu_hardware),
             "warning",
             "A GPU's memory is nearly full.",
             f"{on_gpu} uses {{{{ $value | humanizePercentage }}}} of its memory.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuXidErrors",
-            f"increase(gpuscope_gpu_xid_events_total{s.sel()}[{inc}]) > 0",
-            s.for_("0m"),
+            f"increase({series(gpu_rows.XID_EVENTS)}{settings.sel()}[{inc}]) > 0",
+            settings.for_("0m"),
             "warning",
             "A GPU reported XID errors.",
             f"{on_gpu} reported {{{{ $value | humanize }}}} XID errors in {inc}; "
-            "gpuscope_gpu_xid_errors_total names the codes.",
+            f"{series(gpu_rows.XID_ERRORS)} names the codes.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuEccUncorrectedErrors",
-            f"increase(gpuscope_gpu_ecc_errors_total{uncorrected}[{inc}]) > 0",
-            s.for_("0m"),
+            f"increase({series(gpu_rows.ECC_ERRORS)}{uncorrected}[{inc}]) > 0",
+            settings.for_("0m"),
             "critical",
             "A GPU reported uncorrectable ECC errors.",
             f"{on_gpu} reported {{{{ $value | humanize }}}} uncorrectable ECC errors in {inc}.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuLost",
-            f"gpuscope_gpu_up{s.sel()} == 0",
-            s.for_(s.for_gpu_lost),
+            f"{series(gpu_rows.UP)}{settings.sel()} == 0",
+            settings.for_(settings.for_gpu_lost),
             "critical",
             "A GPU cannot be read any more.",
             f"{on_gpu} on {{{{ $labels.instance }}}} stopped answering (lost, fallen off "
             "the bus or the driver failed); its other series are gone.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeGpuCollectorFailing",
             # the share of failed runs, not the last one: one success between failures
             # would restart ``for:`` and a collector failing most runs would never alert
-            f"1 - avg_over_time(gpuscope_collector_success{s.sel()}[{w}]) > 0.5",
-            s.for_(s.for_gpu_hardware),
+            f"1 - avg_over_time({series(gpu_rows.COLLECTOR_SUCCESS)}{settings.sel()}[{w}]) > 0.5",
+            settings.for_(settings.for_gpu_hardware),
             "warning",
             "A GPU metrics collector keeps failing.",
             "Collector {{ $labels.collector }} on {{ $labels.instance }} failed "
@@ -241,37 +252,38 @@ def gpu_alerts(s: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
-    inc, idle = s.increase_window, s.spans_idle_window
-    received = f"gpuscope_spans_received_total{s.sel()}"
+def exporter_alerts(settings: Settings) -> list[dict[str, Any]]:
+    w, inc, idle = settings.window, settings.increase_window, settings.spans_idle_window
+    sel, down_for = settings.sel(), settings.for_(settings.for_exporter)
+    received = series(exporter_rows.SPANS_RECEIVED) + sel
     on = "{{ $labels.instance }}"
     return [
         _alert(
-            s,
+            settings,
             "GpuscopeSpansNotArriving",
             f"rate({received}[{idle}]) == 0\nand\n{received} > 0",
-            s.for_(s.for_exporter_signals),
+            settings.for_(settings.for_exporter_signals),
             "warning",
             "The exporter stopped receiving spans.",
             f"{on} received spans earlier but none in the last {idle}: "
             "the application's tracing or its path to the exporter is broken.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeSpansRejected",
-            f"sum by (job, instance, reason) (rate(gpuscope_spans_rejected_total{s.sel()}"
-            f"[{s.window}])) > 0",
-            s.for_(s.for_exporter_signals),
+            f"sum by (job, instance, {REASON}) "
+            f"(rate({series(exporter_rows.SPANS_REJECTED)}{settings.sel()}[{w}])) > 0",
+            settings.for_(settings.for_exporter_signals),
             "warning",
             "The exporter rejects spans that break the span contract.",
             f"{on} rejects {{{{ $value | humanize }}}} spans/s for {{{{ $labels.reason }}}}.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeSeriesOverflow",
-            f"sum by (job, instance, metric) (increase(gpuscope_series_overflow_total{s.sel()}"
-            f"[{inc}])) > 0",
-            s.for_(s.for_exporter_signals),
+            f"sum by (job, instance, {OVERFLOWED_METRIC}) "
+            f"(increase({series(exporter_rows.SERIES_OVERFLOW)}{settings.sel()}[{inc}])) > 0",
+            settings.for_(settings.for_exporter_signals),
             "warning",
             "A request metric hit the exporter's series limit.",
             f"{on} sent {{{{ $value | humanize }}}} observations of {{{{ $labels.metric }}}} "
@@ -279,50 +291,52 @@ def exporter_alerts(s: Settings) -> list[dict[str, Any]]:
             "that explodes.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeForwardingDropping",
-            f"sum by (job, instance, reason) (increase(gpuscope_forward_spans_dropped_total"
-            f"{s.sel()}[{inc}])) > 0",
-            s.for_(s.for_exporter_signals),
+            f"sum by (job, instance, {REASON}) "
+            f"(increase({series(exporter_rows.FORWARD_SPANS_DROPPED)}{settings.sel()}[{inc}])) > 0",
+            settings.for_(settings.for_exporter_signals),
             "warning",
             "The exporter drops spans it should forward.",
             f"{on} dropped {{{{ $value | humanize }}}} spans in {inc} "
             "({{ $labels.reason }}) instead of forwarding them to --forward-otlp.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeExporterDown",
-            f"up{s.sel()} == 0",
-            s.for_(s.for_exporter),
+            f"up{settings.sel()} == 0",
+            settings.for_(settings.for_exporter),
             "critical",
             "Prometheus cannot scrape a gpuscope exporter.",
-            f"{on} of job {{{{ $labels.job }}}} has been down for {s.for_(s.for_exporter)}.",
+            f"{on} of job {{{{ $labels.job }}}} has been down for {down_for}.",
         ),
         # up == 0 needs a target: without one (a renamed job, empty service discovery)
         # every other alert of the pack is silent too
         _alert(
-            s,
+            settings,
             "GpuscopeExporterAbsent",
-            f"absent(up{s.sel()})",
-            s.for_(s.for_exporter),
+            f"absent(up{settings.sel()})",
+            settings.for_(settings.for_exporter),
             "critical",
             "Prometheus has no gpuscope exporter to scrape.",
             # absent() labels its series with the selector's equality matchers only
-            f"{{{{ with $labels.job }}}}Job {{{{ . }}}}{{{{ else }}}}up{s.sel()}{{{{ end }}}} "
+            f"{{{{ with $labels.job }}}}Job {{{{ . }}}}{{{{ else }}}}up{sel}{{{{ end }}}} "
             "has no target: no request, GPU or exporter alert of gpuscope can fire.",
         ),
     ]
 
 
-def worker_alerts(s: Settings) -> list[dict[str, Any]]:
-    w, full = s.window, f"{s.kv_cache_full_ratio:g}"
+def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
+    w, full_ratio = settings.window, settings.kv_cache_full_ratio
+    full, waiting = f"{full_ratio:g}", settings.kv_cache_waiting_requests
+    down_for = settings.for_(settings.for_worker)
     on = "{{ $labels.instance }}"
     return [
         _alert(
-            s,
+            settings,
             "GpuscopeKvCacheExhausted",
             f"{KV_USAGE}{w} > {full}\nand on ({INSTANCE})\n{PREEMPTIONS}{w} > 0",
-            s.for_(s.for_kv_cache),
+            settings.for_(settings.for_kv_cache),
             "warning",
             "The KV cache is full and running sequences are preempted.",
             f"The KV cache of {on} averaged {{{{ $value | humanizePercentage }}}} of its "
@@ -330,37 +344,42 @@ def worker_alerts(s: Settings) -> list[dict[str, Any]]:
             "computed again and latency grows.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeRequestsWaitingOnKvCache",
-            f"{WAITING}{w}{{{s.kv_cache_endpoints}}} >= {s.kv_cache_waiting_requests:g}\n"
+            f"{WAITING}{w}{{{settings.kv_cache_endpoints}}} >= {waiting:g}\n"
             f"and on ({INSTANCE})\n"
             f"{KV_USAGE}{w} > {full}",
-            s.for_(s.for_kv_cache_capacity),
+            settings.for_(settings.for_kv_cache_capacity),
             "warning",
             "Requests wait for a full KV cache: the server is out of capacity.",
             f"{{{{ $value | humanize }}}} {{{{ $labels.endpoint }}}} requests waited on average "
-            f"on {on} over {w} while its KV cache stayed over {s.kv_cache_full_ratio:.0%} full.",
+            f"on {on} over {w} while its KV cache stayed over {full_ratio:.0%} full.",
         ),
         _alert(
-            s,
+            settings,
             "GpuscopeWorkerMetricsDown",
-            f"up{s.worker_sel()} == 0\nor\nup{s.vllm_sel()} == 0",
-            s.for_(s.for_worker),
+            f"up{settings.worker_sel()} == 0\nor\nup{settings.vllm_sel()} == 0",
+            settings.for_(settings.for_worker),
             "warning",
             "Prometheus cannot scrape an inference server's own metrics.",
-            f"{on} of job {{{{ $labels.job }}}} has been down for {s.for_(s.for_worker)}: "
+            f"{on} of job {{{{ $labels.job }}}} has been down for {down_for}: "
             "the serving-engine panels and the KV-cache alerts see nothing from it.",
         ),
     ]
 
 
-def alerting_groups(s: Settings) -> list[dict[str, Any]]:
+def alerting_groups(settings: Settings) -> list[dict[str, Any]]:
+    groups = {
+        "gpuscope-request-alerts": [
+            *request_alerts(settings),
+            *slo_alerts(settings, settings.latency_slo),
+            *slo_alerts(settings, settings.ttft_slo),
+        ],
+        "gpuscope-gpu-alerts": gpu_alerts(settings),
+        "gpuscope-exporter-alerts": exporter_alerts(settings),
+        "gpuscope-worker-alerts": worker_alerts(settings),
+    }
     return [
-        {"name": "gpuscope-request-alerts", "interval": s.interval, "rules": [
-            *request_alerts(s), *slo_alerts(s, s.latency_slo), *slo_alerts(s, s.ttft_slo),
-        ]},
-        {"name": "gpuscope-gpu-alerts", "interval": s.interval, "rules": gpu_alerts(s)},
-        {"name": "gpuscope-exporter-alerts", "interval": s.interval,
-         "rules": exporter_alerts(s)},
-        {"name": "gpuscope-worker-alerts", "interval": s.interval, "rules": worker_alerts(s)},
-    ]  # fmt: skip
+        {"name": name, "interval": settings.interval, "rules": rules}
+        for name, rules in groups.items()
+    ]

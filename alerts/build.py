@@ -4,6 +4,7 @@ Every threshold, selector, window and ``for:`` duration lives in ``Settings``; t
 rule files under ``alerts/rules/`` are generated from it and committed::
 
     python alerts/build.py                         # rewrite alerts/rules/*.yml
+    python alerts/build.py --check                 # exit 1 if the committed rules are stale
     python alerts/build.py --out /tmp/r --interval 1s --for 2s   # a fast variant
 
 The table is ``settings.py``; ``recording.py`` and ``alerting.py`` turn it into rule
@@ -19,10 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:
+    # Run as a file, Python puts this folder first on sys.path; the builders are the
+    # package ``alerts`` of the repository root (with ``dashboards``), which takes its place.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import yaml
-from alerting import alerting_groups
-from recording import recording_groups
-from settings import Settings
+
+from alerts.alerting import alerting_groups
+from alerts.recording import recording_groups
+from alerts.settings import Settings
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,26 +56,18 @@ def render(groups: list[dict[str, Any]]) -> str:
     return HEADER + body
 
 
-def build(settings: Settings, out: Path) -> list[Path]:
-    """Write the rule files into ``out``; returns their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {
-        out / "recording.yml": recording_groups(settings),
-        out / "alerting.yml": alerting_groups(settings),
+def rendered(settings: Settings) -> dict[str, str]:
+    """File name -> YAML text of every rule file."""
+    return {
+        "recording.yml": render(recording_groups(settings)),
+        "alerting.yml": render(alerting_groups(settings)),
     }
-    for path, groups in files.items():
-        path.write_text(render(groups), encoding="utf-8")
-    return list(files)
-
-
-def alert_names(settings: Settings | None = None) -> list[str]:
-    groups = alerting_groups(settings or Settings())
-    return [rule["alert"] for group in groups for rule in group["rules"]]
 
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=HERE / "rules", help="output folder")
+    parser.add_argument("--check", action="store_true", help="fail if the rule files are stale")
     parser.add_argument("--interval", help="rule evaluation interval (e.g. 1s)")
     parser.add_argument("--for", dest="for_override", help="every alert's for: (e.g. 2s)")
     parser.add_argument("--window", help="window of rates and averages (e.g. 10s)")
@@ -87,8 +86,19 @@ def main(argv: Sequence[str]) -> int:
         "runbook",
     }
     overrides = {k: v for k, v in vars(args).items() if k in settable and v is not None}
-    for path in build(dataclasses.replace(Settings(), **overrides), args.out):
+    stale = []
+    for name, text in rendered(dataclasses.replace(Settings(), **overrides)).items():
+        path = args.out / name
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
         print(path)
+    if stale:
+        print(f"stale: {', '.join(stale)}; run 'make rules'", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -21,17 +21,25 @@ vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-from settings import GPU, HOST_GPU, REQUEST, SMG, THROTTLE_REASONS, Settings, Slo, seconds_of
+from alerts.settings import (
+    GPU,
+    HOST_GPU,
+    REQUEST,
+    SERVICE_MODEL,
+    SMG,
+    THROTTLE_REASONS,
+    Settings,
+    Slo,
+    seconds_of,
+)
+from dashboards.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
 
 # The PCIe per-lane table is the dashboards' (dashboards/pcie.py), so that the panels
 # and the rules agree on every generation's capacity; so is the table of sources and
 # of vLLM's series (dashboards/engines.py), which the boards' notes use too.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))
-from engines import (
+from dashboards.engines import (
     DURATION_HISTOGRAM,
     HISTOGRAM_KEY,
     PHASE_HISTOGRAM,
@@ -45,9 +53,16 @@ from engines import (
     VLLM_PREEMPTIONS,
     VLLM_RUNNING,
     VLLM_WAITING,
+    WORKER_INFO,
+    WORKER_KV_USAGE,
+    WORKER_MAX_QUEUE_DELAY,
+    WORKER_PREEMPTIONS,
+    WORKER_RUNNING,
+    WORKER_WAITING,
     vllm_histograms_for,
 )
-from pcie import LINK_GENERATIONS, lane_bytes_per_second
+from dashboards.pcie import LINK_GENERATIONS, lane_bytes_per_second
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -65,54 +80,72 @@ def _copy_label(expr: str, dst: str, src: str, regex: str = "(.*)") -> str:
     return f'label_replace(\n  {indent(expr)},\n  "{dst}", "$1", "{src}", "{regex}"\n)'
 
 
-def with_host(s: Settings, expr: str) -> str:
+def with_host(settings: Settings, expr: str) -> str:
     """``expr`` with a ``host`` label: its ``instance`` without the port."""
-    return _copy_label(expr, "host", "instance", s.host_from_instance)
+    return _copy_label(expr, "host", "instance", settings.host_from_instance)
 
 
-def _vllm(s: Settings, expr: str, by: str) -> str:
+def _vllm(settings: Settings, expr: str, by: str) -> str:
     """``sum by (by)`` of ``expr`` over vLLM's series with gpuscope's label names: model
     from ``model_name``, service from the scrape's ``job`` (and host from ``instance``
     when ``by`` keeps it); vLLM's ``engine`` ranks are added up."""
     if "host" in by:
-        expr = with_host(s, expr)
-    relabelled = _copy_label(_copy_label(expr, "model", "model_name"), "service", "job")
+        expr = with_host(settings, expr)
+    relabelled = _copy_label(_copy_label(expr, MODEL, "model_name"), SERVICE, "job")
     return f"sum by ({by}) (\n  {indent(relabelled)}\n)"
 
 
 # --- recording rules ----------------------------------------------------------------
 
 
-def histogram_rate_rules(s: Settings, hist: str) -> list[dict[str, Any]]:
+def rate_record(hist: str, suffix: str) -> str:
+    """The recorded per-second rate of ``hist``'s ``sum``, ``count`` or ``bucket`` per
+    source, service, model, host and GPU (and phase or stage), without its window."""
+    return f"service_model_gpu:{hist}_{suffix}:rate"
+
+
+def stat_record(hist: str, statistic: str) -> str:
+    """The recorded ``statistic`` of ``hist`` (``mean``, ``p99_``, ``share_mean``,
+    ``share_p99_``) at the same level, without its window."""
+    return f"service_model_gpu:{hist}:{statistic}"
+
+
+PHASE_SHARE_MEAN = stat_record(PHASE_HISTOGRAM, "share_mean")
+PHASE_P99 = stat_record(PHASE_HISTOGRAM, "p99_")
+
+
+def histogram_rate_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
     """Per source, service, model, host and GPU: the rates of ``hist``'s sum, count and
     buckets, from the exporter (``source="spans"``) and from the vLLM histograms that
     stand for it (``source="vllm"``, phase or stage set by the rule)."""
-    w, key = s.window, HISTOGRAM_KEY.get(hist)
+    w, key = settings.window, HISTOGRAM_KEY.get(hist)
     # the duration of model requests only, as vLLM counts them (not /v1/models, /health)
-    spans_sel = s.sel(s.slo_selector if hist == DURATION_HISTOGRAM else "")
+    spans_sel = settings.sel(settings.slo_selector if hist == DURATION_HISTOGRAM else "")
     rules = []
     for suffix in ("sum", "count", "bucket"):
-        record = f"service_model_gpu:{hist}_{suffix}:rate{w}"
+        record = rate_record(hist, suffix) + w
         le = ", le" if suffix == "bucket" else ""
         by = REQUEST + (f", {key}" if key else "") + le
-        spans = with_host(s, f"rate({hist}_{suffix}{spans_sel}[{w}])")
+        spans = with_host(settings, f"rate({hist}_{suffix}{spans_sel}[{w}])")
         rules.append(_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
         for native in vllm_histograms_for(hist):
             labels = {"source": VLLM, **({key: native.key_value} if key else {})}
-            rate = f"rate({native.native}_{suffix}{s.vllm_sel()}[{w}])"
-            expr = _vllm(s, rate, "service, model, host" + le)
+            rate = f"rate({native.native}_{suffix}{settings.vllm_sel()}[{w}])"
+            expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
             rules.append(_rule(record, expr, **labels))
     return rules
 
 
-def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
+def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
     """Mean and P99 per source, service, model, host, GPU and phase (or stage); for the
     phases, also each one's share of their sum."""
-    w, level = s.window, f"service_model_gpu:{hist}"
+    w = settings.window
+    mean, p99 = stat_record(hist, "mean") + w, stat_record(hist, "p99_") + w
+    total, count = rate_record(hist, "sum") + w, rate_record(hist, "count") + w
     rules = [
         # "> 0": an idle series has no mean (and no share or verdict), not a NaN one
-        _rule(f"{level}:mean{w}", f"{level}_sum:rate{w}\n/\n({level}_count:rate{w} > 0)"),
-        _rule(f"{level}:p99_{w}", f"histogram_quantile(0.99, {level}_bucket:rate{w})"),
+        _rule(mean, f"{total}\n/\n({count} > 0)"),
+        _rule(p99, f"histogram_quantile(0.99, {rate_record(hist, 'bucket')}{w})"),
     ]
     if not shares:
         return rules
@@ -122,51 +155,61 @@ def histogram_stat_rules(s: Settings, hist: str, *, shares: bool) -> list[dict[s
         # share of the mean latency (per source: never one source's phases over
         # another's).
         _rule(
-            f"{level}:share_mean{w}",
-            f"{level}:mean{w}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({level}:mean{w})",
+            stat_record(hist, "share_mean") + w,
+            f"{mean}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({mean})",
         ),
         # Per-phase P99s do not add up to the request's P99 (the slowest requests
         # differ per phase); their sum is an upper bound, so this is each phase's
         # share of the tail.
         _rule(
-            f"{level}:share_p99_{w}",
-            f"{level}:p99_{w}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({level}:p99_{w})",
+            stat_record(hist, "share_p99_") + w,
+            f"{p99}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({p99})",
         ),
     ]
 
 
-def phase_rules(s: Settings) -> list[dict[str, Any]]:
+def phase_rules(settings: Settings) -> list[dict[str, Any]]:
     return [
-        *(rule for hist in REQUEST_HISTOGRAMS for rule in histogram_rate_rules(s, hist)),
-        *histogram_stat_rules(s, PHASE_HISTOGRAM, shares=True),
+        *(rule for hist in REQUEST_HISTOGRAMS for rule in histogram_rate_rules(settings, hist)),
+        *histogram_stat_rules(settings, PHASE_HISTOGRAM, shares=True),
         # the parts of compute: never shares of the phases' sum (they are in compute)
-        *histogram_stat_rules(s, STAGE_HISTOGRAM, shares=False),
+        *histogram_stat_rules(settings, STAGE_HISTOGRAM, shares=False),
     ]
 
 
-def request_rules(s: Settings) -> list[dict[str, Any]]:
-    w, hist = s.window, "gpuscope_request_duration_seconds"
-    count = f"{hist}_count{s.sel(s.slo_selector)}"
-    errors = hist + "_count" + s.sel(s.slo_selector + ', code=~"5.."')
-    finished = f"{VLLM_FINISHED}{s.vllm_sel()}"
-    failed = f"{VLLM_FINISHED}{s.vllm_sel(VLLM_ERROR_REASON)}"
+# Per source, service and model (each name ends with its window): requests per second,
+# the share that failed, the share that missed an objective.
+REQUESTS_RATE = "service_model:gpuscope_requests:rate"
+ERRORS_RATIO = "service_model:gpuscope_request_errors:ratio_rate"
+
+
+def slo_errors_ratio(slo: Slo) -> str:
+    return f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate"
+
+
+def request_rules(settings: Settings) -> list[dict[str, Any]]:
+    w, hist = settings.window, DURATION_HISTOGRAM
+    count = f"{hist}_count{settings.sel(settings.slo_selector)}"
+    errors = hist + "_count" + settings.sel(f'{settings.slo_selector}, {CODE}=~"5.."')
+    finished = f"{VLLM_FINISHED}{settings.vllm_sel()}"
+    failed = f"{VLLM_FINISHED}{settings.vllm_sel(VLLM_ERROR_REASON)}"
     rules = [
-        _rule(f"service_model:gpuscope_requests:rate{w}", _sum_rate(count, w), source=SPANS),
+        _rule(f"{REQUESTS_RATE}{w}", _sum_rate(count, w), source=SPANS),
         _rule(
-            f"service_model:gpuscope_requests:rate{w}",
-            _vllm(s, f"rate({finished}[{w}])", "service, model"),
+            f"{REQUESTS_RATE}{w}",
+            _vllm(settings, f"rate({finished}[{w}])", SERVICE_MODEL),
             source=VLLM,
         ),
     ]
     # the SLO windows, and ``window`` for GpuscopeErrorRatioHigh when it is none of them
-    for window in sorted({*s.slo_windows(), w}, key=seconds_of):
-        record = f"service_model:gpuscope_request_errors:ratio_rate{window}"
+    for window in sorted({*settings.slo_windows(), w}, key=seconds_of):
+        record = f"{ERRORS_RATIO}{window}"
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
         spans = _error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM: requests the engine finished with an error, of all it finished
-        vllm_failed = _vllm(s, f"rate({failed}[{window}])", "service, model")
-        vllm_finished = _vllm(s, f"rate({finished}[{window}])", "service, model")
+        vllm_failed = _vllm(settings, f"rate({failed}[{window}])", SERVICE_MODEL)
+        vllm_finished = _vllm(settings, f"rate({finished}[{window}])", SERVICE_MODEL)
         rules.append(_rule(record, _error_ratio(vllm_failed, vllm_finished), source=VLLM))
     return rules
 
@@ -175,13 +218,13 @@ def _error_ratio(errors: str, total: str) -> str:
     return f"(\n  {indent(errors)}\n  or\n  {indent(total)} * 0\n)\n/\n{total}"
 
 
-def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
-    total = f"{slo.histogram}_count{s.sel(s.slo_selector)}"
+def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
+    total = f"{slo.histogram}_count{settings.sel(settings.slo_selector)}"
     le = f'le=~"{_le_pattern(slo.le)}"'
-    good = f"{slo.histogram}_bucket{s.sel(s.slo_selector + ', ' + le)}"
+    good = f"{slo.histogram}_bucket{settings.sel(settings.slo_selector + ', ' + le)}"
     rules = []
-    for window in s.slo_windows():
-        record = f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate{window}"
+    for window in settings.slo_windows():
+        record = f"{slo_errors_ratio(slo)}{window}"
         spans = _slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM's histogram, where the objective's bound is one of its buckets (a bound
@@ -190,10 +233,14 @@ def slo_rules(s: Settings, slo: Slo) -> list[dict[str, Any]]:
             if float(slo.le) not in {float(bound) for bound in native.buckets}:
                 continue
             vllm_good = _vllm(
-                s, f"rate({native.native}_bucket{s.vllm_sel(le)}[{window}])", "service, model"
+                settings,
+                f"rate({native.native}_bucket{settings.vllm_sel(le)}[{window}])",
+                SERVICE_MODEL,
             )
             vllm_total = _vllm(
-                s, f"rate({native.native}_count{s.vllm_sel()}[{window}])", "service, model"
+                settings,
+                f"rate({native.native}_count{settings.vllm_sel()}[{window}])",
+                SERVICE_MODEL,
             )
             rules.append(_rule(record, _slo_ratio(vllm_good, vllm_total), source=VLLM))
     return rules
@@ -210,73 +257,89 @@ def _le_pattern(le: str) -> str:
 
 
 def _sum_rate(selector: str, window: str) -> str:
-    return f"sum by (service, model) (rate({selector}[{window}]))"
+    return f"sum by ({SERVICE_MODEL}) (rate({selector}[{window}]))"
 
 
-def gpu_rules(s: Settings) -> list[dict[str, Any]]:
-    w = s.window
+# Per-GPU series (labels gpu and uuid) the conditions, the alerts and the verdict read;
+# those with a window in their name end with it.
+OCCUPANCY_AVG = f"gpu:{gpu_rows.SM_OCCUPANCY.name}:avg"
+UTILIZATION_AVG = f"gpu:{gpu_rows.UTILIZATION.name}:avg"
+SM_CLOCK_RATIO = "gpu:gpuscope_gpu_sm_clock:ratio"
+SM_CLOCK_RATIO_AVG = "gpu:gpuscope_gpu_sm_clock:ratio_avg"
+THROTTLE_ACTIVE = "gpu:gpuscope_gpu_clock_throttle_reasons:active"
+PCIE_CAPACITY = "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
+PCIE_UTILIZATION = "gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
+MEMORY_USED_RATIO = "gpu:gpuscope_gpu_memory_used:ratio"
+# 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
+GPU_HOST = f"host_gpu:{gpu_rows.INFO.name}:max"
+HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
+
+
+def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
+    w = settings.window
+    occupancy, utilization = series(gpu_rows.SM_OCCUPANCY), series(gpu_rows.UTILIZATION)
     capacity = "\n    + ".join(
-        f"(gpuscope_gpu_pcie_link_generation{s.sel()} == bool {gen})"
+        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{settings.sel()} == bool {gen})"
         f" * {lane_bytes_per_second(gen):.6g}"
         for gen in sorted(LINK_GENERATIONS)
     )
-    throttling = s.sel(f'reason=~"{"|".join(THROTTLE_REASONS)}"')
+    throttling = settings.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    pcie = {"receive": gpu_rows.PCIE_RECEIVE, "transmit": gpu_rows.PCIE_TRANSMIT}
+    info = series(gpu_rows.INFO) + settings.sel()
     return [
         _rule(
-            f"gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w}",
-            f"avg by ({GPU}) (avg_over_time(gpuscope_gpu_sm_occupancy_ratio{s.sel()}[{w}]))",
+            f"{OCCUPANCY_AVG}{w}",
+            f"avg by ({GPU}) (avg_over_time({occupancy}{settings.sel()}[{w}]))",
         ),
         _rule(
-            f"gpu:gpuscope_gpu_utilization_ratio:avg{w}",
-            f"avg by ({GPU}) (avg_over_time(gpuscope_gpu_utilization_ratio{s.sel()}[{w}]))",
+            f"{UTILIZATION_AVG}{w}",
+            f"avg by ({GPU}) (avg_over_time({utilization}{settings.sel()}[{w}]))",
         ),
         _rule(
-            "gpu:gpuscope_gpu_sm_clock:ratio",
-            f"avg by ({GPU}) (gpuscope_gpu_sm_clock_hertz{s.sel()})\n/\n"
-            f"avg by ({GPU}) (gpuscope_gpu_sm_clock_max_hertz{s.sel()})",
+            SM_CLOCK_RATIO,
+            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.sel()})\n/\n"
+            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.sel()})",
         ),
         _rule(
-            f"gpu:gpuscope_gpu_sm_clock:ratio_avg{w}",
-            f"avg_over_time(gpu:gpuscope_gpu_sm_clock:ratio[{w}])",
+            f"{SM_CLOCK_RATIO_AVG}{w}",
+            f"avg_over_time({SM_CLOCK_RATIO}[{w}])",
         ),
         # 1 per GPU while a thermal or power reason holds its clocks down
         _rule(
-            "gpu:gpuscope_gpu_clock_throttle_reasons:active",
-            f"max by ({GPU}) (gpuscope_gpu_clock_event_active{throttling})",
+            THROTTLE_ACTIVE,
+            f"max by ({GPU}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling})",
         ),
         # "> 0": a generation outside the table (or a width of 0) has no known capacity;
         # dividing by 0 would give +Inf, a saturated link, under any traffic
         _rule(
-            "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second",
-            f"max by ({GPU}) (\n  gpuscope_gpu_pcie_link_width{s.sel()}\n"
-            f"  * on (job, instance, gpu, uuid) (\n    {capacity}\n  )\n)\n> 0",
+            PCIE_CAPACITY,
+            f"max by ({GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.sel()}\n"
+            f"  * on (job, instance, {GPU}) (\n    {capacity}\n  )\n)\n> 0",
         ),
         _rule(
-            f"gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}",
+            f"{PCIE_UTILIZATION}{w}",
             " or ".join(
                 f"label_replace(\n"
-                f"  sum by ({GPU}) (rate(gpuscope_gpu_pcie_{d}_bytes_total{s.sel()}[{w}]))\n"
-                f"  / on ({GPU}) gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second,\n"
-                f'  "direction", "{d}", "", ""\n)'
-                for d in ("receive", "transmit")
+                f"  sum by ({GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
+                f"  / on ({GPU}) {PCIE_CAPACITY},\n"
+                f'  "direction", "{direction}", "", ""\n)'
+                for direction, row in pcie.items()
             ),
         ),
         _rule(
-            "gpu:gpuscope_gpu_memory_used:ratio",
-            f"max by ({GPU}) (gpuscope_gpu_memory_used_bytes{s.sel()})\n/\n"
-            f"max by ({GPU}) (gpuscope_gpu_memory_total_bytes{s.sel()})",
+            MEMORY_USED_RATIO,
+            f"max by ({GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
+            f"max by ({GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
         ),
         # The per-host join for requests that name no GPU: each GPU's host (the
         # exporter's instance without the port), and the best-fed GPU of each host.
         _rule(
             GPU_HOST,
-            f"max by ({HOST_GPU}) (\n  {indent(with_host(s, f'gpuscope_gpu_info{s.sel()}'))}\n)",
+            f"max by ({HOST_GPU}) (\n  {indent(with_host(settings, info))}\n)",
         ),
         _rule(
             f"{HOST_OCCUPANCY}{w}",
-            _max_by_host(
-                with_host(s, f"avg_over_time(gpuscope_gpu_sm_occupancy_ratio{s.sel()}[{w}])")
-            ),
+            _max_by_host(with_host(settings, f"avg_over_time({occupancy}{settings.sel()}[{w}])")),
         ),
     ]
 
@@ -285,50 +348,42 @@ def _max_by_host(expr: str) -> str:
     return f"max by (host) (\n  {indent(expr)}\n)"
 
 
-# 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
-GPU_HOST = "host_gpu:gpuscope_gpu_info:max"
-HOST_OCCUPANCY = "host:gpuscope_gpu_sm_occupancy_ratio:max_avg"
-
-
-def gpu_conditions(s: Settings) -> dict[str, str]:
+def gpu_conditions(settings: Settings) -> dict[str, str]:
     """Per-GPU conditions (labels gpu, uuid) shared by the verdict and the alerts."""
-    w = s.window
+    w = settings.window
     return {
         "throttled": (
-            f"gpu:gpuscope_gpu_sm_clock:ratio_avg{w} < {s.throttle_clock_ratio:g}\n"
-            f"and on ({GPU}) gpu:gpuscope_gpu_utilization_ratio:avg{w} > "
-            f"{s.throttle_min_utilization:g}\n"
-            f"and on ({GPU}) gpu:gpuscope_gpu_clock_throttle_reasons:active == 1"
+            f"{SM_CLOCK_RATIO_AVG}{w} < {settings.throttle_clock_ratio:g}\n"
+            f"and on ({GPU}) {UTILIZATION_AVG}{w} > "
+            f"{settings.throttle_min_utilization:g}\n"
+            f"and on ({GPU}) {THROTTLE_ACTIVE} == 1"
         ),
-        "pcie": (
-            f"max by ({GPU}) (gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate{w}) > "
-            f"{s.pcie_utilization:g}"
-        ),
-        "underfed": f"gpu:gpuscope_gpu_sm_occupancy_ratio:avg{w} < {s.underfed_occupancy:g}",
+        "pcie": f"max by ({GPU}) ({PCIE_UTILIZATION}{w}) > {settings.pcie_utilization:g}",
+        "underfed": f"{OCCUPANCY_AVG}{w} < {settings.underfed_occupancy:g}",
     }
 
 
-def host_conditions(s: Settings) -> dict[str, str]:
+def host_conditions(settings: Settings) -> dict[str, str]:
     """The same conditions per host (label host), for requests that name no GPU: a host
     is throttled or saturates PCIe when one of its GPUs does (a request may run on any
     of them, and a tensor-parallel group runs at its slowest GPU's pace); it is
     underfed only when every one of its GPUs is."""
-    gpu = gpu_conditions(s)
+    gpu = gpu_conditions(settings)
     return {
         **{
             cause: f"max by (host) (\n  {GPU_HOST}\n  and on ({GPU}) ({indent(gpu[cause])})\n)"
             for cause in ("throttled", "pcie")
         },
-        "underfed": f"{HOST_OCCUPANCY}{s.window} < {s.underfed_occupancy:g}",
+        "underfed": f"{HOST_OCCUPANCY}{settings.window} < {settings.underfed_occupancy:g}",
     }
 
 
-def on_request_gpu(s: Settings, cause: str) -> str:
+def on_request_gpu(settings: Settings, cause: str) -> str:
     """The request series (one per source, service, model, host and GPU; any phase
     share) whose GPU meets condition ``cause``: joined on the GPU's UUID, or, where the
     requests name no GPU (``uuid`` empty), on their host."""
-    base = f"max by ({SMG}) (service_model_gpu:gpuscope_request_phase_seconds:share_mean{s.window})"
-    gpu, host = gpu_conditions(s)[cause], host_conditions(s)[cause]
+    base = f"max by ({SMG}) ({PHASE_SHARE_MEAN}{settings.window})"
+    gpu, host = gpu_conditions(settings)[cause], host_conditions(settings)[cause]
     return (
         f"{base}\n  and on ({GPU}) ({indent(indent(gpu))})\nor\n"
         f"{base}\n  and on ({HOST_GPU}) ({indent(indent(host))})"
@@ -337,26 +392,34 @@ def on_request_gpu(s: Settings, cause: str) -> str:
 
 # Verdict precedence: a hardware limit explains everything above it, so it wins; then
 # an underfed GPU (a feeding problem shows as queueing); then the dominant phase.
-VERDICT_CAUSES = ("none", "compute", "batch_wait", "queue", "underfed", "pcie", "throttled")
+COMPUTE, BATCH_WAIT, QUEUE = phase("compute"), phase("batch_wait"), phase("queue")
+VERDICT_CAUSES = ("none", COMPUTE, BATCH_WAIT, QUEUE, "underfed", "pcie", "throttled")
+VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
 
 
-def verdict_rules(s: Settings) -> list[dict[str, Any]]:
+def phase_is(name: str) -> str:
+    """The selector of phase ``name``'s series."""
+    return f'{{{PHASE}="{phase(name)}"}}'
+
+
+def verdict_rules(settings: Settings) -> list[dict[str, Any]]:
     """One verdict per source, service, model, host and GPU: each source's phase shares
     against the GPU conditions of the GPU the requests ran on (or of their host)."""
-    w = s.window
-    share = f"service_model_gpu:gpuscope_request_phase_seconds:share_mean{w}"
+    w = settings.window
+    share = f"{PHASE_SHARE_MEAN}{w}"
     base = f"max by ({SMG}) ({share})"
     conditions = {
         "none": "",
-        "compute": f'and on ({SMG}) {share}{{phase="compute"}} > {s.dominant_share:g}',
-        "batch_wait": f'and on ({SMG}) {share}{{phase="batch_wait"}} > {s.dominant_share:g}',
-        "queue": f'and on ({SMG}) {share}{{phase="queue"}} > {s.dominant_share:g}',
+        **{
+            dominant: f"and on ({SMG}) {share}{phase_is(dominant)} > {settings.dominant_share:g}"
+            for dominant in (COMPUTE, BATCH_WAIT, QUEUE)
+        },
         "underfed": (
-            f'and on ({SMG}) {share}{{phase="queue"}} > {s.underfed_queue_share:g}\n'
-            f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'underfed'))}\n)"
+            f"and on ({SMG}) {share}{phase_is(QUEUE)} > {settings.underfed_queue_share:g}\n"
+            f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'underfed'))}\n)"
         ),
-        "pcie": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'pcie'))}\n)",
-        "throttled": f"and on ({SMG}) (\n  {indent(on_request_gpu(s, 'throttled'))}\n)",
+        "pcie": f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'pcie'))}\n)",
+        "throttled": f"and on ({SMG}) (\n  {indent(on_request_gpu(settings, 'throttled'))}\n)",
     }
     candidates = "\nor\n".join(
         f"label_replace(\n  ({base} * 0 + {rank})"
@@ -369,10 +432,7 @@ def verdict_rules(s: Settings) -> list[dict[str, Any]]:
         # one series per candidate cause, valued by precedence
         _rule(rank, candidates),
         # the highest-precedence cause wins; value 1
-        _rule(
-            "service_model_gpu:gpuscope_bottleneck:verdict",
-            f"topk by ({SMG}) (1, {rank}) * 0 + 1",
-        ),
+        _rule(VERDICT, f"topk by ({SMG}) (1, {rank}) * 0 + 1"),
     ]
 
 
@@ -384,31 +444,31 @@ def indent(text: str) -> str:
 # gpuscope_worker_*, or vLLM's, mapped onto the same names), and the configured batching
 # window per model. A scrape target is one engine, so these never mix sources.
 INSTANCE = "job, instance"
-KV_USAGE = "instance:gpuscope_worker_kv_cache_usage_ratio:avg"
-PREEMPTIONS = "instance:gpuscope_worker_preemptions:rate"
-WAITING = "instance_endpoint:gpuscope_worker_requests_waiting:avg"
-RUNNING = "instance_endpoint:gpuscope_worker_requests_running:avg"
-QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
+KV_USAGE = f"instance:{WORKER_KV_USAGE}:avg"
+PREEMPTIONS = f"instance:{WORKER_PREEMPTIONS.removesuffix('_total')}:rate"
+WAITING = f"instance_endpoint:{WORKER_WAITING}:avg"
+RUNNING = f"instance_endpoint:{WORKER_RUNNING}:avg"
+QUEUE_DELAY = f"model:{WORKER_MAX_QUEUE_DELAY}:max"
 # vLLM schedules generation only: every request it runs or keeps waiting holds (or
 # needs) KV-cache blocks, the worker's "completions" endpoint.
 VLLM_ENDPOINT = "completions"
 
 
-def worker_rules(s: Settings) -> list[dict[str, Any]]:
+def worker_rules(settings: Settings) -> list[dict[str, Any]]:
     """The engine's state per scrape target: the worker's series, or vLLM's (one rule
     each, ``or``: a target is one engine or the other)."""
-    w, sel, vllm = s.window, s.worker_sel(), s.vllm_sel()
+    w, sel, vllm = settings.window, settings.worker_sel(), settings.vllm_sel()
     completions = f'"endpoint", "{VLLM_ENDPOINT}", "", ""'
     return [
         # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)
         _rule(
             f"{KV_USAGE}{w}",
-            f"max by ({INSTANCE}) (avg_over_time(gpuscope_worker_kv_cache_usage_ratio{sel}[{w}]))"
+            f"max by ({INSTANCE}) (avg_over_time({WORKER_KV_USAGE}{sel}[{w}]))"
             f"\nor\nmax by ({INSTANCE}) (avg_over_time({VLLM_KV_USAGE}{vllm}[{w}]))",
         ),
         _rule(
             f"{PREEMPTIONS}{w}",
-            f"sum by ({INSTANCE}) (rate(gpuscope_worker_preemptions_total{sel}[{w}]))"
+            f"sum by ({INSTANCE}) (rate({WORKER_PREEMPTIONS}{sel}[{w}]))"
             f"\nor\nsum by ({INSTANCE}) (rate({VLLM_PREEMPTIONS}{vllm}[{w}]))",
         ),
         # requests queued, or preempted and waiting to resume, per endpoint
@@ -420,26 +480,32 @@ def worker_rules(s: Settings) -> list[dict[str, Any]]:
                 f"  {completions}\n)",
             )
             for record, worker, native in (
-                (WAITING, "gpuscope_worker_requests_waiting", VLLM_WAITING),
-                (RUNNING, "gpuscope_worker_requests_running", VLLM_RUNNING),
+                (WAITING, WORKER_WAITING, VLLM_WAITING),
+                (RUNNING, WORKER_RUNNING, VLLM_RUNNING),
             )
         ),
         # the largest configured window among the workers serving a model
         _rule(
             QUEUE_DELAY,
-            f"max by (model) (\n  gpuscope_worker_max_queue_delay_seconds{sel}\n"
-            f"  * on ({INSTANCE}) group_left (model)\n  gpuscope_worker_info{sel}\n)",
+            f"max by (model) (\n  {WORKER_MAX_QUEUE_DELAY}{sel}\n"
+            f"  * on ({INSTANCE}) group_left (model)\n  {WORKER_INFO}{sel}\n)",
         ),
     ]
 
 
-def recording_groups(s: Settings) -> list[dict[str, Any]]:
-    slo_rules_all = [*slo_rules(s, s.latency_slo), *slo_rules(s, s.ttft_slo)]
+def recording_groups(settings: Settings) -> list[dict[str, Any]]:
+    groups = {
+        "gpuscope-requests": [
+            *phase_rules(settings),
+            *request_rules(settings),
+            *slo_rules(settings, settings.latency_slo),
+            *slo_rules(settings, settings.ttft_slo),
+        ],
+        "gpuscope-gpus": gpu_rules(settings),
+        "gpuscope-bottleneck": verdict_rules(settings),
+        "gpuscope-worker": worker_rules(settings),
+    }
     return [
-        {"name": "gpuscope-requests", "interval": s.interval, "rules": [
-            *phase_rules(s), *request_rules(s), *slo_rules_all,
-        ]},
-        {"name": "gpuscope-gpus", "interval": s.interval, "rules": gpu_rules(s)},
-        {"name": "gpuscope-bottleneck", "interval": s.interval, "rules": verdict_rules(s)},
-        {"name": "gpuscope-worker", "interval": s.interval, "rules": worker_rules(s)},
-    ]  # fmt: skip
+        {"name": name, "interval": settings.interval, "rules": rules}
+        for name, rules in groups.items()
+    ]

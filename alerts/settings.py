@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dashboards.contract import GPU_INDEX, MODEL, SERVICE, UUID
+from gpuscope.exporter import definitions as exporter_rows
+
 # The labels of service_model_gpu:* series: the source the numbers came through (see
 # dashboards/engines.py), then what the request ran on. ``host`` is the scrape
 # target's host (its ``instance`` without the port): the GPU join of requests that
 # name no GPU (``gpu`` and ``uuid`` empty).
-REQUEST = "service, model, host, gpu, uuid"
+SERVICE_MODEL = f"{SERVICE}, {MODEL}"
+GPU = f"{GPU_INDEX}, {UUID}"
+REQUEST = f"{SERVICE_MODEL}, host, {GPU}"
 SMG = "source, " + REQUEST
-SM = "source, service, model"  # service_model:* series
-GPU = "gpu, uuid"
-HOST_GPU = "host, gpu, uuid"
+HOST_GPU = "host, " + GPU
 # Clock event reasons that mean the hardware holds clocks down (not idle, not a setting).
 THROTTLE_REASONS = (
     "hw_slowdown",
@@ -83,18 +86,10 @@ class Settings:
     memory_used_ratio: float = 0.95
     error_ratio: float = 0.05  # 5xx share of model requests
     latency_slo: Slo = Slo(
-        "latency",
-        "Request latency",
-        "gpuscope_request_duration_seconds",
-        "1.0",
-        0.99,
+        "latency", "Request latency", exporter_rows.REQUEST_DURATION.name, "1.0", 0.99
     )
     ttft_slo: Slo = Slo(
-        "ttft",
-        "Time to first token",
-        "gpuscope_time_to_first_token_seconds",
-        "0.5",
-        0.99,
+        "ttft", "Time to first token", exporter_rows.TIME_TO_FIRST_TOKEN.name, "0.5", 0.99
     )
     # multi-window multi-burn-rate (SRE workbook): (long, short, burn rate)
     page_burns: tuple[tuple[str, str, float], ...] = (("1h", "5m", 14.4), ("6h", "30m", 6.0))

@@ -49,12 +49,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from gpuscope import spans as attr
 from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope.exporter.definitions import REQUEST_DURATION
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_exposition
-from gpuscope.exporter.series import LATENCY_BUCKETS
+from gpuscope.exporter.render import render_chunks
+from gpuscope.exporter.series import LATENCY_BUCKETS, HistogramFamily
 
 # -- realistic requests: what setup_tracing() sends for the middleware and BatchRecorder.
 # Per request: one SERVER span with the HTTP, GenAI and phase attributes and its three
@@ -209,20 +210,36 @@ def _equivalent_registries() -> tuple[CollectorRegistry, SpanAggregator, Collect
     theirs = CollectorRegistry()
     theirs.register(GpuCollector(poller))
     histogram = Histogram(
-        "gpuscope_request_duration_seconds",
+        REQUEST_DURATION.name,
         "Request duration.",
-        ("service", "model", "route", "code", "uuid", "gpu"),
+        REQUEST_DURATION.labels,
         buckets=LATENCY_BUCKETS,
         registry=theirs,
     )
     for i in range(200):
-        labels = ("svc", f"model-{i % 10}", f"/r{i // 10}", "200", f"GPU-{i % 8}", str(i % 8))
+        labels = (
+            "svc",
+            f"model-{i % 10}",
+            "chat",
+            f"/r{i // 10}",
+            "200",
+            f"GPU-{i % 8}",
+            str(i % 8),
+        )
         for j in range(50):
             seconds = 0.0003 * (j + 1) * (i % 7 + 1)
             aggregator.duration.observe(labels, seconds, (b"\x01" * 16, b"\x02" * 8, 1))
             exemplar = {"trace_id": "01" * 16, "span_id": "02" * 8}
             histogram.labels(*labels).observe(seconds, exemplar)
     return ours, aggregator, theirs
+
+
+def _render(
+    registry: CollectorRegistry, histograms: Sequence[HistogramFamily], accept: str
+) -> tuple[bytes, str]:
+    """The /metrics body as the exporter serves it (uncompressed), and its content type."""
+    chunks, content_type = render_chunks(registry, histograms, accept)
+    return b"".join(chunks), content_type
 
 
 def bench_render(runs: int) -> None:
@@ -232,7 +249,7 @@ def bench_render(runs: int) -> None:
         ("", generate_latest, "text"),
         (openmetrics, generate_openmetrics, "OpenMetrics"),
     ):
-        render = partial(render_exposition, ours, aggregator.histograms, accept)
+        render = partial(_render, ours, aggregator.histograms, accept)
         mine = [t * 1e6 for t in _time(render, runs)]
         reference = [t * 1e6 for t in _time(partial(writer, theirs), runs)]
         size, their_size = len(render()[0]), len(writer(theirs))

@@ -38,7 +38,7 @@ from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.render import render_exposition
+from gpuscope.exporter.render import render_chunks
 from gpuscope.exporter.server import start_exporter
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -154,11 +154,12 @@ async def report_format(
         size = int(output)
 
     async def render_on_loop() -> None:
-        render_exposition(
+        chunks, _ = render_chunks(
             exporter_state.registry,  # type: ignore[attr-defined]
             exporter_state.aggregator.histograms,  # type: ignore[attr-defined]
             accept,
         )
+        b"".join(chunks)
 
     async def idle() -> None:
         await asyncio.sleep(0.5)

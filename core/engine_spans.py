@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gpuscope import spans as attr
+from gpuscope import spans
 
 # The attribute the middleware sets on an engine span whose request a gpuscope server
 # span in the same process counts: the exporter then counts nothing from it.
@@ -63,7 +63,7 @@ SECONDS_ATTRIBUTES: Final = (
     VLLM_E2E,
 )
 COUNT_ATTRIBUTES: Final = (VLLM_PROMPT_TOKENS, VLLM_COMPLETION_TOKENS)
-TEXT_ATTRIBUTES: Final = (attr.GEN_AI_REQUEST_MODEL, VLLM_RESPONSE_MODEL)
+TEXT_ATTRIBUTES: Final = (spans.GEN_AI_REQUEST_MODEL, VLLM_RESPONSE_MODEL)
 
 
 class EngineSpanInvalid(ValueError):
@@ -112,7 +112,7 @@ def read_engine_span(attributes: Mapping[str, object]) -> EngineReport:
     tpot = None
     if decode is not None and tokens_out is not None and tokens_out > 1:
         tpot = decode / (tokens_out - 1)
-    model = _text(attributes, attr.GEN_AI_REQUEST_MODEL) or _text(attributes, VLLM_RESPONSE_MODEL)
+    model = _text(attributes, spans.GEN_AI_REQUEST_MODEL) or _text(attributes, VLLM_RESPONSE_MODEL)
     return EngineReport(
         phases=phases,
         stages=stages,

@@ -51,10 +51,6 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def env_name(field_name: str, prefix: str = "GPUSCOPE_") -> str:
-    return prefix + field_name.upper()
-
-
 def _twin(flag: str, prefix: str) -> str:
     """``--gpu-interval-s`` -> ``GPUSCOPE_GPU_INTERVAL_S``."""
     return prefix + flag.removeprefix("--").replace("-", "_").upper()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
-from panels import (
+
+from dashboards.contract import OVERFLOWED_METRIC, REASON, VERSION, series
+from dashboards.panels import (
     EXPORTER_CHAIN,
     HALF,
     QUARTER,
@@ -17,13 +19,15 @@ from panels import (
     stat_panel,
     timeseries,
 )
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.definitions import MetricDef
 
 UID = "gpuscope-exporter-health"
 EXPORTER = selector("job", "instance")
 
 
-def per_second(metric: str, by: str) -> str:
-    return f"sum by ({by}) (rate({metric}{EXPORTER}[{RATE}]))"
+def per_second(counter: MetricDef, by: str) -> str:
+    return f"sum by ({by}) (rate({series(counter)}{EXPORTER}[{RATE}]))"
 
 
 def build() -> Dashboard:
@@ -49,7 +53,7 @@ def build() -> Dashboard:
             "gpuscope version each exporter runs.",
             [
                 query(
-                    f"max by (instance, version) (gpuscope_build_info{EXPORTER})",
+                    f"max by (instance, {VERSION}) ({series(exporter_rows.BUILD_INFO)}{EXPORTER})",
                     "{{instance}} {{version}}",
                 )
             ],
@@ -80,7 +84,7 @@ def build() -> Dashboard:
         timeseries(
             "Spans received",
             "Spans per second in decoded OTLP export requests.",
-            [query(per_second("gpuscope_spans_received_total", "instance"), "{{instance}}")],
+            [query(per_second(exporter_rows.SPANS_RECEIVED, "instance"), "{{instance}}")],
             "short",
             THIRD,
         )
@@ -90,7 +94,7 @@ def build() -> Dashboard:
             "Spans rejected by reason",
             "Spans per second dropped for breaking the span contract (bad ids, durations, "
             "attribute types, over-long labels).",
-            [query(per_second("gpuscope_spans_rejected_total", "reason"), "{{reason}}")],
+            [query(per_second(exporter_rows.SPANS_REJECTED, REASON), "{{reason}}")],
             "short",
             THIRD,
             stacked=True,
@@ -101,7 +105,7 @@ def build() -> Dashboard:
             "OTLP requests rejected by reason",
             "Export requests per second refused as a whole (too large, bad encoding, "
             "unauthorized).",
-            [query(per_second("gpuscope_otlp_requests_rejected_total", "reason"), "{{reason}}")],
+            [query(per_second(exporter_rows.OTLP_REQUESTS_REJECTED, REASON), "{{reason}}")],
             "reqps",
             THIRD,
             stacked=True,
@@ -113,7 +117,7 @@ def build() -> Dashboard:
             "Series overflow",
             "Observations per second sent to a metric's overflow series because it hit "
             "--max-series: raise the limit or find the sender with unbounded labels.",
-            [query(per_second("gpuscope_series_overflow_total", "metric"), "{{metric}}")],
+            [query(per_second(exporter_rows.SERIES_OVERFLOW, OVERFLOWED_METRIC), "{{metric}}")],
             "short",
             HALF,
             stacked=True,
@@ -126,11 +130,10 @@ def build() -> Dashboard:
             "reason. Only exporters started with --forward-otlp have these series.",
             [
                 query(
-                    per_second("gpuscope_forward_spans_sent_total", "instance"), "{{instance}} sent"
+                    per_second(exporter_rows.FORWARD_SPANS_SENT, "instance"), "{{instance}} sent"
                 ),
                 query(
-                    per_second("gpuscope_forward_spans_dropped_total", "reason"),
-                    "dropped: {{reason}}",
+                    per_second(exporter_rows.FORWARD_SPANS_DROPPED, REASON), "dropped: {{reason}}"
                 ),
             ],
             "short",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
-from panels import (
+
+from dashboards.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, XID, series
+from dashboards.panels import (
     GPU_CHAIN,
     HALF,
     QUARTER,
@@ -18,17 +20,20 @@ from panels import (
     state_timeline,
     timeseries,
 )
-from pcie import capacity_expr
+from dashboards.pcie import capacity_expr
+from gpuscope.exporter.definitions import MetricDef
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 UID = "gpuscope-gpu"
-GPU = selector("job", "instance", "gpu")
+GPU = selector("job", "instance", GPU_INDEX)
 EXPORTER = selector("job", "instance")
 LEGEND = "{{instance}} GPU {{gpu}}"
+# by instance too: GPU indexes repeat on every host, and "All" spans hosts
+PER_GPU = f"instance, {GPU_INDEX}"
 
 
-def per_gpu(metric: str, legend: str = LEGEND) -> list[Dataquery]:
-    # by instance too: GPU indexes repeat on every host, and "All" spans hosts
-    return [query(f"max by (instance, gpu) ({metric}{GPU})", legend)]
+def per_gpu(row: MetricDef, legend: str = LEGEND) -> list[Dataquery]:
+    return [query(f"max by ({PER_GPU}) ({series(row)}{GPU})", legend)]
 
 
 def build() -> Dashboard:
@@ -55,7 +60,7 @@ def _health(board: Dashboard) -> None:
             "GPU up",
             "1 if the GPU could be read in the last poll; 0 for a lost GPU (XID 79, fallen "
             "off the bus).",
-            per_gpu("gpuscope_gpu_up"),
+            per_gpu(gpu_rows.UP),
             "bool_yes_no",
         )
     )
@@ -65,7 +70,8 @@ def _health(board: Dashboard) -> None:
             "1 if the GPU collector's last run succeeded.",
             [
                 query(
-                    f"min by (instance, collector) (gpuscope_collector_success{EXPORTER})",
+                    f"min by (instance, {COLLECTOR}) "
+                    f"({series(gpu_rows.COLLECTOR_SUCCESS)}{EXPORTER})",
                     "{{instance}} {{collector}}",
                 )
             ],
@@ -79,7 +85,8 @@ def _health(board: Dashboard) -> None:
             "during a scrape).",
             [
                 query(
-                    f"max by (instance, collector) (gpuscope_collector_duration_seconds{EXPORTER})",
+                    f"max by (instance, {COLLECTOR}) "
+                    f"({series(gpu_rows.COLLECTOR_DURATION)}{EXPORTER})",
                     "{{instance}} {{collector}}",
                 )
             ],
@@ -96,7 +103,7 @@ def _activity(board: Dashboard) -> None:
             "SM occupancy",
             "Resident warps over the SMs' warp capacity (GPM/DCGM). Under ~70 % while "
             "requests queue means the batcher is not feeding the GPU.",
-            per_gpu("gpuscope_gpu_sm_occupancy_ratio"),
+            per_gpu(gpu_rows.SM_OCCUPANCY),
             "percentunit",
             THIRD,
             max_value=1,
@@ -108,11 +115,12 @@ def _activity(board: Dashboard) -> None:
             "Fraction of SMs busy, of time tensor cores were busy, and of peak DRAM bandwidth "
             "used (GPM/DCGM).",
             [
-                query(
-                    f"max by (instance, gpu) (gpuscope_gpu_{name}_active_ratio{GPU})",
-                    f"{LEGEND} {name}",
+                query(f"max by ({PER_GPU}) ({series(gauge)}{GPU})", f"{LEGEND} {name}")
+                for name, gauge in (
+                    ("sm", gpu_rows.SM_ACTIVE),
+                    ("tensor", gpu_rows.TENSOR_ACTIVE),
+                    ("dram", gpu_rows.DRAM_ACTIVE),
                 )
-                for name in ("sm", "tensor", "dram")
             ],
             "percentunit",
             THIRD,
@@ -123,7 +131,7 @@ def _activity(board: Dashboard) -> None:
         timeseries(
             "Utilization",
             "Fraction of time any kernel ran (NVML's coarse utilization; see SM activity).",
-            per_gpu("gpuscope_gpu_utilization_ratio"),
+            per_gpu(gpu_rows.UTILIZATION),
             "percentunit",
             THIRD,
             max_value=1,
@@ -133,16 +141,17 @@ def _activity(board: Dashboard) -> None:
 
 def _clocks(board: Dashboard) -> None:
     board.with_row(row("Clocks"))
-    for name, title in (("sm", "SM clock"), ("memory", "Memory clock")):
+    for title, clock, most in (
+        ("SM clock", gpu_rows.SM_CLOCK, gpu_rows.SM_CLOCK_MAX),
+        ("Memory clock", gpu_rows.MEMORY_CLOCK, gpu_rows.MEMORY_CLOCK_MAX),
+    ):
         board.with_panel(
             timeseries(
                 f"{title} against its maximum",
                 f"Current {title.lower()} and the maximum it could run at.",
                 [
-                    *per_gpu(f"gpuscope_gpu_{name}_clock_hertz", "{{instance}} GPU {{gpu}}"),
-                    *per_gpu(
-                        f"gpuscope_gpu_{name}_clock_max_hertz", "{{instance}} GPU {{gpu}} max"
-                    ),
+                    *per_gpu(clock, "{{instance}} GPU {{gpu}}"),
+                    *per_gpu(most, "{{instance}} GPU {{gpu}} max"),
                 ],
                 "hertz",
                 THIRD,
@@ -155,7 +164,7 @@ def _clocks(board: Dashboard) -> None:
             "load mean the hardware is throttling; gpu_idle is harmless.",
             [
                 query(
-                    f"max by (instance, gpu, reason) (gpuscope_gpu_clock_event_active{GPU})",
+                    f"max by ({PER_GPU}, {REASON}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{GPU})",
                     "{{instance}} GPU {{gpu}} {{reason}}",
                 )
             ],
@@ -166,26 +175,28 @@ def _clocks(board: Dashboard) -> None:
 
 def _pcie(board: Dashboard) -> None:
     board.with_row(row("PCIe"))
-    for direction, metric in (("TX", "transmit"), ("RX", "receive")):
+    for direction, verb, counter in (
+        ("TX", "transmit", gpu_rows.PCIE_TRANSMIT),
+        ("RX", "receive", gpu_rows.PCIE_RECEIVE),
+    ):
         board.with_panel(
             timeseries(
                 f"PCIe {direction} against link capacity",
-                f"Bytes per second the GPU {metric}s over PCIe, and what its current link "
+                f"Bytes per second the GPU {verb}s over PCIe, and what its current link "
                 "(generation x width, after line coding) can carry per direction.",
                 [
-                    query(_pcie_rate(metric), "{{instance}} GPU {{gpu}}"),
                     query(
-                        f"max by (instance, gpu) ({capacity_expr(GPU)})",
+                        f"sum by ({PER_GPU}) (rate({series(counter)}{GPU}[{RATE}]))",
+                        "{{instance}} GPU {{gpu}}",
+                    ),
+                    query(
+                        f"max by ({PER_GPU}) ({capacity_expr(GPU)})",
                         "{{instance}} GPU {{gpu}} capacity",
                     ),
                 ],
                 "Bps",
             )
         )
-
-
-def _pcie_rate(metric: str) -> str:
-    return f"sum by (instance, gpu) (rate(gpuscope_gpu_pcie_{metric}_bytes_total{GPU}[{RATE}]))"
 
 
 def _memory_power(board: Dashboard) -> None:
@@ -195,8 +206,8 @@ def _memory_power(board: Dashboard) -> None:
             "Memory used against total",
             "Device memory in use and in total.",
             [
-                *per_gpu("gpuscope_gpu_memory_used_bytes", "{{instance}} GPU {{gpu}} used"),
-                *per_gpu("gpuscope_gpu_memory_total_bytes", "{{instance}} GPU {{gpu}} total"),
+                *per_gpu(gpu_rows.MEMORY_USED, "{{instance}} GPU {{gpu}} used"),
+                *per_gpu(gpu_rows.MEMORY_TOTAL, "{{instance}} GPU {{gpu}} total"),
             ],
             "bytes",
             QUARTER,
@@ -207,8 +218,8 @@ def _memory_power(board: Dashboard) -> None:
             "Power against limit",
             "Power draw and the enforced power limit.",
             [
-                *per_gpu("gpuscope_gpu_power_watts", "{{instance}} GPU {{gpu}}"),
-                *per_gpu("gpuscope_gpu_power_limit_watts", "{{instance}} GPU {{gpu}} limit"),
+                *per_gpu(gpu_rows.POWER, "{{instance}} GPU {{gpu}}"),
+                *per_gpu(gpu_rows.POWER_LIMIT, "{{instance}} GPU {{gpu}} limit"),
             ],
             "watt",
             QUARTER,
@@ -218,7 +229,7 @@ def _memory_power(board: Dashboard) -> None:
         timeseries(
             "Temperature",
             "GPU core temperature.",
-            per_gpu("gpuscope_gpu_temperature_celsius"),
+            per_gpu(gpu_rows.TEMPERATURE),
             "celsius",
             QUARTER,
         )
@@ -229,8 +240,7 @@ def _memory_power(board: Dashboard) -> None:
             "Energy the GPU consumed over the dashboard's time range.",
             [
                 query(
-                    "sum by (instance, gpu) "
-                    f"(increase(gpuscope_gpu_energy_joules_total{GPU}[$__range]))",
+                    f"sum by ({PER_GPU}) (increase({series(gpu_rows.ENERGY)}{GPU}[$__range]))",
                     LEGEND,
                 )
             ],
@@ -248,13 +258,12 @@ def _errors(board: Dashboard) -> None:
             "ECC, 79: fallen off the bus, ...).",
             [
                 query(
-                    "sum by (instance, gpu) "
-                    f"(increase(gpuscope_gpu_xid_events_total{GPU}[{RATE}]))",
+                    f"sum by ({PER_GPU}) (increase({series(gpu_rows.XID_EVENTS)}{GPU}[{RATE}]))",
                     "{{instance}} GPU {{gpu}} all codes",
                 ),
                 query(
-                    "sum by (instance, gpu, xid) "
-                    f"(increase(gpuscope_gpu_xid_errors_total{GPU}[{RATE}]))",
+                    f"sum by ({PER_GPU}, {XID}) "
+                    f"(increase({series(gpu_rows.XID_ERRORS)}{GPU}[{RATE}]))",
                     "{{instance}} GPU {{gpu}} XID {{xid}}",
                 ),
             ],
@@ -267,8 +276,8 @@ def _errors(board: Dashboard) -> None:
             "ECC errors counted by the driver, by type; any uncorrected error needs action.",
             [
                 query(
-                    "sum by (instance, gpu, type) "
-                    f"(increase(gpuscope_gpu_ecc_errors_total{GPU}[{RATE}]))",
+                    f"sum by ({PER_GPU}, {ECC_TYPE}) "
+                    f"(increase({series(gpu_rows.ECC_ERRORS)}{GPU}[{RATE}]))",
                     "{{instance}} GPU {{gpu}} {{type}}",
                 )
             ],

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import serving
-from engines import (
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+
+from dashboards import contract, serving
+from dashboards.contract import series
+from dashboards.engines import (
     DURATION_HISTOGRAM,
     PHASE_HISTOGRAM,
     STAGE_HISTOGRAM,
     TPOT_HISTOGRAM,
     TTFT_HISTOGRAM,
+    WORKER_MAX_BATCH_SIZE,
+    WORKER_MAX_QUEUE_DELAY,
     phases_note,
 )
-from grafana_foundation_sdk.builders import timeseries as timeseries_builders
-from grafana_foundation_sdk.builders.dashboard import Dashboard
-from grafana_foundation_sdk.builders.prometheus import Dataquery
-from panels import (
+from dashboards.panels import (
     FULL,
     HALF,
     RATE,
@@ -30,17 +34,21 @@ from panels import (
     text_panel,
     timeseries,
 )
-from recorded import rate as recorded_rate
+from dashboards.recorded import rate as recorded_rate
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.definitions import MetricDef
 
 UID = "gpuscope-inference-latency"
 QUANTILES = (0.5, 0.95, 0.99)
 
 # Request histograms carry route; phase, token-timing and batch histograms do not.
-REQUEST = selector("job", "instance", "service", "model", "route", "gpu")
-PHASE = selector("job", "instance", "service", "model", "gpu")
-TOKENS = selector("job", "instance", "service", "model")
+REQUEST_VARIABLES = [variable.name for variable in REQUEST_CHAIN]
+PHASE_VARIABLES = [name for name in REQUEST_VARIABLES if name != contract.ROUTE]
+REQUEST = selector(*REQUEST_VARIABLES)
+PHASE = selector(*PHASE_VARIABLES)
+TOKENS = selector("job", "instance", contract.SERVICE, contract.MODEL)
 # The recording rules' per-source series: no job, instance or route.
-PER_SOURCE = selector("source", "service", "model", "gpu")
+PER_SOURCE = selector("source", contract.SERVICE, contract.MODEL, contract.GPU_INDEX)
 VLLM_BUCKETS_NOTE = (
     " vLLM's request-time buckets start at 0.3 s (TTFT's at 1 ms): its means are exact, "
     "its quantiles under a second coarse."
@@ -52,10 +60,10 @@ def rate(metric: str, sel: str, by: str = "") -> str:
     return f"sum{grouping} (rate({metric}{sel}[{RATE}]))"
 
 
-def quantile_targets(histogram: str, sel: str) -> list[Dataquery]:
+def quantile_targets(histogram: MetricDef, sel: str) -> list[Dataquery]:
     return [
         query(
-            f"histogram_quantile({q}, {rate(histogram + '_bucket', sel, 'le')})",
+            f"histogram_quantile({q}, {rate(series(histogram, 'bucket'), sel, 'le')})",
             f"P{round(q * 100)}",
             exemplar=True,
         )
@@ -63,8 +71,9 @@ def quantile_targets(histogram: str, sel: str) -> list[Dataquery]:
     ]
 
 
-def phase_p99(by: str = "phase, le") -> str:
-    return f"histogram_quantile(0.99, {rate('gpuscope_request_phase_seconds_bucket', PHASE, by)})"
+def phase_p99(by: str = f"{contract.PHASE}, le") -> str:
+    bucket = series(exporter_rows.REQUEST_PHASE, "bucket")
+    return f"histogram_quantile(0.99, {rate(bucket, PHASE, by)})"
 
 
 def build() -> Dashboard:
@@ -72,22 +81,23 @@ def build() -> Dashboard:
         UID,
         "gpuscope / Inference latency",
         "Where each request's milliseconds went: rate, latency quantiles, time per phase "
-        "(preprocess, queue, batch_wait, compute, postprocess; compute split into prefill "
-        "and decode where the engine reports them), streaming, batching, the serving "
+        f"({', '.join(contract.PHASES)}; compute split into "
+        f"{' and '.join(contract.COMPUTE_STAGES)} where the engine reports them), "
+        "streaming, batching, the serving "
         "engine's queue, KV cache and preemptions (from the worker's or vLLM's /metrics), "
         "and the same latencies per source of request timings (gpuscope's spans, vLLM's "
         "own /metrics).",
         REQUEST_CHAIN,
         (SOURCE,),
     )
-    count = "gpuscope_request_duration_seconds_count"
+    count = series(exporter_rows.REQUEST_DURATION, "count")
     board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 5)))
     board.with_row(row("Traffic (gpuscope spans)"))
     board.with_panel(
         timeseries(
             "Request rate by status",
             "Requests finished per second, by HTTP status code.",
-            [query(rate(count, REQUEST, "code"), "{{code}}")],
+            [query(rate(count, REQUEST, contract.CODE), "{{code}}")],
             "reqps",
             THIRD,
             stacked=True,
@@ -95,7 +105,7 @@ def build() -> Dashboard:
     )
     errors = rate(
         count,
-        selector("job", "instance", "service", "model", "route", "gpu", extra=['code=~"5.."']),
+        selector(*REQUEST_VARIABLES, extra=[f'{contract.CODE}=~"5.."']),
     )
     board.with_panel(
         timeseries(
@@ -110,7 +120,12 @@ def build() -> Dashboard:
         timeseries(
             "Tokens per second",
             "Input (prompt) and output (generated) tokens processed per second.",
-            [query(rate("gpuscope_tokens_total", TOKENS, "direction"), "{{direction}}")],
+            [
+                query(
+                    rate(series(exporter_rows.TOKENS), TOKENS, contract.DIRECTION),
+                    "{{direction}}",
+                )
+            ],
             "suffix: tokens/s",
             THIRD,
         )
@@ -121,13 +136,13 @@ def build() -> Dashboard:
             "End-to-end latency",
             "P50, P95 and P99 of the request duration, from arrival to the last body chunk. "
             "Exemplars link to the trace of a request in that bucket.",
-            quantile_targets("gpuscope_request_duration_seconds", REQUEST),
+            quantile_targets(exporter_rows.REQUEST_DURATION, REQUEST),
             "s",
             FULL,
         )
     )
-    phase_sum = rate("gpuscope_request_phase_seconds_sum", PHASE, "phase")
-    phase_count = rate("gpuscope_request_phase_seconds_count", PHASE, "phase")
+    phase_sum = rate(series(exporter_rows.REQUEST_PHASE, "sum"), PHASE, contract.PHASE)
+    phase_count = rate(series(exporter_rows.REQUEST_PHASE, "count"), PHASE, contract.PHASE)
     board.with_panel(
         timeseries(
             "Mean time per phase",
@@ -158,7 +173,8 @@ def build() -> Dashboard:
             "capacity or scheduling, compute at the model or the hardware.",
             [
                 query(
-                    f"{phase_p99()}\n/ ignoring (phase) group_left\nsum({phase_p99()})", "{{phase}}"
+                    f"{phase_p99()}\n/ ignoring ({contract.PHASE}) group_left\nsum({phase_p99()})",
+                    "{{phase}}",
                 )
             ],
             "percentunit",
@@ -172,7 +188,7 @@ def build() -> Dashboard:
         timeseries(
             "Time to first token",
             "P50, P95 and P99 from arrival to the first streamed chunk (streaming requests).",
-            quantile_targets("gpuscope_time_to_first_token_seconds", PHASE),
+            quantile_targets(exporter_rows.TIME_TO_FIRST_TOKEN, PHASE),
             "s",
         )
     )
@@ -180,21 +196,22 @@ def build() -> Dashboard:
         timeseries(
             "Time per output token",
             "P50, P95 and P99 of the time per generated token after the first one.",
-            quantile_targets("gpuscope_time_per_output_token_seconds", PHASE),
+            quantile_targets(exporter_rows.TIME_PER_OUTPUT_TOKEN, PHASE),
             "s",
         )
     )
     board.with_row(row("Batching (gpuscope spans; not in continuous-batching engines)"))
+    batch_bucket = series(exporter_rows.BATCH_SIZE, "bucket")
     board.with_panel(
         heatmap_panel(
             "Batch size distribution",
             "Batch executions per batch-size bucket over time.",
-            query(f"sum by (le) (increase(gpuscope_batch_size_bucket{PHASE}[{RATE}]))"),
+            query(f"sum by (le) (increase({batch_bucket}{PHASE}[{RATE}]))"),
             "short",
         )
     )
-    batch_sum = rate("gpuscope_batch_size_sum", PHASE)
-    batch_count = rate("gpuscope_batch_size_count", PHASE)
+    batch_sum = rate(series(exporter_rows.BATCH_SIZE, "sum"), PHASE)
+    batch_count = rate(series(exporter_rows.BATCH_SIZE, "count"), PHASE)
     board.with_panel(
         timeseries(
             "Mean batch size and batch rate",
@@ -203,7 +220,7 @@ def build() -> Dashboard:
             [
                 query(f"{batch_sum}\n/\n{batch_count}", "mean batch size"),
                 query(batch_count, "batches/s"),
-                query(serving.configured("gpuscope_worker_max_batch_size"), "configured maximum"),
+                query(serving.configured(WORKER_MAX_BATCH_SIZE), "configured maximum"),
             ],
             "short",
         )
@@ -241,7 +258,7 @@ def add_source_rows(board: Dashboard) -> None:
             "they add up to the mean of what the engine reports (for vLLM, queue plus "
             "compute: its end-to-end time also holds the API server's own work)."
             + VLLM_BUCKETS_NOTE,
-            [query(_mean(PHASE_HISTOGRAM, "phase"), "{{phase}}")],
+            [query(_mean(PHASE_HISTOGRAM, contract.PHASE), "{{phase}}")],
             "s",
             HALF,
             stacked=True,
@@ -253,7 +270,7 @@ def add_source_rows(board: Dashboard) -> None:
             "Mean seconds in each part of compute, where the engine reports them (vLLM: "
             "prefill, then decode); stacked, they add up to the mean compute time. Empty "
             "for engines that report compute whole (the reference worker).",
-            [query(_mean(STAGE_HISTOGRAM, "stage"), "{{stage}}")],
+            [query(_mean(STAGE_HISTOGRAM, contract.STAGE), "{{stage}}")],
             "s",
             HALF,
             stacked=True,
@@ -265,8 +282,8 @@ def add_source_rows(board: Dashboard) -> None:
             "P99 of each phase and of each part of compute, not stacked: quantiles do not "
             "add up." + VLLM_BUCKETS_NOTE,
             [
-                query(_quantile(0.99, PHASE_HISTOGRAM, "phase"), "{{phase}}"),
-                query(_quantile(0.99, STAGE_HISTOGRAM, "stage"), "compute: {{stage}}"),
+                query(_quantile(0.99, PHASE_HISTOGRAM, contract.PHASE), "{{phase}}"),
+                query(_quantile(0.99, STAGE_HISTOGRAM, contract.STAGE), "compute: {{stage}}"),
             ],
             "s",
             HALF,
@@ -314,8 +331,8 @@ def add_source_rows(board: Dashboard) -> None:
 
 def batch_wait_panel() -> timeseries_builders.Panel:
     """Measured batch wait against the window the batcher is configured to wait."""
-    wait = selector("job", "instance", "service", "model", "gpu", extra=['phase="batch_wait"'])
-    bucket = "gpuscope_request_phase_seconds_bucket"
+    wait = selector(*PHASE_VARIABLES, extra=[f'{contract.PHASE}="{contract.phase("batch_wait")}"'])
+    bucket = series(exporter_rows.REQUEST_PHASE, "bucket")
     return timeseries(
         "Batch wait against the configured window",
         "P50 and P99 of the time a request waited for its batch to fill, beside the "
@@ -330,9 +347,7 @@ def batch_wait_panel() -> timeseries_builders.Panel:
                 )
                 for q in (0.5, 0.99)
             ),
-            query(
-                serving.configured("gpuscope_worker_max_queue_delay_seconds"), "configured window"
-            ),
+            query(serving.configured(WORKER_MAX_QUEUE_DELAY), "configured window"),
         ],
         "s",
         FULL,

@@ -12,10 +12,14 @@ share of its maximum, and PCIe traffic as a share of link capacity.
 
 from __future__ import annotations
 
-from engines import PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
-from panels import (
+
+from alerts.recording import BATCH_WAIT, COMPUTE, QUEUE
+from alerts.settings import GPU
+from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, series
+from dashboards.engines import PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
+from dashboards.panels import (
     RATE,
     SOURCE_CHAIN,
     THIRD,
@@ -29,23 +33,25 @@ from panels import (
     text_panel,
     timeseries,
 )
-from pcie import capacity_expr
-from recorded import GPU_HOST, VERDICT, rate
+from dashboards.pcie import capacity_expr
+from dashboards.recorded import GPU_HOST, VERDICT, rate
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 UID = "gpuscope-where-did-the-time-go"
 # Written by the bottleneck rules in alerts/: 1 for the cause that holds now.
-CAUSES = ("queue", "batch_wait", "compute", "underfed", "throttled", "pcie", "none")
+CAUSES = (QUEUE, BATCH_WAIT, COMPUTE, "underfed", "throttled", "pcie", "none")
 # The rules keep source, service, model, host, gpu and uuid.
-RULE = selector("source", "host", "service", "model", "gpu")
+RULE = selector("source", "host", SERVICE, MODEL, GPU_INDEX)
 # GPU series of the row's host: the rules' GPU-to-host map, so the host is the one the
 # verdict joined on.
-ON_HOST = f"and on (gpu, uuid) {GPU_HOST}{selector('host', 'gpu')}"
+ON_HOST = f"and on ({GPU}) {GPU_HOST}{selector('host', GPU_INDEX)}"
+PER_GPU = f"instance, {GPU_INDEX}"
 
 
 def _verdict() -> str:
     # requests that name no GPU are judged against every GPU of their host: "GPU all"
-    verdict = f'label_replace({VERDICT}{RULE} == 1, "gpu", "all", "gpu", "")'
-    return f"max by (service, model, gpu, cause) (\n{verdict}\n)"
+    verdict = f'label_replace({VERDICT}{RULE} == 1, "{GPU_INDEX}", "all", "{GPU_INDEX}", "")'
+    return f"max by ({SERVICE}, {MODEL}, {GPU_INDEX}, cause) (\n{verdict}\n)"
 
 
 def _share(histogram: str, key: str, statistic: str) -> str:
@@ -98,7 +104,7 @@ def build() -> Dashboard:
                 "Each phase's part of the request time on this host; stacked to 100 %. "
                 "Only the phases the engine reports (see the note above): for vLLM, "
                 "queue and compute.",
-                [query(_share(PHASE_HISTOGRAM, "phase", statistic), "{{phase}}")],
+                [query(_share(PHASE_HISTOGRAM, PHASE, statistic), "{{phase}}")],
                 "percentunit",
                 THIRD,
                 stacked=True,
@@ -111,14 +117,14 @@ def build() -> Dashboard:
             "The parts of compute where the engine reports them (vLLM: prefill, then "
             "decode), as shares of their sum, which is compute; stacked to 100 %. Empty "
             "for engines that report compute whole (the reference worker).",
-            [query(_share(STAGE_HISTOGRAM, "stage", "mean"), "{{stage}}")],
+            [query(_share(STAGE_HISTOGRAM, STAGE, "mean"), "{{stage}}")],
             "percentunit",
             THIRD,
             stacked=True,
             max_value=1,
         )
     )
-    gpu = selector("gpu")
+    gpu = selector(GPU_INDEX)
     board.with_panel(
         timeseries(
             "SM occupancy",
@@ -126,7 +132,7 @@ def build() -> Dashboard:
             "means an underfed GPU.",
             [
                 query(
-                    f"max by (instance, gpu) (\ngpuscope_gpu_sm_occupancy_ratio{gpu}\n{ON_HOST}\n)",
+                    f"max by ({PER_GPU}) (\n{series(gpu_rows.SM_OCCUPANCY)}{gpu}\n{ON_HOST}\n)",
                     "{{instance}} GPU {{gpu}}",
                 )
             ],
@@ -142,8 +148,8 @@ def build() -> Dashboard:
             "with a thermal or power reason active, means throttling.",
             [
                 query(
-                    f"max by (instance, gpu) (\ngpuscope_gpu_sm_clock_hertz{gpu}\n/\n"
-                    f"gpuscope_gpu_sm_clock_max_hertz{gpu}\n{ON_HOST}\n)",
+                    f"max by ({PER_GPU}) (\n{series(gpu_rows.SM_CLOCK)}{gpu}\n/\n"
+                    f"{series(gpu_rows.SM_CLOCK_MAX)}{gpu}\n{ON_HOST}\n)",
                     "{{instance}} GPU {{gpu}}",
                 )
             ],
@@ -160,12 +166,12 @@ def build() -> Dashboard:
             "per GPU of the host.",
             [
                 query(
-                    "max by (instance, gpu) (\n"
-                    f"rate(gpuscope_gpu_pcie_{metric}_bytes_total{gpu}[{RATE}])"
+                    f"max by ({PER_GPU}) (\n"
+                    f"rate({series(counter)}{gpu}[{RATE}])"
                     f"\n/\n{capacity}\n{ON_HOST}\n)",
                     "{{instance}} GPU {{gpu}} " + name,
                 )
-                for metric, name in (("transmit", "TX"), ("receive", "RX"))
+                for counter, name in ((gpu_rows.PCIE_TRANSMIT, "TX"), (gpu_rows.PCIE_RECEIVE, "RX"))
             ],
             "percentunit",
             THIRD,

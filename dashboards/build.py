@@ -3,7 +3,8 @@
     python dashboards/build.py            # rewrite the JSON
     python dashboards/build.py --check    # exit 1 if the committed JSON is stale
 
-Run by ``make dashboards``. Needs the pinned ``grafana-foundation-sdk`` (dev extra).
+Run by ``make dashboards`` (``python -m dashboards.build`` from the repository root
+works too). Needs the pinned ``grafana-foundation-sdk`` (dev extra).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import board_exporter
-import board_gpu
-import board_latency
-import board_where
+if __name__ == "__main__" and not __package__:
+    # Run as a file, Python puts this folder first on sys.path; the builders are the
+    # package ``dashboards`` of the repository root, which takes its place.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 from grafana_foundation_sdk.builders.dashboard import Dashboard
-from panels import render
+
+from dashboards import board_exporter, board_gpu, board_latency, board_where
+from dashboards.panels import render
 
 OUTPUT = Path(__file__).parent / "json"
 BOARDS: dict[str, Callable[[], Dashboard]] = {

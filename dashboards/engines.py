@@ -21,20 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dashboards.contract import COMPUTE_STAGES, PHASE, PHASES, STAGE, phase, stage
+from gpuscope.exporter import definitions as exporter_rows
+
 SPANS = "spans"
 VLLM = "vllm"
 SOURCES = (SPANS, VLLM)
 
-PHASES = ("preprocess", "queue", "batch_wait", "compute", "postprocess")
-# The parts of ``compute`` an engine may report; they add up to compute and are
-# never summed with the phases.
-COMPUTE_STAGES = ("prefill", "decode")
-
-PHASE_HISTOGRAM = "gpuscope_request_phase_seconds"
-STAGE_HISTOGRAM = "gpuscope_request_compute_stage_seconds"
-DURATION_HISTOGRAM = "gpuscope_request_duration_seconds"
-TTFT_HISTOGRAM = "gpuscope_time_to_first_token_seconds"
-TPOT_HISTOGRAM = "gpuscope_time_per_output_token_seconds"
+PHASE_HISTOGRAM = exporter_rows.REQUEST_PHASE.name
+STAGE_HISTOGRAM = exporter_rows.REQUEST_COMPUTE_STAGE.name
+DURATION_HISTOGRAM = exporter_rows.REQUEST_DURATION.name
+TTFT_HISTOGRAM = exporter_rows.TIME_TO_FIRST_TOKEN.name
+TPOT_HISTOGRAM = exporter_rows.TIME_PER_OUTPUT_TOKEN.name
 # The request histograms recorded per source (service_model_gpu level).
 REQUEST_HISTOGRAMS = (
     PHASE_HISTOGRAM,
@@ -44,7 +42,7 @@ REQUEST_HISTOGRAMS = (
     TPOT_HISTOGRAM,
 )
 # The label that tells a histogram's series apart, where it has one.
-HISTOGRAM_KEY = {PHASE_HISTOGRAM: "phase", STAGE_HISTOGRAM: "stage"}
+HISTOGRAM_KEY = {PHASE_HISTOGRAM: PHASE, STAGE_HISTOGRAM: STAGE}
 
 # vLLM's request-latency buckets: coarse at the short end (the first bound is 0.3 s),
 # so means from _sum / _count are exact while quantiles under a second are not.
@@ -76,17 +74,23 @@ class EngineHistogram:
 
 VLLM_HISTOGRAMS = (
     EngineHistogram(
-        "vllm:request_queue_time_seconds", PHASE_HISTOGRAM, "queue", _VLLM_REQUEST_BUCKETS
+        "vllm:request_queue_time_seconds", PHASE_HISTOGRAM, phase("queue"), _VLLM_REQUEST_BUCKETS
     ),
     # inference = prefill + decode: the whole of compute
     EngineHistogram(
-        "vllm:request_inference_time_seconds", PHASE_HISTOGRAM, "compute", _VLLM_REQUEST_BUCKETS
+        "vllm:request_inference_time_seconds",
+        PHASE_HISTOGRAM,
+        phase("compute"),
+        _VLLM_REQUEST_BUCKETS,
     ),
     EngineHistogram(
-        "vllm:request_prefill_time_seconds", STAGE_HISTOGRAM, "prefill", _VLLM_REQUEST_BUCKETS
+        "vllm:request_prefill_time_seconds",
+        STAGE_HISTOGRAM,
+        stage("prefill"),
+        _VLLM_REQUEST_BUCKETS,
     ),
     EngineHistogram(
-        "vllm:request_decode_time_seconds", STAGE_HISTOGRAM, "decode", _VLLM_REQUEST_BUCKETS
+        "vllm:request_decode_time_seconds", STAGE_HISTOGRAM, stage("decode"), _VLLM_REQUEST_BUCKETS
     ),
     EngineHistogram(
         "vllm:e2e_request_latency_seconds", DURATION_HISTOGRAM, "", _VLLM_REQUEST_BUCKETS
@@ -98,7 +102,21 @@ VLLM_HISTOGRAMS = (
     ),
 )
 
-# vLLM's engine state, mapped onto the worker's (gpuscope_worker_*) recorded series.
+# The reference worker's own /metrics (``gpuscope.worker.metrics``, which has no table of
+# rows; a test checks every name here against what the worker serves).
+WORKER_INFO = "gpuscope_worker_info"
+WORKER_RUNNING = "gpuscope_worker_requests_running"
+WORKER_WAITING = "gpuscope_worker_requests_waiting"
+WORKER_REQUESTS = "gpuscope_worker_requests_total"
+WORKER_BATCH_ITERATIONS = "gpuscope_worker_batch_iterations_total"
+WORKER_KV_USAGE = "gpuscope_worker_kv_cache_usage_ratio"
+WORKER_KV_BLOCKS_USED = "gpuscope_worker_kv_cache_blocks_used"
+WORKER_KV_BLOCKS_TOTAL = "gpuscope_worker_kv_cache_blocks_total"
+WORKER_PREEMPTIONS = "gpuscope_worker_preemptions_total"
+WORKER_MAX_BATCH_SIZE = "gpuscope_worker_max_batch_size"
+WORKER_MAX_QUEUE_DELAY = "gpuscope_worker_max_queue_delay_seconds"
+
+# vLLM's engine state, mapped onto the worker's recorded series.
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # 0-1, like gpuscope_worker_kv_cache_usage_ratio
@@ -110,7 +128,7 @@ VLLM_ERROR_REASON = 'finished_reason="error"'
 # What each engine reports of gpuscope's phases, for the boards' notes.
 ENGINE_PHASES = {
     "reference worker (spans)": PHASES,
-    "vLLM (spans or /metrics)": ("queue", "compute"),
+    "vLLM (spans or /metrics)": (phase("queue"), phase("compute")),
 }
 ENGINE_STAGES = {
     "reference worker (spans)": (),

@@ -33,7 +33,11 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
-from recorded import SOURCE_SERIES
+
+from dashboards.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
+from dashboards.recorded import SOURCE_SERIES
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.gpu import metrics as gpu_rows
 
 TAGS = ["gpuscope"]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -41,9 +45,9 @@ RATE = "$__rate_interval"
 
 # Variable sources: the exporter's own info series, then the request histogram whose
 # label set is the widest (it alone has ``route``).
-BUILD_INFO = "gpuscope_build_info"
-REQUESTS = "gpuscope_request_duration_seconds_count"
-GPU_INFO = "gpuscope_gpu_info"
+BUILD_INFO = series(exporter_rows.BUILD_INFO)
+REQUESTS = series(exporter_rows.REQUEST_DURATION, "count")
+GPU_INFO = series(gpu_rows.INFO)
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,12 @@ class Variable:
 EXPORTER_CHAIN = (Variable("job", "Job", BUILD_INFO), Variable("instance", "Instance", BUILD_INFO))
 REQUEST_CHAIN = (
     *EXPORTER_CHAIN,
-    Variable("service", "Service", REQUESTS),
-    Variable("model", "Model", REQUESTS),
-    Variable("route", "Route", REQUESTS),
-    Variable("gpu", "GPU", REQUESTS),
+    Variable(SERVICE, "Service", REQUESTS),
+    Variable(MODEL, "Model", REQUESTS),
+    Variable(ROUTE, "Route", REQUESTS),
+    Variable(GPU_INDEX, "GPU", REQUESTS),
 )
-GPU_CHAIN = (*EXPORTER_CHAIN, Variable("gpu", "GPU", GPU_INFO))
+GPU_CHAIN = (*EXPORTER_CHAIN, Variable(GPU_INDEX, "GPU", GPU_INFO))
 # The recording rules' per-source series (spans and engines' own /metrics alike): the
 # source, then the host (a scrape target's instance without its port), service, model
 # and GPU of the requests.
@@ -77,9 +81,9 @@ SOURCE = Variable("source", "Source", SOURCE_SERIES)
 SOURCE_CHAIN = (
     Variable("source", "Source", SOURCE_SERIES, single=True),
     Variable("host", "Host", SOURCE_SERIES),
-    Variable("service", "Service", SOURCE_SERIES),
-    Variable("model", "Model", SOURCE_SERIES),
-    Variable("gpu", "GPU", SOURCE_SERIES),
+    Variable(SERVICE, "Service", SOURCE_SERIES),
+    Variable(MODEL, "Model", SOURCE_SERIES),
+    Variable(GPU_INDEX, "GPU", SOURCE_SERIES),
 )
 
 

@@ -11,6 +11,9 @@ Generation 5 x16 comes to 63.0 GB/s per direction, generation 6 x16 to 121 GB/s.
 
 from __future__ import annotations
 
+from dashboards.contract import series
+from gpuscope.exporter.gpu import metrics as gpu_rows
+
 # generation -> (GT/s per lane, payload bits per line bit)
 LINK_GENERATIONS: dict[int, tuple[float, float]] = {
     1: (2.5, 8 / 10),
@@ -37,9 +40,9 @@ def capacity_expr(selector: str) -> str:
     utilisation would divide by.
     """
     per_lane = " + ".join(
-        f"(gpuscope_gpu_pcie_link_generation{selector} == bool {generation})"
+        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{selector} == bool {generation})"
         f" * {lane_bytes_per_second(generation):.6g}"
         for generation in sorted(LINK_GENERATIONS)
     )
     # parenthesised: a query divides by it, and "/" binds as tightly as "*"
-    return f"(gpuscope_gpu_pcie_link_width{selector} * ({per_lane}) > 0)"
+    return f"({series(gpu_rows.PCIE_LINK_WIDTH)}{selector} * ({per_lane}) > 0)"

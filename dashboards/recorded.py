@@ -1,4 +1,4 @@
-"""The recorded series the boards read, named as ``alerts/build.py`` writes them.
+"""The recorded series the boards read, named by the rules that record them (``alerts``).
 
 Request timings seen through more than one path (gpuscope's spans, vLLM's own
 ``/metrics``) are only comparable per source, so the boards read them from the
@@ -10,36 +10,19 @@ the rules are built from (``alerts/settings.py``): change it there, then run bot
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from alerts.recording import GPU_HOST, VERDICT, rate_record
+from alerts.settings import Settings
+from dashboards.engines import PHASE_HISTOGRAM
 
-from engines import PHASE_HISTOGRAM
+__all__ = ["GPU_HOST", "SOURCE_SERIES", "VERDICT", "WINDOW", "rate"]
 
-ALERTS = Path(__file__).resolve().parents[1] / "alerts"
-
-
-def _rules_window() -> str:
-    """``Settings().window`` of alerts/settings.py (a folder of scripts, not a package)."""
-    name = "gpuscope_alert_settings"
-    spec = importlib.util.spec_from_file_location(name, ALERTS / "settings.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return str(module.Settings().window)
-
-
-WINDOW = _rules_window()
-VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
-# 1 per GPU, labelled with its host: GPU panels filtered by the rules' host
-GPU_HOST = "host_gpu:gpuscope_gpu_info:max"
+WINDOW = Settings().window
 
 
 def rate(histogram: str, suffix: str) -> str:
     """The recorded per-second rate of ``histogram``'s ``sum``, ``count`` or ``bucket``,
     per source, service, model, host and GPU."""
-    return f"service_model_gpu:{histogram}_{suffix}:rate{WINDOW}"
+    return rate_record(histogram, suffix) + WINDOW
 
 
 # The series the source-aware variables list their values from: every source has it.

@@ -11,11 +11,26 @@ vLLM's series carry the model as ``model_name``. The exporter's ``$job`` and
 
 from __future__ import annotations
 
-from engines import VLLM_KV_USAGE, VLLM_PREEMPTIONS, VLLM_RUNNING, VLLM_WAITING
 from grafana_foundation_sdk.builders.dashboard import Dashboard
-from panels import RATE, THIRD, query, row, timeseries
 
-WORKER_INFO = 'gpuscope_worker_info{model=~"$model"}'
+from dashboards.engines import (
+    VLLM_KV_USAGE,
+    VLLM_PREEMPTIONS,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    WORKER_BATCH_ITERATIONS,
+    WORKER_INFO,
+    WORKER_KV_BLOCKS_TOTAL,
+    WORKER_KV_BLOCKS_USED,
+    WORKER_KV_USAGE,
+    WORKER_PREEMPTIONS,
+    WORKER_REQUESTS,
+    WORKER_RUNNING,
+    WORKER_WAITING,
+)
+from dashboards.panels import RATE, THIRD, query, row, timeseries
+
+WORKER_MODEL = f'{WORKER_INFO}{{model=~"$model"}}'
 VLLM_MODEL = '{model_name=~"$model"}'
 
 
@@ -26,7 +41,7 @@ def vllm_per_instance(expr: str, aggregation: str = "sum") -> str:
 
 def for_model(metric: str) -> str:
     """``metric`` of the workers serving ``$model``, labelled with their model."""
-    return f"{metric}\n* on (job, instance) group_left (model)\n{WORKER_INFO}"
+    return f"{metric}\n* on (job, instance) group_left (model)\n{WORKER_MODEL}"
 
 
 def per_instance(metric: str, by: str = "instance") -> str:
@@ -50,11 +65,11 @@ def add_row(board: Dashboard) -> None:
             "is at capacity.",
             [
                 query(
-                    per_instance("gpuscope_worker_requests_running", "instance, endpoint"),
+                    per_instance(WORKER_RUNNING, "instance, endpoint"),
                     "running {{endpoint}} {{instance}}",
                 ),
                 query(
-                    per_instance("gpuscope_worker_requests_waiting", "instance, endpoint"),
+                    per_instance(WORKER_WAITING, "instance, endpoint"),
                     "waiting {{endpoint}} {{instance}}",
                 ),
                 query(vllm_per_instance(VLLM_RUNNING + VLLM_MODEL), "running vLLM {{instance}}"),
@@ -71,7 +86,7 @@ def add_row(board: Dashboard) -> None:
             "its engines). Near 100 %, new sequences wait for blocks and running ones get "
             "preempted.",
             [
-                query(per_instance("gpuscope_worker_kv_cache_usage_ratio"), "{{instance}}"),
+                query(per_instance(WORKER_KV_USAGE), "{{instance}}"),
                 query(vllm_per_instance(VLLM_KV_USAGE + VLLM_MODEL, "max"), "vLLM {{instance}}"),
             ],
             "percentunit",
@@ -85,8 +100,8 @@ def add_row(board: Dashboard) -> None:
             "Blocks held by sequences against the pool's size, per worker (vLLM gives its usage "
             "only: see KV-cache usage).",
             [
-                query(per_instance("gpuscope_worker_kv_cache_blocks_used"), "used {{instance}}"),
-                query(per_instance("gpuscope_worker_kv_cache_blocks_total"), "total {{instance}}"),
+                query(per_instance(WORKER_KV_BLOCKS_USED), "used {{instance}}"),
+                query(per_instance(WORKER_KV_BLOCKS_TOTAL), "total {{instance}}"),
             ],
             "short",
             THIRD,
@@ -98,9 +113,7 @@ def add_row(board: Dashboard) -> None:
             "Running sequences evicted per second because the KV cache ran out; each is "
             "recomputed later, so its tokens are paid for twice.",
             [
-                query(
-                    per_instance(f"rate(gpuscope_worker_preemptions_total[{RATE}])"), "{{instance}}"
-                ),
+                query(per_instance(f"rate({WORKER_PREEMPTIONS}[{RATE}])"), "{{instance}}"),
                 query(
                     vllm_per_instance(f"rate({VLLM_PREEMPTIONS}{VLLM_MODEL}[{RATE}])"),
                     "vLLM {{instance}}",
@@ -118,7 +131,7 @@ def add_row(board: Dashboard) -> None:
             [
                 query(
                     per_instance(
-                        f"rate(gpuscope_worker_batch_iterations_total[{RATE}])",
+                        f"rate({WORKER_BATCH_ITERATIONS}[{RATE}])",
                         "instance, endpoint",
                     ),
                     "{{endpoint}} {{instance}}",
@@ -135,9 +148,7 @@ def add_row(board: Dashboard) -> None:
             "(completed, rejected_queue_full, timed_out, cancelled, failed).",
             [
                 query(
-                    per_instance(
-                        f"rate(gpuscope_worker_requests_total[{RATE}])", "endpoint, outcome"
-                    ),
+                    per_instance(f"rate({WORKER_REQUESTS}[{RATE}])", "endpoint, outcome"),
                     "{{endpoint}} {{outcome}}",
                 )
             ],

@@ -34,11 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope import engine_spans
-from gpuscope import spans as attr
+from gpuscope import engine_spans, spans
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
-from gpuscope.exporter.series import HistogramFamily, SpanRef
+from gpuscope.exporter.series import SpanRef
 from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
@@ -69,23 +68,23 @@ _STRING, _INT, _DOUBLE = "string_value", "int_value", "double_value"
 _ROUTE, _CODE, _MODEL, _UUID, _SERVICE, _IN, _OUT, _TTFT, _TPOT, _OPERATION = range(10)
 _PHASE0 = 10
 _SERVER_SLOTS: dict[str, tuple[int, str]] = {
-    attr.HTTP_ROUTE: (_ROUTE, _STRING),
-    attr.GEN_AI_OPERATION_NAME: (_OPERATION, _STRING),
-    attr.HTTP_RESPONSE_STATUS_CODE: (_CODE, _INT),
-    attr.GEN_AI_REQUEST_MODEL: (_MODEL, _STRING),
-    attr.GPU_UUID: (_UUID, _STRING),
-    attr.SERVICE_NAME: (_SERVICE, _STRING),
-    attr.GEN_AI_USAGE_INPUT_TOKENS: (_IN, _INT),
-    attr.GEN_AI_USAGE_OUTPUT_TOKENS: (_OUT, _INT),
-    attr.TIME_TO_FIRST_TOKEN: (_TTFT, _DOUBLE),
-    attr.TIME_PER_OUTPUT_TOKEN: (_TPOT, _DOUBLE),
-} | {attr.PHASE_DURATION[phase]: (_PHASE0 + i, _DOUBLE) for i, phase in enumerate(attr.PHASES)}
-_STAGE0 = _PHASE0 + len(attr.PHASES)
+    spans.HTTP_ROUTE: (_ROUTE, _STRING),
+    spans.GEN_AI_OPERATION_NAME: (_OPERATION, _STRING),
+    spans.HTTP_RESPONSE_STATUS_CODE: (_CODE, _INT),
+    spans.GEN_AI_REQUEST_MODEL: (_MODEL, _STRING),
+    spans.GPU_UUID: (_UUID, _STRING),
+    spans.SERVICE_NAME: (_SERVICE, _STRING),
+    spans.GEN_AI_USAGE_INPUT_TOKENS: (_IN, _INT),
+    spans.GEN_AI_USAGE_OUTPUT_TOKENS: (_OUT, _INT),
+    spans.TIME_TO_FIRST_TOKEN: (_TTFT, _DOUBLE),
+    spans.TIME_PER_OUTPUT_TOKEN: (_TPOT, _DOUBLE),
+} | {spans.PHASE_DURATION[phase]: (_PHASE0 + i, _DOUBLE) for i, phase in enumerate(spans.PHASES)}
+_STAGE0 = _PHASE0 + len(spans.PHASES)
 _SERVER_SLOTS |= {
-    attr.COMPUTE_STAGE_DURATION[stage]: (_STAGE0 + i, _DOUBLE)
-    for i, stage in enumerate(attr.COMPUTE_STAGES)
+    spans.COMPUTE_STAGE_DURATION[stage]: (_STAGE0 + i, _DOUBLE)
+    for i, stage in enumerate(spans.COMPUTE_STAGES)
 }
-_SERVER_SLOT_COUNT = _STAGE0 + len(attr.COMPUTE_STAGES)
+_SERVER_SLOT_COUNT = _STAGE0 + len(spans.COMPUTE_STAGES)
 _SLOT_KEYS = {slot: key for key, (slot, _) in _SERVER_SLOTS.items()}
 _SECONDS_SLOTS = (_TTFT, _TPOT, *range(_PHASE0, _SERVER_SLOT_COUNT))
 
@@ -99,11 +98,11 @@ _ENGINE_KEYS: dict[str, str] = (
 
 _B_SIZE, _B_MAX, _B_MODEL, _B_UUID, _B_SERVICE = range(5)
 _BATCH_SLOTS: dict[str, tuple[int, str]] = {
-    attr.BATCH_SIZE: (_B_SIZE, _INT),
-    attr.BATCH_MAX_SIZE: (_B_MAX, _INT),
-    attr.GEN_AI_REQUEST_MODEL: (_B_MODEL, _STRING),
-    attr.GPU_UUID: (_B_UUID, _STRING),
-    attr.SERVICE_NAME: (_B_SERVICE, _STRING),
+    spans.BATCH_SIZE: (_B_SIZE, _INT),
+    spans.BATCH_MAX_SIZE: (_B_MAX, _INT),
+    spans.GEN_AI_REQUEST_MODEL: (_B_MODEL, _STRING),
+    spans.GPU_UUID: (_B_UUID, _STRING),
+    spans.SERVICE_NAME: (_B_SERVICE, _STRING),
 }
 
 
@@ -147,15 +146,20 @@ class SpanAggregator:
         compute_observers: Sequence[ComputeObserver] = (),
         uuids_for_pid: UuidsForPid | None = None,
     ) -> None:
-        self.duration = defs.REQUEST_DURATION.histogram(max_series)
-        self.phase = defs.REQUEST_PHASE.histogram(max_series)
-        self.compute_stage = defs.REQUEST_COMPUTE_STAGE.histogram(max_series)
+        # One capped family per row of the tables, in their (scrape) order.
+        histograms = {row: row.histogram(max_series) for row in defs.SPAN_HISTOGRAMS}
+        counters = {row: row.counter(max_series) for row in defs.SPAN_COUNTERS}
+        self.histograms = tuple(histograms.values())
+        self.counters = counters  # row -> family, for the collector
+        self.duration = histograms[defs.REQUEST_DURATION]
+        self.phase = histograms[defs.REQUEST_PHASE]
+        self.compute_stage = histograms[defs.REQUEST_COMPUTE_STAGE]
+        self.ttft = histograms[defs.TIME_TO_FIRST_TOKEN]
+        self.tpot = histograms[defs.TIME_PER_OUTPUT_TOKEN]
+        self.batch_size = histograms[defs.BATCH_SIZE]
+        self.tokens = counters[defs.TOKENS]
+        self.stock = StockSpanMetrics(counters[defs.SPAN_CALLS], histograms[defs.SPAN_DURATION])
         self.uuids_for_pid = uuids_for_pid
-        self.ttft = defs.TIME_TO_FIRST_TOKEN.histogram(max_series)
-        self.tpot = defs.TIME_PER_OUTPUT_TOKEN.histogram(max_series)
-        self.batch_size = defs.BATCH_SIZE.histogram(max_series)
-        self.tokens = defs.TOKENS.counter(max_series)
-        self.stock = StockSpanMetrics(max_series)
         self.max_label_length = max_label_length
         self.compute_observers = tuple(compute_observers)
         self._gpu_index: dict[str, str] = {}
@@ -163,18 +167,6 @@ class SpanAggregator:
         self._cache_limit = 4 * max_series + 64
         self._known_labels: set[str] = set()
         self._phase_keys: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
-
-    @property
-    def histograms(self) -> tuple[HistogramFamily, ...]:
-        return (
-            self.duration,
-            self.phase,
-            self.compute_stage,
-            self.ttft,
-            self.tpot,
-            self.batch_size,
-            self.stock.duration,
-        )
 
     def set_gpu_devices(self, devices: Sequence[GpuDevice]) -> None:
         """Learn ``uuid -> NVML index`` for the ``gpu`` label of new observations."""
@@ -194,14 +186,14 @@ class SpanAggregator:
                 service, resource_error = "", exc
             process_uuid = self._process_uuid(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
-                spans = scope_spans.spans
-                result.received += len(spans)
+                received = scope_spans.spans
+                result.received += len(received)
                 if resource_error is not None:
-                    rejected[resource_error.reason] += len(spans)
+                    rejected[resource_error.reason] += len(received)
                     result.first_error = result.first_error or f"resource: {resource_error}"
                     continue
-                own = scope_spans.scope.name == attr.INSTRUMENTATION_NAME
-                for span in spans:
+                own = scope_spans.scope.name == spans.INSTRUMENTATION_NAME
+                for span in received:
                     try:
                         if not self._aggregate(span, service, own, process_uuid):
                             continue
@@ -236,7 +228,7 @@ class SpanAggregator:
                 self._observe_engine_span(*engine)
         elif span.kind == SPAN_KIND_SERVER:
             self._server_span(span, service, process_uuid)
-        elif span.name == attr.BATCH_SPAN_NAME:
+        elif span.name == spans.BATCH_SPAN_NAME:
             self._batch_span(span, service)
         else:
             return False
@@ -273,7 +265,7 @@ class SpanAggregator:
         except engine_spans.EngineSpanInvalid as exc:
             reason = INVALID_DURATION if exc.is_duration else INVALID_ATTRIBUTE_VALUE
             raise SpanRejected(reason, str(exc)) from exc
-        model = self._label(report.model, attr.GEN_AI_REQUEST_MODEL)
+        model = self._label(report.model, spans.GEN_AI_REQUEST_MODEL)
         gpu = self._gpu_index.get(process_uuid, "") if process_uuid else ""
         return report, (service, model, process_uuid, gpu), (end - start) / 1e9, ref
 
@@ -307,11 +299,11 @@ class SpanAggregator:
             raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
         values = _read_attributes(span.attributes, _SERVER_SLOTS, _SERVER_SLOT_COUNT)
         label = self._label
-        service = label(values[_SERVICE], attr.SERVICE_NAME) or resource_service
-        model = label(values[_MODEL], attr.GEN_AI_REQUEST_MODEL)
-        uuid = label(values[_UUID], attr.GPU_UUID) or process_uuid
-        route = label(values[_ROUTE], attr.HTTP_ROUTE)
-        operation = label(values[_OPERATION], attr.GEN_AI_OPERATION_NAME)
+        service = label(values[_SERVICE], spans.SERVICE_NAME) or resource_service
+        model = label(values[_MODEL], spans.GEN_AI_REQUEST_MODEL)
+        uuid = label(values[_UUID], spans.GPU_UUID) or process_uuid
+        route = label(values[_ROUTE], spans.HTTP_ROUTE)
+        operation = label(values[_OPERATION], spans.GEN_AI_OPERATION_NAME)
         code = values[_CODE]
         if code is None:
             code_label = ""
@@ -331,8 +323,8 @@ class SpanAggregator:
         phases = values[_PHASE0:_STAGE0]
         stages = values[_STAGE0:_SERVER_SLOT_COUNT]
         ttft, tpot = values[_TTFT], values[_TPOT]
-        tokens_in = _count(values[_IN], attr.GEN_AI_USAGE_INPUT_TOKENS)
-        tokens_out = _count(values[_OUT], attr.GEN_AI_USAGE_OUTPUT_TOKENS)
+        tokens_in = _count(values[_IN], spans.GEN_AI_USAGE_INPUT_TOKENS)
+        tokens_out = _count(values[_OUT], spans.GEN_AI_USAGE_OUTPUT_TOKENS)
         # Validated in full: from here on nothing can reject the span half-counted.
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.duration.observe(
@@ -347,7 +339,7 @@ class SpanAggregator:
         for labels, seconds in zip(phase_keys, phases, strict=True):
             if seconds is not None:
                 observe_phase(labels, seconds, ref)
-        for stage, seconds in zip(attr.COMPUTE_STAGES, stages, strict=True):
+        for stage, seconds in zip(spans.COMPUTE_STAGES, stages, strict=True):
             if seconds is not None:
                 self.compute_stage.observe((stage, *base), seconds, ref)
         if ttft is not None:
@@ -362,7 +354,7 @@ class SpanAggregator:
     def _new_phase_keys(self, base: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
         if len(self._phase_keys) >= self._cache_limit:  # bounded, whatever senders do
             self._phase_keys.clear()
-        keys = tuple((phase, *base) for phase in attr.PHASES)
+        keys = tuple((phase, *base) for phase in spans.PHASES)
         self._phase_keys[base] = keys
         return keys
 
@@ -372,16 +364,16 @@ class SpanAggregator:
         if start == 0 or end < start:
             raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
         values = _read_attributes(span.attributes, _BATCH_SLOTS, len(_BATCH_SLOTS))
-        size = _count(values[_B_SIZE], attr.BATCH_SIZE)
+        size = _count(values[_B_SIZE], spans.BATCH_SIZE)
         if size is None:
-            raise SpanRejected(MISSING_ATTRIBUTE, f"batch span without {attr.BATCH_SIZE}")
+            raise SpanRejected(MISSING_ATTRIBUTE, f"batch span without {spans.BATCH_SIZE}")
         if size < 1:
-            raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"{attr.BATCH_SIZE} {size} is below 1")
-        max_size = _count(values[_B_MAX], attr.BATCH_MAX_SIZE)
+            raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"{spans.BATCH_SIZE} {size} is below 1")
+        max_size = _count(values[_B_MAX], spans.BATCH_MAX_SIZE)
         label = self._label
-        service = label(values[_B_SERVICE], attr.SERVICE_NAME) or resource_service
-        model = label(values[_B_MODEL], attr.GEN_AI_REQUEST_MODEL)
-        uuid = label(values[_B_UUID], attr.GPU_UUID)
+        service = label(values[_B_SERVICE], spans.SERVICE_NAME) or resource_service
+        model = label(values[_B_MODEL], spans.GEN_AI_REQUEST_MODEL)
+        uuid = label(values[_B_UUID], spans.GPU_UUID)
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.batch_size.observe((service, model, uuid, gpu), size, ref)
         if uuid:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from gpuscope.exporter.config import ConfigError, parse_config
-from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource, GpuSourceKind
+from gpuscope.exporter.gpu.source import ComputeObserver
 from gpuscope.exporter.security import load_web_config, read_bearer_token
 from gpuscope.exporter.server import serve
 
@@ -29,24 +29,12 @@ def main(argv: list[str]) -> int:
     )
     # Imported here: opening NVML/DCGM is the GPU package's business, and only this
     # command (not the tests that inject fakes) needs it.
-    from gpuscope.exporter.gpu.factory import (
-        GpuSourceUnavailable,
-        open_gpu_source,
-        open_simulated_source,
-    )
+    from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 
-    observers: list[ComputeObserver] = []
     try:
-        if config.gpu_source == GpuSourceKind.SIMULATED:  # follows the batches it is told of
-            simulated = open_simulated_source(config.simulated_gpus, config.gpu_scenario)
-            source: GpuSource | None = simulated
-            observers.append(simulated)
-        else:
-            source = open_gpu_source(
-                config.gpu_source,
-                scenario=config.gpu_scenario,
-                simulated_count=config.simulated_gpus,
-            )
+        source = open_gpu_source(
+            config.gpu_source, scenario=config.gpu_scenario, simulated_count=config.simulated_gpus
+        )
     except ValueError as exc:  # the message names the flag
         print(f"gpuscope exporter: {exc}", file=sys.stderr)
         return 2
@@ -54,6 +42,8 @@ def main(argv: list[str]) -> int:
         print(f"gpuscope exporter: {exc}", file=sys.stderr)
         return 1
     log.info("GPU source: %s", source.name if source is not None else "none")
+    # a source that follows the batches it is told of (the simulated one) hears of them
+    observers: list[ComputeObserver] = [source] if isinstance(source, ComputeObserver) else []
     try:
         asyncio.run(
             serve(

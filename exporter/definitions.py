@@ -219,17 +219,25 @@ HTTP_CONNECTIONS_CLOSED = MetricDef(
     ("reason",),
 )
 
-# Every family of the request side and of the exporter itself, in scrape order.
-EXPORTER_METRICS: Final[Sequence[MetricDef]] = (
+# The tables, grouped by what fills them and each in the order a scrape shows it:
+# ``ExporterCollector`` yields the span counters and the self metrics, then
+# ``connections.ConnectionCollector`` the connection families, then the GPU families
+# (``gpu.metrics.GPU_METRICS``) and last the span histograms, which ``render`` writes.
+
+# Fed from spans by ``SpanAggregator``: one capped family per row.
+SPAN_COUNTERS: Final[Sequence[MetricDef]] = (TOKENS, SPAN_CALLS)
+SPAN_HISTOGRAMS: Final[Sequence[MetricDef]] = (
     REQUEST_DURATION,
     REQUEST_PHASE,
     REQUEST_COMPUTE_STAGE,
     TIME_TO_FIRST_TOKEN,
     TIME_PER_OUTPUT_TOKEN,
     BATCH_SIZE,
-    TOKENS,
-    SPAN_CALLS,
     SPAN_DURATION,
+)
+# What the exporter counts of itself (``metrics.SelfMetrics``); the forwarding rows only
+# with --forward-otlp.
+SELF_METRICS: Final[Sequence[MetricDef]] = (
     SERIES_OVERFLOW,
     BUILD_INFO,
     SPANS_RECEIVED,
@@ -237,7 +245,17 @@ EXPORTER_METRICS: Final[Sequence[MetricDef]] = (
     OTLP_REQUESTS_REJECTED,
     FORWARD_SPANS_SENT,
     FORWARD_SPANS_DROPPED,
+)
+CONNECTION_METRICS: Final[Sequence[MetricDef]] = (
     HTTP_CONNECTIONS,
     HTTP_CONNECTIONS_MAX,
     HTTP_CONNECTIONS_CLOSED,
+)
+# Every family of the request side and of the exporter itself, in scrape order (with
+# the GPU families between the connection families and the histograms).
+EXPORTER_METRICS: Final[Sequence[MetricDef]] = (
+    *SPAN_COUNTERS,
+    *SELF_METRICS,
+    *CONNECTION_METRICS,
+    *SPAN_HISTOGRAMS,
 )

@@ -23,9 +23,10 @@ from typing import Any, TextIO
 
 from gpuscope import flags
 from gpuscope.exporter.config import gpu_source_kind
+from gpuscope.exporter.gpu import factory
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
-from gpuscope.exporter.gpu.nvml_device import METRIC_GROUPS
+from gpuscope.exporter.gpu.metrics import METRIC_GROUPS
 from gpuscope.exporter.gpu.processes import FALLBACK, PROC, ProcessGpuMap, ProcessJoin
 from gpuscope.exporter.gpu.scenario import ScenarioError
 from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind
@@ -131,7 +132,7 @@ def _groups(reading: GpuReading | None, reasons: Mapping[str, str]) -> dict[str,
             result[group] = {"supported": False, "why": "the GPU is not answering (lost)"}
         elif group == "xid_errors":
             result[group] = {"supported": True, "why": None}  # present once an XID occurs
-        elif any(getattr(reading, f) is not None for f in fields):
+        elif any(reading.has(f) for f in fields):
             result[group] = {"supported": True, "why": None}
         else:
             result[group] = {"supported": False, "why": "no value from this source"}
@@ -186,7 +187,7 @@ def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
 
 def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
     auto = config.gpu_source == GpuSourceKind.AUTO
-    kinds = [GpuSourceKind.DCGM, GpuSourceKind.NVML] if auto else [config.gpu_source]
+    kinds = [entry.kind for entry in factory.HARDWARE_SOURCES] if auto else [config.gpu_source]
     errors = []
     for kind in kinds:
         try:

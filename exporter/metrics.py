@@ -10,7 +10,7 @@ the connection families from ``connections.ConnectionCollector``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -20,7 +20,7 @@ from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.otlp import REQUEST_REJECT_REASONS
-from gpuscope.exporter.series import CounterFamily
+from gpuscope.exporter.series import CounterFamily, HistogramFamily
 
 FORWARD_DROP_REASONS = ("queue_full", "send_failed", "shutdown")
 
@@ -37,8 +37,9 @@ class SelfMetrics:
 
 
 class ExporterCollector(Collector):
-    """Yields the request-side counters of ``aggregator``, overflow counts and the self
-    metrics (the forwarding ones only with ``forwarding``)."""
+    """Yields the span counters of ``aggregator`` and the self metrics, one family per
+    row of ``definitions.SPAN_COUNTERS`` and ``SELF_METRICS`` in their order (the
+    forwarding rows only with ``forwarding``)."""
 
     def __init__(
         self, aggregator: SpanAggregator, self_metrics: SelfMetrics, *, forwarding: bool = False
@@ -48,39 +49,39 @@ class ExporterCollector(Collector):
         self.forwarding = forwarding
 
     def collect(self) -> Iterator[Metric]:
-        aggregator = self.aggregator
-        counters = ((defs.TOKENS, aggregator.tokens), (defs.SPAN_CALLS, aggregator.stock.calls))
-        yield from (_counter(definition, counter) for definition, counter in counters)
-        overflow = defs.SERIES_OVERFLOW.family()
-        for histogram in aggregator.histograms:
-            overflow.add_metric([histogram.name], histogram.overflowed)
-        for _, counter in counters:
-            overflow.add_metric([counter.name + "_total"], counter.overflowed)
-        yield overflow
-        yield from self._self_families()
+        samples = self._samples()
+        for row in (*defs.SPAN_COUNTERS, *defs.SELF_METRICS):
+            if row in samples:
+                family = row.family()
+                for labels, value in samples[row]:
+                    family.add_metric(labels, value)
+                yield family
 
-    def _self_families(self) -> Iterator[Metric]:
-        own = self.self_metrics
-        info = defs.BUILD_INFO.family()
-        info.add_metric([__version__], 1.0)
-        yield info
-        yield defs.SPANS_RECEIVED.one_value(own.spans_received)
-        yield _by_reason(defs.SPANS_REJECTED, own.spans_rejected.items())
-        yield _by_reason(defs.OTLP_REQUESTS_REJECTED, own.requests_rejected.items())
+    def _samples(self) -> dict[MetricDef, Iterable[tuple[Sequence[str], float]]]:
+        """Each row's samples now: (label values, value)."""
+        aggregator, own = self.aggregator, self.self_metrics
+        families: list[HistogramFamily | CounterFamily] = [
+            *aggregator.histograms,
+            *aggregator.counters.values(),
+        ]
+        samples: dict[MetricDef, Iterable[tuple[Sequence[str], float]]] = {
+            **{row: counter.items() for row, counter in aggregator.counters.items()},
+            defs.SERIES_OVERFLOW: [([_sample_name(f)], f.overflowed) for f in families],
+            defs.BUILD_INFO: [([__version__], 1.0)],
+            defs.SPANS_RECEIVED: [([], own.spans_received)],
+            defs.SPANS_REJECTED: _by_reason(own.spans_rejected),
+            defs.OTLP_REQUESTS_REJECTED: _by_reason(own.requests_rejected),
+        }
         if self.forwarding:
-            yield defs.FORWARD_SPANS_SENT.one_value(own.forward_spans_sent)
-            yield _by_reason(defs.FORWARD_SPANS_DROPPED, own.forward_spans_dropped.items())
+            samples[defs.FORWARD_SPANS_SENT] = [([], own.forward_spans_sent)]
+            samples[defs.FORWARD_SPANS_DROPPED] = _by_reason(own.forward_spans_dropped)
+        return samples
 
 
-def _counter(definition: MetricDef, counter: CounterFamily) -> Metric:
-    family = definition.family()
-    for labels, value in counter.items():
-        family.add_metric(labels, value)
-    return family
+def _sample_name(family: HistogramFamily | CounterFamily) -> str:
+    """The name a family's samples carry (the ``metric`` label of the overflow count)."""
+    return family.name + "_total" if isinstance(family, CounterFamily) else family.name
 
 
-def _by_reason(definition: MetricDef, counts: Iterable[tuple[str, int]]) -> Metric:
-    family = definition.family()
-    for reason, count in sorted(counts):
-        family.add_metric([reason], count)
-    return family
+def _by_reason(counts: Counter[str]) -> list[tuple[Sequence[str], float]]:
+    return [([reason], count) for reason, count in sorted(counts.items())]

@@ -30,15 +30,6 @@ CHUNK_BYTES = 1 << 20
 STREAM_PIECE_BYTES = 256 * 1024
 
 
-def render_exposition(
-    registry: CollectorRegistry, histograms: Iterable[HistogramFamily], accept: str
-) -> tuple[bytes, str]:
-    """``(body, content type)`` of a scrape: ``registry`` through prometheus_client,
-    then the histograms through ``render_histograms``, in the format ``accept`` asks for."""
-    chunks, content_type = render_chunks(registry, histograms, accept)
-    return b"".join(chunks), content_type
-
-
 def render_chunks(
     registry: CollectorRegistry,
     histograms: Iterable[HistogramFamily],

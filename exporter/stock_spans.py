@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpuscope.exporter.definitions import SPAN_CALLS, SPAN_DURATION
-from gpuscope.exporter.series import SpanRef
+from gpuscope.exporter.series import CounterFamily, HistogramFamily, SpanRef
 
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # HTTP semantic conventions before 1.23
@@ -36,9 +35,9 @@ class StatusUnreadable(ValueError):
 class StockSpanMetrics:
     """Call counts and durations of non-gpuscope SERVER spans, capped like the rest."""
 
-    def __init__(self, max_series: int) -> None:
-        self.calls = SPAN_CALLS.counter(max_series)
-        self.duration = SPAN_DURATION.histogram(max_series)
+    def __init__(self, calls: CounterFamily, duration: HistogramFamily) -> None:
+        self.calls = calls  # of the SPAN_CALLS row
+        self.duration = duration  # of the SPAN_DURATION row
 
     def observe(
         self, span: Any, service: str, ref: SpanRef, label: Callable[[str | None, str], str]

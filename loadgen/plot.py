@@ -11,6 +11,7 @@ from gpuscope import extras
 from gpuscope.loadgen.results import StepResult
 from gpuscope.spans import PHASES
 
+# The phases' colours; one that is not here is drawn all the same.
 COLORS = {
     "preprocess": "#9e9e9e",
     "queue": "#e4572e",
@@ -71,7 +72,8 @@ def _phase_bars(axes: object, results: Sequence[StepResult]) -> None:
     for phase in PHASES:
         heights = [r.server.phase_mean_ms.get(phase, 0.0) if r.server else 0.0 for r in results]
         if any(heights):
-            axes.bar(labels, heights, bottom=bottoms, label=phase, color=COLORS[phase])
+            # a phase without a colour of its own gets matplotlib's next one
+            axes.bar(labels, heights, bottom=bottoms, label=phase, color=COLORS.get(phase))
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axes.set_ylabel("mean ms per request (exporter)")
     flag = results[0].config.partition("=")[0]

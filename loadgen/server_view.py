@@ -22,13 +22,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.exporter.gpu import metrics as gpu_rows
 from gpuscope.loadgen.stats import histogram_quantile, mean
 from gpuscope.spans import PHASES
 
-PHASE_METRIC = "gpuscope_request_phase_seconds"
-DURATION_METRIC = "gpuscope_request_duration_seconds"
-BATCH_METRIC = "gpuscope_batch_size"
-PCIE_COUNTERS = ("gpuscope_gpu_pcie_transmit_bytes_total", "gpuscope_gpu_pcie_receive_bytes_total")
+# The exporter's families this view reads, by the names the exporter's tables give them.
+PHASE_METRIC = exporter_rows.REQUEST_PHASE.name
+DURATION_METRIC = exporter_rows.REQUEST_DURATION.name
+BATCH_METRIC = exporter_rows.BATCH_SIZE.name
+PCIE_COUNTERS = (gpu_rows.PCIE_TRANSMIT.sample_name, gpu_rows.PCIE_RECEIVE.sample_name)
+SM_OCCUPANCY = gpu_rows.SM_OCCUPANCY.sample_name
+SM_CLOCK = gpu_rows.SM_CLOCK.sample_name
+SM_CLOCK_MAX = gpu_rows.SM_CLOCK_MAX.sample_name
 
 
 @dataclass
@@ -71,11 +77,7 @@ class ServerStep:
     pcie_bytes_per_s: float | None
 
 
-GAUGES: Final = (
-    "gpuscope_gpu_sm_occupancy_ratio",
-    "gpuscope_gpu_sm_clock_hertz",
-    "gpuscope_gpu_sm_clock_max_hertz",
-)
+GAUGES: Final = (SM_OCCUPANCY, SM_CLOCK, SM_CLOCK_MAX)
 
 
 # Every family a snapshot reads (the others are checked only for a metric name).
@@ -169,10 +171,10 @@ class SnapshotBuilder:
     def finish(self, taken_s: float) -> Snapshot:
         snapshot = self.snapshot
         snapshot.taken_s = taken_s
-        snapshot.sm_occupancy = mean(self._gauges["gpuscope_gpu_sm_occupancy_ratio"])
+        snapshot.sm_occupancy = mean(self._gauges[SM_OCCUPANCY])
         clocks, maxima = (
-            self._gauges["gpuscope_gpu_sm_clock_hertz"],
-            self._gauges["gpuscope_gpu_sm_clock_max_hertz"],
+            self._gauges[SM_CLOCK],
+            self._gauges[SM_CLOCK_MAX],
         )
         if clocks and maxima and sum(maxima) > 0:
             snapshot.clock_ratio = sum(clocks) / sum(maxima)

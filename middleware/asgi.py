@@ -25,8 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gpuscope import __version__
-from gpuscope import spans as attr
+from gpuscope import __version__, spans
 from gpuscope.middleware import environment, response_fields, stats
 from gpuscope.middleware.phase_spans import PhaseSpanEmitter
 from gpuscope.middleware.request_attributes import request_attributes
@@ -145,7 +144,7 @@ class GpuscopeMiddleware:
     ) -> None:
         self.app = app
         self.tracer = trace.get_tracer(
-            attr.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+            spans.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
         )
         self.explicit_provider = tracer_provider
         self.service_name = service_name or environment.service_name()
@@ -273,9 +272,9 @@ class _Exchange:
             context=parent,
             kind=SpanKind.SERVER,
             attributes={
-                attr.HTTP_REQUEST_METHOD: method,
-                attr.URL_PATH: scope.get("path", ""),
-                attr.URL_SCHEME: scope.get("scheme", "http"),
+                spans.HTTP_REQUEST_METHOD: method,
+                spans.URL_PATH: scope.get("path", ""),
+                spans.URL_SCHEME: scope.get("scheme", "http"),
                 **request_attributes(scope),
             },
             start_time=timeline.epoch_ns(arrived),
@@ -325,9 +324,9 @@ class _Exchange:
         if found.operation is not None and timeline.operation is None:
             timeline.operation = found.operation
         if found.model is not None:
-            self.span.set_attribute(attr.GEN_AI_RESPONSE_MODEL, found.model)
+            self.span.set_attribute(spans.GEN_AI_RESPONSE_MODEL, found.model)
         if found.response_id is not None:
-            self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, found.response_id)
+            self.span.set_attribute(spans.GEN_AI_RESPONSE_ID, found.response_id)
 
     def end(self) -> None:
         """After the app returned or raised: end the span if the response did not."""
@@ -359,11 +358,11 @@ class _Exchange:
         attributes = self._response_attributes()
         phases = timeline.phases_ns()
         for phase, (start, end) in phases.items():
-            attributes[attr.PHASE_DURATION[phase]] = (end - start) / 1e9
+            attributes[spans.PHASE_DURATION[phase]] = (end - start) / 1e9
         _add_engine_report(attributes, timeline)
         route = timeline.route or self.middleware.routes.resolve(self.scope, self.root_path)
         if route is not None:
-            attributes[attr.HTTP_ROUTE] = route
+            attributes[spans.HTTP_ROUTE] = route
             span.update_name(f"{self.method} {route}")
         span.set_attributes(attributes)
         _run_hook("response_hook", self.middleware.response_hook, span, timeline)
@@ -371,7 +370,7 @@ class _Exchange:
             span,
             [
                 (name, timeline.epoch_ns(phases[phase][0]), timeline.epoch_ns(phases[phase][1]))
-                for phase, name in attr.PHASE_SPANS.items()
+                for phase, name in spans.PHASE_SPANS.items()
                 if phase in phases
             ],
         )
@@ -382,48 +381,48 @@ class _Exchange:
     def _response_attributes(self) -> dict[str, AttributeValue]:
         timeline = self.timeline
         attributes: dict[str, AttributeValue] = {
-            attr.HTTP_REQUEST_METHOD: self.method,
+            spans.HTTP_REQUEST_METHOD: self.method,
         }
         status = self.status
         error = self.error
         if self.disconnected:
-            status = attr.CLIENT_CLOSED_REQUEST_STATUS
-            attributes[attr.ERROR_TYPE] = attr.CLIENT_DISCONNECTED
+            status = spans.CLIENT_CLOSED_REQUEST_STATUS
+            attributes[spans.ERROR_TYPE] = spans.CLIENT_DISCONNECTED
         elif error is not None:
             if status is None:
                 status = 500
-            attributes[attr.ERROR_TYPE] = type(error).__qualname__
+            attributes[spans.ERROR_TYPE] = type(error).__qualname__
             self.span.record_exception(error)
             self.span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
         elif status is None:
             # The app returned without starting a response; ASGI servers answer 500.
             status = 500
-            attributes[attr.ERROR_TYPE] = attr.NO_RESPONSE
-            self.span.set_status(Status(StatusCode.ERROR, attr.NO_RESPONSE))
+            attributes[spans.ERROR_TYPE] = spans.NO_RESPONSE
+            self.span.set_status(Status(StatusCode.ERROR, spans.NO_RESPONSE))
         elif status >= 500:
-            attributes[attr.ERROR_TYPE] = str(status)
+            attributes[spans.ERROR_TYPE] = str(status)
             self.span.set_status(Status(StatusCode.ERROR))
         if status is not None:
-            attributes[attr.HTTP_RESPONSE_STATUS_CODE] = status
+            attributes[spans.HTTP_RESPONSE_STATUS_CODE] = status
         optional: tuple[tuple[str, AttributeValue | None], ...] = (
-            (attr.GEN_AI_REQUEST_MODEL, timeline.model),
-            (attr.GEN_AI_OPERATION_NAME, timeline.operation),
-            (attr.GEN_AI_USAGE_INPUT_TOKENS, timeline.input_tokens),
-            (attr.GEN_AI_USAGE_OUTPUT_TOKENS, timeline.output_tokens),
-            (attr.BATCH_ID, timeline.batch_id),
-            (attr.BATCH_SIZE, timeline.batch_size),
-            (attr.GPU_UUID, timeline.gpu_uuid or self.middleware.gpu_uuid),
-            (attr.SERVICE_NAME, self.middleware.service_name),
-            (attr.MARKS_IGNORED, timeline.ignored_marks or None),
+            (spans.GEN_AI_REQUEST_MODEL, timeline.model),
+            (spans.GEN_AI_OPERATION_NAME, timeline.operation),
+            (spans.GEN_AI_USAGE_INPUT_TOKENS, timeline.input_tokens),
+            (spans.GEN_AI_USAGE_OUTPUT_TOKENS, timeline.output_tokens),
+            (spans.BATCH_ID, timeline.batch_id),
+            (spans.BATCH_SIZE, timeline.batch_size),
+            (spans.GPU_UUID, timeline.gpu_uuid or self.middleware.gpu_uuid),
+            (spans.SERVICE_NAME, self.middleware.service_name),
+            (spans.MARKS_IGNORED, timeline.ignored_marks or None),
         )
         for key, value in optional:
             if value is not None:
                 attributes[key] = value
         ttft, tpot = timeline.streaming_seconds()
         if ttft is not None:
-            attributes[attr.TIME_TO_FIRST_TOKEN] = ttft
+            attributes[spans.TIME_TO_FIRST_TOKEN] = ttft
         if tpot is not None:
-            attributes[attr.TIME_PER_OUTPUT_TOKEN] = tpot
+            attributes[spans.TIME_PER_OUTPUT_TOKEN] = tpot
         return attributes
 
 
@@ -437,15 +436,15 @@ def _add_engine_report(attributes: dict[str, AttributeValue], timeline: RequestT
     if report is None:
         return
     for phase, seconds in report.phases.items():
-        attributes.setdefault(attr.PHASE_DURATION[phase], seconds)
+        attributes.setdefault(spans.PHASE_DURATION[phase], seconds)
     for stage, seconds in report.stages.items():
-        attributes.setdefault(attr.COMPUTE_STAGE_DURATION[stage], seconds)
+        attributes.setdefault(spans.COMPUTE_STAGE_DURATION[stage], seconds)
     optional: tuple[tuple[str, AttributeValue | None], ...] = (
-        (attr.TIME_TO_FIRST_TOKEN, report.time_to_first_token),
-        (attr.TIME_PER_OUTPUT_TOKEN, report.time_per_output_token),
-        (attr.GEN_AI_USAGE_INPUT_TOKENS, report.input_tokens),
-        (attr.GEN_AI_USAGE_OUTPUT_TOKENS, report.output_tokens),
-        (attr.GEN_AI_REQUEST_MODEL, report.model),
+        (spans.TIME_TO_FIRST_TOKEN, report.time_to_first_token),
+        (spans.TIME_PER_OUTPUT_TOKEN, report.time_per_output_token),
+        (spans.GEN_AI_USAGE_INPUT_TOKENS, report.input_tokens),
+        (spans.GEN_AI_USAGE_OUTPUT_TOKENS, report.output_tokens),
+        (spans.GEN_AI_REQUEST_MODEL, report.model),
     )
     for key, value in optional:
         if value is not None:

@@ -33,8 +33,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from gpuscope import __version__
-from gpuscope import spans as attr
+from gpuscope import __version__, spans
 from gpuscope.middleware import stats
 from gpuscope.middleware.timeline import (
     ADMITTED,
@@ -67,7 +66,7 @@ class BatchRecorder:
         self.model = model
         self.gpu_uuid = gpu_uuid
         self.tracer = trace.get_tracer(
-            attr.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+            spans.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
         )
         # Unique across processes without coordination: pid plus a random tag.
         self._prefix = f"{os.getpid():x}-{os.urandom(3).hex()}"
@@ -103,7 +102,7 @@ class Batch:
 
     @contextmanager
     def compute(
-        self, trigger: str = attr.BatchTrigger.FULL, *, all_complete: bool = True
+        self, trigger: str = spans.BatchTrigger.FULL, *, all_complete: bool = True
     ) -> Iterator[Batch]:
         """Run the batch: ``dispatched`` on entry, ``computed`` on exit, one span.
 
@@ -144,27 +143,27 @@ class Batch:
     ) -> None:
         recorder = self._recorder
         attributes: dict[str, AttributeValue] = {
-            attr.BATCH_ID: self.id,
-            attr.BATCH_SIZE: len(self.members),
-            attr.BATCH_MAX_SIZE: recorder.max_size,
-            attr.BATCH_TRIGGER: str(trigger),
+            spans.BATCH_ID: self.id,
+            spans.BATCH_SIZE: len(self.members),
+            spans.BATCH_MAX_SIZE: recorder.max_size,
+            spans.BATCH_TRIGGER: str(trigger),
         }
         if recorder.gpu_uuid is not None:
-            attributes[attr.GPU_UUID] = recorder.gpu_uuid
+            attributes[spans.GPU_UUID] = recorder.gpu_uuid
         if recorder.model is not None:
-            attributes[attr.GEN_AI_REQUEST_MODEL] = recorder.model
+            attributes[spans.GEN_AI_REQUEST_MODEL] = recorder.model
         # Members served under a middleware ``service_name=`` are labelled with it by the
         # exporter; the batch follows them when they agree, as its own resource would not.
         services = {member.service_name for member in self.members}
         if len(services) == 1 and (service := services.pop()) is not None:
-            attributes[attr.SERVICE_NAME] = service
+            attributes[spans.SERVICE_NAME] = service
         links = [
             Link(member.span_context)
             for member in self.members
             if member.span_context is not None and member.span_context.is_valid
         ]
         span = recorder.tracer.start_span(
-            attr.BATCH_SPAN_NAME,
+            spans.BATCH_SPAN_NAME,
             context=_ROOT,
             kind=SpanKind.INTERNAL,
             attributes=attributes,
@@ -174,5 +173,5 @@ class Batch:
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-            span.set_attribute(attr.ERROR_TYPE, type(error).__qualname__)
+            span.set_attribute(spans.ERROR_TYPE, type(error).__qualname__)
         span.end(end_time=start_epoch_ns + duration_ns)

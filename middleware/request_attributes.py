@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
-from gpuscope import spans as attr
+from gpuscope import spans
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
@@ -38,15 +38,15 @@ def request_attributes(scope: Scope) -> dict[str, AttributeValue]:
         _add_server(scope, host, found)
         client = scope.get("client")
         if isinstance(client, list | tuple) and client and isinstance(client[0], str):
-            found[attr.CLIENT_ADDRESS] = client[0][:MAX_VALUE_LENGTH]
+            found[spans.CLIENT_ADDRESS] = client[0][:MAX_VALUE_LENGTH]
         version = scope.get("http_version")
         if isinstance(version, str) and version:
-            found[attr.NETWORK_PROTOCOL_VERSION] = version[:16]
+            found[spans.NETWORK_PROTOCOL_VERSION] = version[:16]
         if isinstance(agent, bytes) and agent:
-            found[attr.USER_AGENT_ORIGINAL] = agent[:MAX_VALUE_LENGTH].decode("latin-1")
+            found[spans.USER_AGENT_ORIGINAL] = agent[:MAX_VALUE_LENGTH].decode("latin-1")
         query = scope.get("query_string")
         if isinstance(query, bytes) and query:
-            found[attr.URL_QUERY] = redacted_query(query.decode("latin-1"))[:MAX_VALUE_LENGTH]
+            found[spans.URL_QUERY] = redacted_query(query.decode("latin-1"))[:MAX_VALUE_LENGTH]
     except Exception:  # a hostile or odd scope: leave the rest out
         return found
     return found
@@ -64,12 +64,12 @@ def redacted_query(query: str) -> str:
 def _add_server(scope: Scope, host: object, found: dict[str, AttributeValue]) -> None:
     match = _HOST.match(host.decode("latin-1")) if isinstance(host, bytes) else None
     if match is not None:
-        found[attr.SERVER_ADDRESS] = match.group(1)[:MAX_VALUE_LENGTH]
+        found[spans.SERVER_ADDRESS] = match.group(1)[:MAX_VALUE_LENGTH]
         if match.group(2):
-            found[attr.SERVER_PORT] = int(match.group(2))
+            found[spans.SERVER_PORT] = int(match.group(2))
         return
     server = scope.get("server")
     if isinstance(server, list | tuple) and len(server) == 2 and isinstance(server[0], str):
-        found[attr.SERVER_ADDRESS] = server[0][:MAX_VALUE_LENGTH]
+        found[spans.SERVER_ADDRESS] = server[0][:MAX_VALUE_LENGTH]
         if isinstance(server[1], int):
-            found[attr.SERVER_PORT] = server[1]
+            found[spans.SERVER_PORT] = server[1]

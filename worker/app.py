@@ -240,10 +240,11 @@ def create_app(
     """The worker as an ASGI app; serve it with uvicorn (lifespan on).
 
     ``embedding_model`` / ``generator`` replace the synthetic models (your own
-    ``Model`` with the same schedulers); ``tracer_provider`` defaults to the global
-    one. ``drain()`` (called on SIGTERM by ``gpuscope worker``) and lifespan shutdown
-    both stop admitting, finish what the schedulers hold within
-    ``config.shutdown_timeout_s`` and fail the rest with 503; then ``on_shutdown`` runs.
+    ``EmbeddingModel`` or ``Generator`` of ``model_api``, with the same schedulers);
+    ``tracer_provider`` defaults to the global one. ``drain()`` (called on SIGTERM by
+    ``gpuscope worker``) and lifespan shutdown both stop admitting, finish what the
+    schedulers hold within ``config.shutdown_timeout_s`` and fail the rest with 503;
+    then ``on_shutdown`` runs.
     """
     worker = build_worker(config, tracer_provider, embedding_model, generator)
     listener = Listener(config.max_connections, config.header_timeout_s, config.idle_timeout_s)

@@ -125,12 +125,6 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
             waiting=self.queued + len(self._preempted),
         )
 
-    def generate(
-        self, prompt: list[int], max_tokens: int, timeline: RequestTimeline, *, timeout_s: float
-    ) -> TokenStream:
-        """One sequence, as ``generate_all`` queues each of its prompts."""
-        return self.generate_all([prompt], max_tokens, timeline, timeout_s=timeout_s)[0]
-
     def generate_all(
         self,
         prompts: Sequence[list[int]],

@@ -33,7 +33,7 @@ BINDING_DIRS = (
 )
 MIB = 2**20
 
-# field id -> (GpuReading field, scale to base units)
+# field id -> (``field`` of its row in gpu.metrics, scale to base units)
 SCALAR_FIELDS: dict[int, tuple[str, float]] = {
     100: ("sm_clock_hz", 1e6),  # DCGM_FI_DEV_SM_CLOCK, MHz
     101: ("memory_clock_hz", 1e6),  # DCGM_FI_DEV_MEM_CLOCK
@@ -163,28 +163,29 @@ class DcgmSource:
         values = {fid: v[-1] for fid, v in fields.items() if v and not v[-1].isBlank}
         if not values:  # nothing but blanks: DCGM lost the GPU
             return GpuReading(index=device.index, uuid=device.uuid, up=False)
-        reading: dict[str, Any] = {}
-        for field_id, (attr, scale) in SCALAR_FIELDS.items():
+        reading: dict[str, float] = {}
+        for field_id, (name, scale) in SCALAR_FIELDS.items():
             if field_id in values:
                 number = float(values[field_id].value) * scale
-                reading[attr] = int(number) if attr.startswith("pcie_link") else number
+                reading[name] = int(number) if name.startswith("pcie_link") else number
+        reasons = None
         if CLOCK_EVENT_REASONS_FIELD in values:
-            mask = int(values[CLOCK_EVENT_REASONS_FIELD].value)
-            reading["clock_event_reasons"] = decode_clock_event_reasons(mask)
+            reasons = decode_clock_event_reasons(int(values[CLOCK_EVENT_REASONS_FIELD].value))
         ecc = {kind: int(values[f].value) for f, kind in ECC_FIELDS.items() if f in values}
-        reading["ecc_errors_total"] = ecc or None
         totals = self._totals[device.index]
         self._integrate_pcie(totals, values, now, reading)
         return GpuReading(
             index=device.index,
             uuid=device.uuid,
+            values=reading,
+            clock_event_reasons=reasons,
+            ecc_errors_total=ecc or None,
             xid_errors_total=self._count_xid(totals, values.get(XID_FIELD)),
-            **reading,
         )
 
     @staticmethod
     def _integrate_pcie(
-        totals: _GpuTotals, values: dict[int, Any], now: float, out: dict[str, Any]
+        totals: _GpuTotals, values: dict[int, Any], now: float, out: dict[str, float]
     ) -> None:
         if not all(f in values for f in PCIE_RATE_FIELDS):
             return

@@ -1,9 +1,17 @@
-"""Chooses and opens the GPU source named by ``--gpu-source``."""
+"""The GPU sources, in one registry, and ``open_gpu_source`` for ``--gpu-source``.
+
+``HARDWARE_SOURCES`` lists every source that reads real GPUs, in the order
+``--gpu-source auto`` tries them: the exporter, ``gpuscope doctor`` and
+``scripts/gpu-check`` (through the doctor) all open sources here. The simulated
+source takes its GPU count and scenario from flags; ``none`` opens nothing.
+"""
 
 from __future__ import annotations
 
 import logging
 import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuscope.exporter.gpu.dcgm import DcgmSource, DcgmUnavailable
 from gpuscope.exporter.gpu.nvml import NvmlSource, NvmlUnavailable
@@ -18,10 +26,27 @@ class GpuSourceUnavailable(RuntimeError):
     """The GPU source asked for explicitly cannot be opened; the message names the flag."""
 
 
+@dataclass(frozen=True)
+class HardwareSource:
+    """A source of real GPUs: how to open it, and the error that says it cannot be."""
+
+    kind: GpuSourceKind
+    open: Callable[[], GpuSource]
+    unavailable: type[Exception]
+
+
+# In the order ``--gpu-source auto`` tries them.
+HARDWARE_SOURCES: tuple[HardwareSource, ...] = (
+    HardwareSource(GpuSourceKind.DCGM, DcgmSource, DcgmUnavailable),
+    HardwareSource(GpuSourceKind.NVML, NvmlSource, NvmlUnavailable),
+)
+
+
 def open_gpu_source(
     kind: GpuSourceKind, *, scenario: pathlib.Path | None, simulated_count: int
 ) -> GpuSource | None:
-    """The source for ``kind``; ``auto`` tries DCGM, then NVML, and settles for None.
+    """The source for ``kind``; ``auto`` tries ``HARDWARE_SOURCES`` in turn and settles
+    for None.
 
     Raises ``ValueError`` for bad flag values (the GPU count is checked with the other
     flags, and again by ``SimulatedSource``) and ``GpuSourceUnavailable`` when an
@@ -37,17 +62,13 @@ def open_gpu_source(
         return None
     if kind == GpuSourceKind.SIMULATED:
         return open_simulated_source(simulated_count, scenario)
-    if kind == GpuSourceKind.DCGM:
-        try:
-            return DcgmSource()
-        except DcgmUnavailable as exc:
-            raise GpuSourceUnavailable(f"--gpu-source dcgm: {exc}") from exc
-    if kind == GpuSourceKind.NVML:
-        try:
-            return NvmlSource()
-        except NvmlUnavailable as exc:
-            raise GpuSourceUnavailable(f"--gpu-source nvml: {exc}") from exc
-    return _auto()
+    if kind == GpuSourceKind.AUTO:
+        return _auto()
+    (entry,) = (entry for entry in HARDWARE_SOURCES if entry.kind == kind)
+    try:
+        return entry.open()
+    except entry.unavailable as exc:
+        raise GpuSourceUnavailable(f"--gpu-source {kind}: {exc}") from exc
 
 
 def open_simulated_source(count: int, scenario: pathlib.Path | None) -> SimulatedSource:
@@ -63,10 +84,10 @@ def open_simulated_source(count: int, scenario: pathlib.Path | None) -> Simulate
 
 def _auto() -> GpuSource | None:
     reasons = []
-    for opener, unavailable in ((DcgmSource, DcgmUnavailable), (NvmlSource, NvmlUnavailable)):
+    for entry in HARDWARE_SOURCES:
         try:
-            source: GpuSource = opener()
-        except unavailable as exc:
+            source = entry.open()
+        except entry.unavailable as exc:
             reasons.append(str(exc))
             continue
         log.info("--gpu-source auto: using %s", source.name)

@@ -74,142 +74,186 @@ COLLECTOR_DURATION = MetricDef(
     ("collector",),
 )
 
-# The plain per-GPU rows: one sample per GPU from one ``GpuReading`` attribute.
-PER_GPU: Final[tuple[MetricDef, ...]] = (
-    MetricDef(
-        "gpuscope_gpu_sm_clock_hertz",
-        GAUGE,
-        "SM clock.",
-        GPU_LABELS,
-        field="sm_clock_hz",
-    ),
-    MetricDef(
-        "gpuscope_gpu_sm_clock_max_hertz",
-        GAUGE,
-        "Maximum SM clock.",
-        GPU_LABELS,
-        field="sm_clock_max_hz",
-    ),
-    MetricDef(
-        "gpuscope_gpu_memory_clock_hertz",
-        GAUGE,
-        "Memory clock.",
-        GPU_LABELS,
-        field="memory_clock_hz",
-    ),
-    MetricDef(
-        "gpuscope_gpu_memory_clock_max_hertz",
-        GAUGE,
-        "Maximum memory clock.",
-        GPU_LABELS,
-        field="memory_clock_max_hz",
-    ),
-    MetricDef(
-        "gpuscope_gpu_utilization_ratio",
-        GAUGE,
-        "Fraction of time a kernel ran (NVML utilization; coarse, see sm_active).",
-        GPU_LABELS,
-        field="utilization_ratio",
-    ),
-    MetricDef(
-        "gpuscope_gpu_sm_occupancy_ratio",
-        GAUGE,
-        "Resident warps over the SMs' warp capacity (GPM/DCGM).",
-        GPU_LABELS,
-        field="sm_occupancy_ratio",
-    ),
-    MetricDef(
-        "gpuscope_gpu_sm_active_ratio",
-        GAUGE,
-        "Fraction of SMs busy (GPM/DCGM).",
-        GPU_LABELS,
-        field="sm_active_ratio",
-    ),
-    MetricDef(
-        "gpuscope_gpu_tensor_active_ratio",
-        GAUGE,
-        "Fraction of time tensor cores were busy (GPM/DCGM).",
-        GPU_LABELS,
-        field="tensor_active_ratio",
-    ),
-    MetricDef(
-        "gpuscope_gpu_dram_active_ratio",
-        GAUGE,
-        "DRAM bandwidth used over its maximum (GPM/DCGM).",
-        GPU_LABELS,
-        field="dram_active_ratio",
-    ),
-    MetricDef(
-        "gpuscope_gpu_pcie_link_generation",
-        GAUGE,
-        "Current PCIe link generation.",
-        GPU_LABELS,
-        field="pcie_link_generation",
-    ),
-    MetricDef(
-        "gpuscope_gpu_pcie_link_width",
-        GAUGE,
-        "Current PCIe link width (lanes).",
-        GPU_LABELS,
-        field="pcie_link_width",
-    ),
-    MetricDef(
-        "gpuscope_gpu_memory_used_bytes",
-        GAUGE,
-        "Device memory in use.",
-        GPU_LABELS,
-        field="memory_used_bytes",
-    ),
-    MetricDef(
-        "gpuscope_gpu_memory_total_bytes",
-        GAUGE,
-        "Device memory in total.",
-        GPU_LABELS,
-        field="memory_total_bytes",
-    ),
-    MetricDef(
-        "gpuscope_gpu_power_watts",
-        GAUGE,
-        "Power draw.",
-        GPU_LABELS,
-        field="power_watts",
-    ),
-    MetricDef(
-        "gpuscope_gpu_power_limit_watts",
-        GAUGE,
-        "Enforced power limit.",
-        GPU_LABELS,
-        field="power_limit_watts",
-    ),
-    MetricDef(
-        "gpuscope_gpu_temperature_celsius",
-        GAUGE,
-        "GPU core temperature.",
-        GPU_LABELS,
-        field="temperature_celsius",
-    ),
-    MetricDef(
-        "gpuscope_gpu_pcie_transmit_bytes",
-        COUNTER,
-        "Bytes sent by the GPU over PCIe.",
-        GPU_LABELS,
-        field="pcie_transmit_bytes_total",
-    ),
-    MetricDef(
-        "gpuscope_gpu_pcie_receive_bytes",
-        COUNTER,
-        "Bytes received by the GPU over PCIe.",
-        GPU_LABELS,
-        field="pcie_receive_bytes_total",
-    ),
-    MetricDef(
-        "gpuscope_gpu_energy_joules",
-        COUNTER,
-        "Energy consumed by the GPU.",
-        GPU_LABELS,
-        field="energy_joules_total",
-    ),
+SM_CLOCK = MetricDef(
+    "gpuscope_gpu_sm_clock_hertz",
+    GAUGE,
+    "SM clock.",
+    GPU_LABELS,
+    field="sm_clock_hz",
 )
+SM_CLOCK_MAX = MetricDef(
+    "gpuscope_gpu_sm_clock_max_hertz",
+    GAUGE,
+    "Maximum SM clock.",
+    GPU_LABELS,
+    field="sm_clock_max_hz",
+)
+MEMORY_CLOCK = MetricDef(
+    "gpuscope_gpu_memory_clock_hertz",
+    GAUGE,
+    "Memory clock.",
+    GPU_LABELS,
+    field="memory_clock_hz",
+)
+MEMORY_CLOCK_MAX = MetricDef(
+    "gpuscope_gpu_memory_clock_max_hertz",
+    GAUGE,
+    "Maximum memory clock.",
+    GPU_LABELS,
+    field="memory_clock_max_hz",
+)
+UTILIZATION = MetricDef(
+    "gpuscope_gpu_utilization_ratio",
+    GAUGE,
+    "Fraction of time a kernel ran (NVML utilization; coarse, see sm_active).",
+    GPU_LABELS,
+    field="utilization_ratio",
+)
+SM_OCCUPANCY = MetricDef(
+    "gpuscope_gpu_sm_occupancy_ratio",
+    GAUGE,
+    "Resident warps over the SMs' warp capacity (GPM/DCGM).",
+    GPU_LABELS,
+    field="sm_occupancy_ratio",
+)
+SM_ACTIVE = MetricDef(
+    "gpuscope_gpu_sm_active_ratio",
+    GAUGE,
+    "Fraction of SMs busy (GPM/DCGM).",
+    GPU_LABELS,
+    field="sm_active_ratio",
+)
+TENSOR_ACTIVE = MetricDef(
+    "gpuscope_gpu_tensor_active_ratio",
+    GAUGE,
+    "Fraction of time tensor cores were busy (GPM/DCGM).",
+    GPU_LABELS,
+    field="tensor_active_ratio",
+)
+DRAM_ACTIVE = MetricDef(
+    "gpuscope_gpu_dram_active_ratio",
+    GAUGE,
+    "DRAM bandwidth used over its maximum (GPM/DCGM).",
+    GPU_LABELS,
+    field="dram_active_ratio",
+)
+PCIE_LINK_GENERATION = MetricDef(
+    "gpuscope_gpu_pcie_link_generation",
+    GAUGE,
+    "Current PCIe link generation.",
+    GPU_LABELS,
+    field="pcie_link_generation",
+)
+PCIE_LINK_WIDTH = MetricDef(
+    "gpuscope_gpu_pcie_link_width",
+    GAUGE,
+    "Current PCIe link width (lanes).",
+    GPU_LABELS,
+    field="pcie_link_width",
+)
+MEMORY_USED = MetricDef(
+    "gpuscope_gpu_memory_used_bytes",
+    GAUGE,
+    "Device memory in use.",
+    GPU_LABELS,
+    field="memory_used_bytes",
+)
+MEMORY_TOTAL = MetricDef(
+    "gpuscope_gpu_memory_total_bytes",
+    GAUGE,
+    "Device memory in total.",
+    GPU_LABELS,
+    field="memory_total_bytes",
+)
+POWER = MetricDef(
+    "gpuscope_gpu_power_watts",
+    GAUGE,
+    "Power draw.",
+    GPU_LABELS,
+    field="power_watts",
+)
+POWER_LIMIT = MetricDef(
+    "gpuscope_gpu_power_limit_watts",
+    GAUGE,
+    "Enforced power limit.",
+    GPU_LABELS,
+    field="power_limit_watts",
+)
+TEMPERATURE = MetricDef(
+    "gpuscope_gpu_temperature_celsius",
+    GAUGE,
+    "GPU core temperature.",
+    GPU_LABELS,
+    field="temperature_celsius",
+)
+PCIE_TRANSMIT = MetricDef(
+    "gpuscope_gpu_pcie_transmit_bytes",
+    COUNTER,
+    "Bytes sent by the GPU over PCIe.",
+    GPU_LABELS,
+    field="pcie_transmit_bytes_total",
+)
+PCIE_RECEIVE = MetricDef(
+    "gpuscope_gpu_pcie_receive_bytes",
+    COUNTER,
+    "Bytes received by the GPU over PCIe.",
+    GPU_LABELS,
+    field="pcie_receive_bytes_total",
+)
+ENERGY = MetricDef(
+    "gpuscope_gpu_energy_joules",
+    COUNTER,
+    "Energy consumed by the GPU.",
+    GPU_LABELS,
+    field="energy_joules_total",
+)
+
+# The plain per-GPU rows: one sample per GPU, the reading's value of the row's ``field``.
+PER_GPU: Final[tuple[MetricDef, ...]] = (
+    SM_CLOCK,
+    SM_CLOCK_MAX,
+    MEMORY_CLOCK,
+    MEMORY_CLOCK_MAX,
+    UTILIZATION,
+    SM_OCCUPANCY,
+    SM_ACTIVE,
+    TENSOR_ACTIVE,
+    DRAM_ACTIVE,
+    PCIE_LINK_GENERATION,
+    PCIE_LINK_WIDTH,
+    MEMORY_USED,
+    MEMORY_TOTAL,
+    POWER,
+    POWER_LIMIT,
+    TEMPERATURE,
+    PCIE_TRANSMIT,
+    PCIE_RECEIVE,
+    ENERGY,
+)
+
+# What ``gpuscope doctor`` (and ``scripts/gpu-check``) report on per GPU: readings a source
+# gives or not together (NVML reads a group with one call or a few), as the ``field`` of
+# their rows or, for the labelled families, the ``GpuReading`` attribute. Every row of
+# ``PER_GPU`` is in one group (a test checks).
+METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
+    "sm_clock": (SM_CLOCK.field,),
+    "sm_clock_max": (SM_CLOCK_MAX.field,),
+    "memory_clock": (MEMORY_CLOCK.field,),
+    "memory_clock_max": (MEMORY_CLOCK_MAX.field,),
+    "clock_event_reasons": ("clock_event_reasons",),
+    "utilization": (UTILIZATION.field,),
+    "memory": (MEMORY_USED.field, MEMORY_TOTAL.field),
+    "power": (POWER.field,),
+    "power_limit": (POWER_LIMIT.field,),
+    "energy": (ENERGY.field,),
+    "temperature": (TEMPERATURE.field,),
+    "pcie_link_generation": (PCIE_LINK_GENERATION.field,),
+    "pcie_link_width": (PCIE_LINK_WIDTH.field,),
+    "ecc_errors": ("ecc_errors_total",),
+    "pcie_bytes": (PCIE_TRANSMIT.field, PCIE_RECEIVE.field),
+    "gpm": (SM_OCCUPANCY.field, SM_ACTIVE.field, TENSOR_ACTIVE.field, DRAM_ACTIVE.field),
+    "xid_errors": ("xid_errors_total",),
+}
 
 GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     INFO,

@@ -27,27 +27,6 @@ from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 
 MHZ = 1e6
 
-# metric group -> the GpuReading fields it fills (what the doctor reports on)
-METRIC_GROUPS: dict[str, tuple[str, ...]] = {
-    "sm_clock": ("sm_clock_hz",),
-    "sm_clock_max": ("sm_clock_max_hz",),
-    "memory_clock": ("memory_clock_hz",),
-    "memory_clock_max": ("memory_clock_max_hz",),
-    "clock_event_reasons": ("clock_event_reasons",),
-    "utilization": ("utilization_ratio",),
-    "memory": ("memory_used_bytes", "memory_total_bytes"),
-    "power": ("power_watts",),
-    "power_limit": ("power_limit_watts",),
-    "energy": ("energy_joules_total",),
-    "temperature": ("temperature_celsius",),
-    "pcie_link_generation": ("pcie_link_generation",),
-    "pcie_link_width": ("pcie_link_width",),
-    "ecc_errors": ("ecc_errors_total",),
-    "pcie_bytes": ("pcie_transmit_bytes_total", "pcie_receive_bytes_total"),
-    "gpm": ("sm_occupancy_ratio", "sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"),
-    "xid_errors": ("xid_errors_total",),
-}
-
 ARCHITECTURES = {
     2: "Kepler",
     3: "Maxwell",
@@ -160,9 +139,11 @@ class NvmlDeviceReader:
         return GpuReading(
             index=self.device.index,
             uuid=self.device.uuid,
+            clock_event_reasons=values.pop("clock_event_reasons", None),
+            ecc_errors_total=values.pop("ecc_errors_total", None),
+            values=values,
             xid_errors_total=dict(xids),
             xid_supported=xid_supported,
-            **values,
         )
 
     def close(self) -> None:

@@ -86,7 +86,7 @@ class GpuPoller:
         return self._snapshot
 
     def wait_for_round(self, round_number: int, timeout_s: float) -> bool:
-        """Block until at least ``round_number`` rounds completed (for tests and the doctor)."""
+        """Block until at least ``round_number`` rounds completed (the tests wait on it)."""
         with self._round_done:
             return self._round_done.wait_for(
                 lambda: self._snapshot.round >= round_number, timeout=timeout_s

@@ -23,14 +23,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASONS
-from gpuscope.exporter.gpu.source import GpuReading
+from gpuscope.exporter.gpu.metrics import PER_GPU
 
 FAULTS = frozenset(
     {
@@ -43,13 +43,11 @@ FAULTS = frozenset(
         "process",
     }
 )
-# readings a scenario may declare NotSupported: every optional metric of GpuReading
-OPTIONAL_FIELDS = frozenset(f.name for f in fields(GpuReading)) - {
-    "index",
-    "uuid",
-    "up",
-    "xid_errors_total",
-    "xid_supported",
+# readings a scenario may declare NotSupported: every per-GPU row's field, and the
+# clock event reasons and ECC counts
+OPTIONAL_FIELDS = frozenset(row.field for row in PER_GPU) | {
+    "clock_event_reasons",
+    "ecc_errors_total",
 }
 _KEYS: dict[str, frozenset[str]] = {
     "clock_throttle": frozenset({"reason", "factor"}),

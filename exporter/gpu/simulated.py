@@ -11,6 +11,7 @@ injected: tests drive time by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -186,29 +187,32 @@ class SimulatedSource:
             1.0 - math.exp(-dt / THERMAL_TIME_CONSTANT_S)
         )
         self._advance_pcie(state, events, dt)
+        values = {
+            "sm_clock_hz": sm_clock,
+            "sm_clock_max_hz": SM_CLOCK_MAX_HZ,
+            "memory_clock_hz": MEMORY_CLOCK_HZ,
+            "memory_clock_max_hz": MEMORY_CLOCK_HZ,
+            "utilization_ratio": busy,
+            "sm_occupancy_ratio": busy * (0.25 + 0.6 * fill) * clock_fraction,
+            "sm_active_ratio": busy * 0.92,
+            "tensor_active_ratio": busy * 0.55,
+            "dram_active_ratio": busy * 0.4,
+            "pcie_transmit_bytes_total": state.pcie_tx,
+            "pcie_receive_bytes_total": state.pcie_rx,
+            "pcie_link_generation": 5,
+            "pcie_link_width": 16,
+            "memory_used_bytes": MEMORY_IDLE_BYTES + 40 * 2**30 * fill * (busy > 0),
+            "memory_total_bytes": MEMORY_TOTAL_BYTES,
+            "power_watts": power,
+            "power_limit_watts": POWER_LIMIT_W,
+            "energy_joules_total": state.energy_j,
+            "temperature_celsius": round(state.temperature_c, 1),
+        }
         return GpuReading(
             index=index,
             uuid=self._devices[index].uuid,
-            sm_clock_hz=sm_clock,
-            sm_clock_max_hz=SM_CLOCK_MAX_HZ,
-            memory_clock_hz=MEMORY_CLOCK_HZ,
-            memory_clock_max_hz=MEMORY_CLOCK_HZ,
+            values=values,
             clock_event_reasons=decode_clock_event_reasons(encode_clock_event_reasons(reasons)),
-            utilization_ratio=busy,
-            sm_occupancy_ratio=busy * (0.25 + 0.6 * fill) * clock_fraction,
-            sm_active_ratio=busy * 0.92,
-            tensor_active_ratio=busy * 0.55,
-            dram_active_ratio=busy * 0.4,
-            pcie_transmit_bytes_total=state.pcie_tx,
-            pcie_receive_bytes_total=state.pcie_rx,
-            pcie_link_generation=5,
-            pcie_link_width=16,
-            memory_used_bytes=MEMORY_IDLE_BYTES + 40 * 2**30 * fill * (busy > 0),
-            memory_total_bytes=MEMORY_TOTAL_BYTES,
-            power_watts=power,
-            power_limit_watts=POWER_LIMIT_W,
-            energy_joules_total=state.energy_j,
-            temperature_celsius=round(state.temperature_c, 1),
             xid_errors_total=dict(state.xids),
             ecc_errors_total={"volatile_corrected": 0, "volatile_uncorrected": 0},
         )
@@ -250,7 +254,12 @@ class SimulatedSource:
 
 
 def _without(reading: GpuReading, hidden: set[str]) -> GpuReading:
-    """``reading`` with the metrics a scenario declares NotSupported set to None."""
-    values = dict(reading.__dict__)
-    values.update(dict.fromkeys(hidden))
-    return GpuReading(**values)
+    """``reading`` without the metrics a scenario declares NotSupported."""
+    return dataclasses.replace(
+        reading,
+        values={name: value for name, value in reading.values.items() if name not in hidden},
+        clock_event_reasons=None
+        if "clock_event_reasons" in hidden
+        else reading.clock_event_reasons,
+        ecc_errors_total=None if "ecc_errors_total" in hidden else reading.ecc_errors_total,
+    )

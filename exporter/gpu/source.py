@@ -1,7 +1,7 @@
 """The narrow interface every GPU source implements, and the readings it returns.
 
 A source (NVML, DCGM, simulated) lists its devices and takes one sample of all of
-them at a time. A reading holds ``None`` for every metric the device cannot give
+them at a time. A reading leaves out every metric the device cannot give
 (NotSupported, NoPermission): such a metric is absent from ``/metrics``, never 0.
 Units are base units: hertz, bytes, watts, joules, ratios in 0-1.
 """
@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+from gpuscope.exporter.gpu import metrics
 
 
 class GpuSourceKind(StrEnum):
-    """The values of ``--gpu-source``: a backend, ``auto`` (DCGM, else NVML, else none) or none."""
+    """The values of ``--gpu-source``: a backend, ``auto`` (the first of
+    ``factory.HARDWARE_SOURCES`` that opens, else none) or none."""
 
     AUTO = "auto"
     NVML = "nvml"
@@ -38,39 +41,38 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One device's readings at one instant. ``up=False``: the GPU is lost."""
+    """One device's readings at one instant. ``up=False``: the GPU is lost.
+
+    ``values`` holds the plain per-GPU metrics, keyed by the ``field`` of their row in
+    ``gpu.metrics.PER_GPU`` (``"power_watts"``, ``"sm_clock_hz"``, ...), in base units;
+    a metric the source cannot give has no key. The other attributes feed the
+    labelled families. A key that names no row is a programmer error: ``ValueError``.
+    """
 
     index: int
     uuid: str
     up: bool = True
-    sm_clock_hz: float | None = None
-    sm_clock_max_hz: float | None = None
-    memory_clock_hz: float | None = None
-    memory_clock_max_hz: float | None = None
+    values: Mapping[str, float] = field(default_factory=dict)
     # reason (e.g. "sw_power_cap", "hw_thermal_slowdown", "gpu_idle") -> active now
     clock_event_reasons: Mapping[str, bool] | None = None
-    utilization_ratio: float | None = None
-    sm_occupancy_ratio: float | None = None
-    sm_active_ratio: float | None = None
-    tensor_active_ratio: float | None = None
-    dram_active_ratio: float | None = None
-    # monotonic counters since an arbitrary origin (driver load, source start)
-    pcie_transmit_bytes_total: float | None = None
-    pcie_receive_bytes_total: float | None = None
-    pcie_link_generation: int | None = None
-    pcie_link_width: int | None = None
-    memory_used_bytes: float | None = None
-    memory_total_bytes: float | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules_total: float | None = None
-    temperature_celsius: float | None = None
     # xid -> errors seen since the source started; type ("volatile_corrected", ...) -> count
     xid_errors_total: Mapping[int, int] = field(default_factory=dict)
     # False where the source cannot watch this GPU's XIDs (NVML refused the event
     # registration): its XID totals are then absent, not 0.
     xid_supported: bool = True
     ecc_errors_total: Mapping[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = self.values.keys() - {row.field for row in metrics.PER_GPU}
+        if unknown:
+            raise ValueError(
+                f"GPU reading values {sorted(unknown)} name no row of gpu.metrics.PER_GPU"
+            )
+
+    def has(self, name: str) -> bool:
+        """Whether the reading holds ``name``: a key of ``values`` or an attribute
+        (``clock_event_reasons``, ...) that is not None."""
+        return name in self.values or getattr(self, name, None) is not None
 
 
 class GpuSource(Protocol):
@@ -91,6 +93,7 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class ComputeObserver(Protocol):
     """Told of every batch span the exporter ingests. The simulated source is one, so
     that simulated occupancy follows the real workload (bigger batches, busier GPU).

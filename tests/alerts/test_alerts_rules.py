@@ -45,6 +45,17 @@ def test_committed_rules_regenerate_byte_identically(tmp_path: Path) -> None:
         )
 
 
+def test_check_mode_reports_stale_rules(tmp_path: Path) -> None:
+    build_rules(tmp_path)
+    check = [sys.executable, str(ALERTS / "build.py"), "--check", "--out", str(tmp_path)]
+    assert subprocess.run(check, capture_output=True, check=False).returncode == 0
+    (tmp_path / "alerting.yml").write_text("groups: []\n")
+    result = subprocess.run(check, capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert "alerting.yml" in result.stderr
+    assert "recording.yml" not in result.stderr
+
+
 def test_overrides_change_interval_and_every_for(tmp_path: Path) -> None:
     build_rules(tmp_path, "--interval", "1s", "--for", "2s")
     groups = yaml.safe_load((tmp_path / "alerting.yml").read_text())["groups"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.dashboards_json import dashboards_module
+from dashboards import engines
+from dashboards.engines import EngineHistogram
 
 REPO = Path(__file__).parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-0.32.0" / "metrics.txt"
@@ -22,8 +22,6 @@ TARGET_LABELS = {"job", "instance"}
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 VLLM_NAME = re.compile(r"\bvllm:[a-z0-9_]+")
-
-engines = dashboards_module("engines")
 
 
 def captured() -> dict[str, tuple[set[str], set[str]]]:
@@ -46,7 +44,7 @@ def _bounds(native: str) -> set[str]:
 
 
 @pytest.mark.parametrize("histogram", engines.VLLM_HISTOGRAMS, ids=lambda h: h.native)
-def test_the_engines_table_has_vllms_histograms_and_buckets(histogram: Any) -> None:
+def test_the_engines_table_has_vllms_histograms_and_buckets(histogram: EngineHistogram) -> None:
     for suffix in ("_bucket", "_sum", "_count"):
         assert histogram.native + suffix in CAPTURED, histogram.native + suffix
     assert {float(b) for b in histogram.buckets} == {float(b) for b in _bounds(histogram.native)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -11,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from dashboards import engines, pcie
 from support.dashboards_json import (
     DASHBOARD_DIR,
     REPO,
-    dashboards_module,
     load_dashboards,
     panels,
     panels_by_row,
@@ -144,7 +143,6 @@ def test_request_boards_filter_every_per_source_query_by_one_source() -> None:
 
 
 def test_request_boards_say_which_phases_each_engine_has() -> None:
-    engines = dashboards_module("engines")
     vllm = (
         "vLLM (spans or /metrics): queue, compute; compute split into prefill and decode; "
         "no preprocess, batch_wait, postprocess"
@@ -216,10 +214,6 @@ def test_gpu_board_keeps_hosts_apart() -> None:
     [(1, 4.0), (2, 8.0), (3, 15.75), (4, 31.5), (5, 63.0), (6, 121.0)],
 )
 def test_pcie_capacity_table(generation: int, x16_gb_per_s: float) -> None:
-    spec = importlib.util.spec_from_file_location("pcie", REPO / "dashboards" / "pcie.py")
-    assert spec is not None and spec.loader is not None
-    pcie = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pcie)
     assert 16 * pcie.lane_bytes_per_second(generation) / 1e9 == pytest.approx(
         x16_gb_per_s, rel=0.002
     )

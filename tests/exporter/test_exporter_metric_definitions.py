@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gpuscope import spans as attr
-from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef
+from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
 from gpuscope.exporter.gpu.metrics import GPU_METRICS
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
@@ -187,6 +187,10 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
         served[family.name] = (family.type, family.unit, labels)
     golden = {name: (kind, unit, set(labels)) for name, kind, unit, labels in GOLDEN}
     assert set(served) == set(golden)
+    # in the tables' order: the exporter's collected families, the GPU's, the histograms
+    collected = [d.name for d in EXPORTER_METRICS if d.type is not MetricType.HISTOGRAM]
+    histograms = [d.name for d in EXPORTER_METRICS if d.type is MetricType.HISTOGRAM]
+    assert list(served) == [*collected, *(d.name for d in GPU_METRICS), *histograms]
     for name, (kind, unit, labels) in golden.items():
         # every family here has samples, so its label names are all visible
         assert served[name] == (kind, unit, labels), name

@@ -186,7 +186,7 @@ class FailingSource:
     def sample(self) -> Sequence[GpuReading]:
         if self.fail:
             raise RuntimeError("driver went away")
-        return [GpuReading(0, "GPU-x", power_watts=100.0)]
+        return [GpuReading(0, "GPU-x", values={"power_watts": 100.0})]
 
     def close(self) -> None:
         pass

@@ -55,15 +55,15 @@ def test_dcgm_fields_by_id_become_readings_in_base_units() -> None:
     source.sample()
     clock.now += 2
     reading = source.sample()[0]
-    assert reading.sm_clock_hz == 1755e6
+    assert reading.values.get("sm_clock_hz") == 1755e6
     assert reading.clock_event_reasons is not None and reading.clock_event_reasons["sw_power_cap"]
-    assert reading.energy_joules_total == 2000.0
-    assert reading.utilization_ratio == pytest.approx(0.97)
-    assert reading.memory_used_bytes == 40000 * 2**20
-    assert reading.sm_occupancy_ratio == 0.42
-    assert reading.tensor_active_ratio is None
-    assert reading.pcie_receive_bytes_total == pytest.approx(8e9)  # 4 GB/s for 2 s
-    assert reading.pcie_link_width == 16
+    assert reading.values.get("energy_joules_total") == 2000.0
+    assert reading.values.get("utilization_ratio") == pytest.approx(0.97)
+    assert reading.values.get("memory_used_bytes") == 40000 * 2**20
+    assert reading.values.get("sm_occupancy_ratio") == 0.42
+    assert reading.values.get("tensor_active_ratio") is None
+    assert reading.values.get("pcie_receive_bytes_total") == pytest.approx(8e9)  # 4 GB/s for 2 s
+    assert reading.values.get("pcie_link_width") == 16
     assert reading.ecc_errors_total == {"volatile_corrected": 2}
 
 

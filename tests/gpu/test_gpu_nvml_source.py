@@ -43,19 +43,25 @@ def test_reads_every_metric_in_base_units(fake_nvml: FakeNvml) -> None:
     source = open_source(fake_nvml)
     reading = source.sample()[0]
     assert reading.up
-    assert reading.sm_clock_hz == 1980e6
-    assert reading.memory_clock_max_hz == 2619e6
+    assert reading.values.get("sm_clock_hz") == 1980e6
+    assert reading.values.get("memory_clock_max_hz") == 2619e6
     assert reading.clock_event_reasons is not None
     assert reading.clock_event_reasons["sw_power_cap"] is True
     assert reading.clock_event_reasons["gpu_idle"] is False
-    assert reading.utilization_ratio == pytest.approx(0.4)
-    assert reading.power_watts == 350.0
-    assert reading.power_limit_watts == 700.0
-    assert reading.energy_joules_total == 1000.0
-    assert reading.temperature_celsius == 55.0
-    assert reading.memory_used_bytes == 10 * 2**30
-    assert (reading.pcie_transmit_bytes_total, reading.pcie_receive_bytes_total) == (1000, 5000)
-    assert (reading.pcie_link_generation, reading.pcie_link_width) == (5, 16)
+    assert reading.values.get("utilization_ratio") == pytest.approx(0.4)
+    assert reading.values.get("power_watts") == 350.0
+    assert reading.values.get("power_limit_watts") == 700.0
+    assert reading.values.get("energy_joules_total") == 1000.0
+    assert reading.values.get("temperature_celsius") == 55.0
+    assert reading.values.get("memory_used_bytes") == 10 * 2**30
+    assert (
+        reading.values.get("pcie_transmit_bytes_total"),
+        reading.values.get("pcie_receive_bytes_total"),
+    ) == (1000, 5000)
+    assert (reading.values.get("pcie_link_generation"), reading.values.get("pcie_link_width")) == (
+        5,
+        16,
+    )
     assert reading.ecc_errors_total is not None
     assert reading.ecc_errors_total["volatile_corrected"] == 3
     assert fake_nvml.calls.get("nvmlDeviceGetPcieThroughput", 0) == 0  # fields suffice
@@ -68,16 +74,16 @@ def test_reads_every_metric_in_base_units(fake_nvml: FakeNvml) -> None:
 def test_gpm_needs_two_samples_at_least_100ms_apart(fake_nvml: FakeNvml) -> None:
     clock = ManualClock()
     source = open_source(fake_nvml, clock)
-    assert source.sample()[0].sm_occupancy_ratio is None  # one sample is not a rate
+    assert source.sample()[0].values.get("sm_occupancy_ratio") is None  # one sample is not a rate
     clock.now += 0.05
-    assert source.sample()[0].sm_occupancy_ratio is None
+    assert source.sample()[0].values.get("sm_occupancy_ratio") is None
     assert fake_nvml.calls["nvmlGpmSampleGet"] == 2  # the early poll took no sample
     clock.now += 0.1
     reading = source.sample()[0]
-    assert reading.sm_occupancy_ratio == pytest.approx(0.30)
-    assert reading.sm_active_ratio == pytest.approx(0.80)
-    assert reading.tensor_active_ratio == pytest.approx(0.50)
-    assert reading.dram_active_ratio == pytest.approx(0.25)
+    assert reading.values.get("sm_occupancy_ratio") == pytest.approx(0.30)
+    assert reading.values.get("sm_active_ratio") == pytest.approx(0.80)
+    assert reading.values.get("tensor_active_ratio") == pytest.approx(0.50)
+    assert reading.values.get("dram_active_ratio") == pytest.approx(0.25)
     source.close()
     assert fake_nvml.calls["nvmlGpmSampleFree"] == 4  # both buffers of both GPUs
 
@@ -89,8 +95,8 @@ def test_gpm_metric_the_device_lacks_is_absent(fake_nvml: FakeNvml) -> None:
     source.sample()
     clock.now += 1
     reading = source.sample()[0]
-    assert reading.tensor_active_ratio is None
-    assert reading.sm_occupancy_ratio == pytest.approx(0.30)
+    assert reading.values.get("tensor_active_ratio") is None
+    assert reading.values.get("sm_occupancy_ratio") == pytest.approx(0.30)
     source.close()
 
 
@@ -100,7 +106,7 @@ def test_pre_hopper_gpu_has_no_gpm_and_says_why() -> None:
     source = open_source(fake, clock)
     source.sample()
     clock.now += 1
-    assert source.sample()[0].sm_occupancy_ratio is None
+    assert source.sample()[0].values.get("sm_occupancy_ratio") is None
     assert "Ampere" in source.unsupported_metrics()[0]["gpm"]
     assert fake.calls.get("nvmlGpmSampleAlloc", 0) == 0
     source.close()
@@ -146,8 +152,8 @@ def test_unsupported_metric_is_absent_explained_and_not_asked_again(
     source = open_source(fake_nvml)
     for _ in range(3):
         first, second = source.sample()
-        assert getattr(second, field) is None
-        assert getattr(first, field) is not None  # the other GPU still has it
+        assert not second.has(field)
+        assert first.has(field)  # the other GPU still has it
     assert words in source.unsupported_metrics()[1][group]
     assert group not in source.unsupported_metrics()[0]
     calls_per_read = 4 if group == "ecc_errors" else 1  # volatile/aggregate x (un)corrected
@@ -158,9 +164,9 @@ def test_unsupported_metric_is_absent_explained_and_not_asked_again(
 def test_transient_error_leaves_the_metric_absent_for_one_round_only(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpus[0].errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
     source = open_source(fake_nvml)
-    assert source.sample()[0].temperature_celsius is None
+    assert source.sample()[0].values.get("temperature_celsius") is None
     del fake_nvml.gpus[0].errors["nvmlDeviceGetTemperature"]
-    assert source.sample()[0].temperature_celsius == 55.0
+    assert source.sample()[0].values.get("temperature_celsius") == 55.0
     assert "temperature" not in source.unsupported_metrics()[0]
     source.close()
 
@@ -170,11 +176,14 @@ def test_pcie_counters_fall_back_to_integrated_throughput_only_when_fields_are_m
     clock = ManualClock()
     source = open_source(fake, clock)
     first = source.sample()[0]
-    assert (first.pcie_transmit_bytes_total, first.pcie_receive_bytes_total) == (0.0, 0.0)
+    assert (
+        first.values.get("pcie_transmit_bytes_total"),
+        first.values.get("pcie_receive_bytes_total"),
+    ) == (0.0, 0.0)
     clock.now += 2.0
     second = source.sample()[0]
-    assert second.pcie_transmit_bytes_total == pytest.approx(100 * 1024 * 2.0)
-    assert second.pcie_receive_bytes_total == pytest.approx(400 * 1024 * 2.0)
+    assert second.values.get("pcie_transmit_bytes_total") == pytest.approx(100 * 1024 * 2.0)
+    assert second.values.get("pcie_receive_bytes_total") == pytest.approx(400 * 1024 * 2.0)
     assert "estimated" in source.notes()[0]["pcie_bytes"]
     assert fake.calls["nvmlDeviceGetFieldValues"] == 1  # the fields are not asked again
     source.close()
@@ -185,12 +194,12 @@ def test_lost_gpu_goes_down_alone_and_comes_back_without_restart(fake_nvml: Fake
     assert [r.up for r in source.sample()] == [True, True]
     fake_nvml.gpus[1].lost = True
     first, second = source.sample()
-    assert first.up and first.power_watts == 350.0
-    assert not second.up and second.power_watts is None
+    assert first.up and first.values.get("power_watts") == 350.0
+    assert not second.up and second.values.get("power_watts") is None
     assert not source.sample()[1].up  # still gone: its handle cannot be had
     fake_nvml.gpus[1].lost = False
     back = source.sample()[1]
-    assert back.up and back.power_watts == 350.0
+    assert back.up and back.values.get("power_watts") == 350.0
     source.close()
 
 
@@ -312,14 +321,19 @@ def test_a_transient_error_in_the_pcie_fields_does_not_switch_to_estimates(
     fake_nvml: FakeNvml,
 ) -> None:
     source = open_source(fake_nvml)
-    assert source.sample()[0].pcie_transmit_bytes_total == 1000
+    assert source.sample()[0].values.get("pcie_transmit_bytes_total") == 1000
     fake_nvml.gpus[0].pcie_field_return = pynvml.NVML_ERROR_UNKNOWN
     glitch = source.sample()[0]
-    assert glitch.up and glitch.pcie_transmit_bytes_total is None  # absent this round only
+    assert (
+        glitch.up and glitch.values.get("pcie_transmit_bytes_total") is None
+    )  # absent this round only
     fake_nvml.gpus[0].pcie_field_return = None
     fake_nvml.gpus[0].pcie_tx_bytes = 3000
     back = source.sample()[0]
-    assert (back.pcie_transmit_bytes_total, back.pcie_receive_bytes_total) == (3000, 5000)
+    assert (
+        back.values.get("pcie_transmit_bytes_total"),
+        back.values.get("pcie_receive_bytes_total"),
+    ) == (3000, 5000)
     assert fake_nvml.calls.get("nvmlDeviceGetPcieThroughput", 0) == 0
     assert "pcie_bytes" not in source.notes()[0]
     source.close()

@@ -35,7 +35,7 @@ class EnumerationFails:
         with self.sampled:
             self.samples += 1
             self.sampled.notify_all()
-        return [GpuReading(0, "GPU-x", power_watts=100.0)]
+        return [GpuReading(0, "GPU-x", values={"power_watts": 100.0})]
 
     def collector_health(self) -> Sequence[CollectorRun]:
         if self.fail_health:

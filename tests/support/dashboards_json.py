@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).parents[2]
@@ -23,18 +20,6 @@ LABEL_VALUES = re.compile(r"^label_values\((.+), *([a-zA-Z_][a-zA-Z0-9_]*)\)$")
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
 # Labels Prometheus attaches to every scraped series.
 TARGET_LABELS = frozenset({"job", "instance"})
-
-
-def dashboards_module(name: str) -> ModuleType:
-    """A module of ``dashboards/`` (``engines``, ``pcie``, ...), which is no package."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "dashboards" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass(frozen=True)

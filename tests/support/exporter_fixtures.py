@@ -174,7 +174,11 @@ class FakeGpuSource:
 
     def sample(self) -> Sequence[GpuReading]:
         return [
-            GpuReading(index=d.index, uuid=d.uuid, sm_clock_hz=1.98e9, utilization_ratio=0.5)
+            GpuReading(
+                index=d.index,
+                uuid=d.uuid,
+                values={"sm_clock_hz": 1.98e9, "utilization_ratio": 0.5},
+            )
             for d in self._devices
         ]
 

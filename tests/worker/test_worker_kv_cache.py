@@ -71,13 +71,25 @@ async def _generate(scheduler: GenerationScheduler) -> list[list[int]]:
     """Every prompt at once, each with its ``max_tokens``; the tokens each got back."""
     scheduler.start()
     streams = [
-        scheduler.generate(prompt, n, RequestTimeline(), timeout_s=60)
+        generate(scheduler, prompt, n, RequestTimeline(), timeout_s=60)
         for prompt, n in zip(PROMPTS, MAX_TOKENS, strict=True)
     ]
     try:
         return await asyncio.gather(*map(_collect, streams))
     finally:
         await scheduler.close(5.0)
+
+
+def generate(
+    scheduler: GenerationScheduler,
+    prompt: list[int],
+    max_tokens: int,
+    timeline: RequestTimeline,
+    *,
+    timeout_s: float,
+) -> TokenStream:
+    """One sequence, queued as ``generate_all`` queues each of its prompts."""
+    return scheduler.generate_all([prompt], max_tokens, timeline, timeout_s=timeout_s)[0]
 
 
 def _assert_conserved(pool: BlockPool) -> None:
@@ -170,7 +182,7 @@ async def test_worker_kv_stats_and_blocks_of_cancelled_requests(
     scheduler.start()
     gated.gate.close()
     streams = [
-        scheduler.generate(prompt, 30, RequestTimeline(), timeout_s=60) for prompt in PROMPTS
+        generate(scheduler, prompt, 30, RequestTimeline(), timeout_s=60) for prompt in PROMPTS
     ]
     await asyncio.to_thread(gated.gate.entered.wait, 10)  # the first step holds the device
     stats = scheduler.kv_stats()
@@ -191,9 +203,9 @@ async def test_worker_request_too_big_for_the_whole_pool_is_refused(
     scheduler = _scheduler(_generator(4, 4), span_recorder)  # 16 positions in all
     scheduler.start()
     with pytest.raises(CacheTooSmall, match="needs 17 key/value cache positions") as refused:
-        scheduler.generate([1] * 5, 12, RequestTimeline(), timeout_s=5)  # BOS + 5 + 11
+        generate(scheduler, [1] * 5, 12, RequestTimeline(), timeout_s=5)  # BOS + 5 + 11
     assert refused.value.status == 400
-    fits = scheduler.generate([1] * 5, 11, RequestTimeline(), timeout_s=30)
+    fits = generate(scheduler, [1] * 5, 11, RequestTimeline(), timeout_s=30)
     assert len(await _collect(fits)) == 11
     await scheduler.close(5.0)
 
@@ -219,7 +231,7 @@ async def test_worker_preempted_requests_cancelled_free_everything(
     checked = CheckedGenerator(_generator(16, 4))
     scheduler = _scheduler(checked, span_recorder)
     scheduler.start()
-    streams = [scheduler.generate(p, 40, RequestTimeline(), timeout_s=60) for p in PROMPTS]
+    streams = [generate(scheduler, p, 40, RequestTimeline(), timeout_s=60) for p in PROMPTS]
     seen = None
     async for _ in streams[0]:  # the oldest runs on: one token per iteration
         stats = scheduler.kv_stats()
