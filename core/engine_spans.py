@@ -137,9 +137,9 @@ def _seconds(attributes: Mapping[str, object], key: str) -> float | None:
             f"{key} must be a number of seconds, got {type(value).__name__}", is_duration=True
         )
     seconds = float(value)
-    if not 0.0 <= seconds <= attr.MAX_DURATION_S:  # NaN, negatives, infinity, the absurd
+    if not 0.0 <= seconds <= spans.MAX_DURATION_S:  # NaN, negatives, infinity, the absurd
         raise EngineSpanInvalid(
-            f"{key} is {seconds}, not a duration in 0-{attr.MAX_DURATION_S:g} s",
+            f"{key} is {seconds}, not a duration in 0-{spans.MAX_DURATION_S:g} s",
             is_duration=True,
         )
     return seconds

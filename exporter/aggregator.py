@@ -314,11 +314,11 @@ class SpanAggregator:
         for slot in _SECONDS_SLOTS:
             seconds = values[slot]
             # One chained comparison rejects NaN, negatives, infinity and the absurd alike.
-            if seconds is not None and not 0.0 <= seconds <= attr.MAX_DURATION_S:
+            if seconds is not None and not 0.0 <= seconds <= spans.MAX_DURATION_S:
                 key = _SLOT_KEYS[slot]
                 raise SpanRejected(
                     INVALID_DURATION,
-                    f"{key} is {seconds}, not a duration in 0-{attr.MAX_DURATION_S:g} s",
+                    f"{key} is {seconds}, not a duration in 0-{spans.MAX_DURATION_S:g} s",
                 )
         phases = values[_PHASE0:_STAGE0]
         stages = values[_STAGE0:_SERVER_SLOT_COUNT]
