@@ -183,6 +183,7 @@ def timeseries(
     *,
     stacked: bool = False,
     max_value: float | None = None,
+    decimals: int | None = None,
 ) -> timeseries_builders.Panel:
     panel = (
         timeseries_builders.Panel()
@@ -211,6 +212,8 @@ def timeseries(
         panel.stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
     if max_value is not None:
         panel.max(max_value)
+    if decimals is not None:
+        panel.decimals(decimals)
     for target in targets:
         panel.with_target(target)
     return panel
