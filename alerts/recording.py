@@ -497,15 +497,18 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
 
 
 def recording_groups(settings: Settings) -> list[dict[str, Any]]:
+    # Rules of one group run in order at each evaluation, groups side by side: the
+    # verdict comes after the shares and the GPU conditions it reads, in their group,
+    # so that it judges this evaluation's numbers (in a group of its own it lagged them).
     groups = {
-        "gpuscope-requests": [
+        "gpuscope-bottleneck": [
             *phase_rules(settings),
             *request_rules(settings),
             *slo_rules(settings, settings.latency_slo),
             *slo_rules(settings, settings.ttft_slo),
+            *gpu_rules(settings),
+            *verdict_rules(settings),
         ],
-        "gpuscope-gpus": gpu_rules(settings),
-        "gpuscope-bottleneck": verdict_rules(settings),
         "gpuscope-worker": worker_rules(settings),
     }
     return [

@@ -177,3 +177,18 @@ def test_every_alert_keeps_the_labels_that_say_where_it_fired() -> None:
         assert label_sets, f"{name} is never shown firing"
         for labels in label_sets:
             assert where[name] <= labels, f"{name} fires without {where[name] - labels}"
+
+
+def test_every_recorded_series_is_recorded_before_a_rule_of_its_group_reads_it() -> None:
+    """Within a group, rules run in order; across groups, a reader would lag a writer
+    by an evaluation (or two, chained): the verdict must not judge old shares."""
+    groups = yaml.safe_load((ALERTS / "rules" / "recording.yml").read_text())["groups"]
+    group_of = {r["record"]: g["name"] for g in groups for r in g["rules"]}
+    for group in groups:
+        seen: set[str] = set()
+        for rule in group["rules"]:
+            used = set(re.findall(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b", rule["expr"]))
+            for name in used:
+                assert group_of[name] == group["name"], f"{rule['record']} reads {name}"
+                assert name in seen, f"{rule['record']} reads {name} before it is recorded"
+            seen.add(rule["record"])
