@@ -260,16 +260,19 @@ def _sum_rate(selector: str, window: str) -> str:
     return f"sum by ({SERVICE_MODEL}) (rate({selector}[{window}]))"
 
 
-# Per-GPU series (labels gpu and uuid) the conditions, the alerts and the verdict read;
-# those with a window in their name end with it.
+# Per-GPU series (labels gpu and uuid; instance_* also job and instance) the
+# conditions, the alerts and the verdict read; those with a window in their name end
+# with it.
 OCCUPANCY_AVG = f"gpu:{gpu_rows.SM_OCCUPANCY.name}:avg"
 UTILIZATION_AVG = f"gpu:{gpu_rows.UTILIZATION.name}:avg"
 SM_CLOCK_RATIO = "gpu:gpuscope_gpu_sm_clock:ratio"
 SM_CLOCK_RATIO_AVG = "gpu:gpuscope_gpu_sm_clock:ratio_avg"
 THROTTLE_ACTIVE = "gpu:gpuscope_gpu_clock_throttle_reasons:active"
 PCIE_CAPACITY = "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
-PCIE_UTILIZATION = "gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
-MEMORY_USED_RATIO = "gpu:gpuscope_gpu_memory_used:ratio"
+# The two the alerts fire on keep the exporter's job and instance too (``instance_``),
+# so that a page says which host it is about.
+PCIE_UTILIZATION = "instance_gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
+MEMORY_USED_RATIO = "instance_gpu:gpuscope_gpu_memory_used:ratio"
 # 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
 GPU_HOST = f"host_gpu:{gpu_rows.INFO.name}:max"
 HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
@@ -320,16 +323,16 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
             f"{PCIE_UTILIZATION}{w}",
             " or ".join(
                 f"label_replace(\n"
-                f"  sum by ({GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
-                f"  / on ({GPU}) {PCIE_CAPACITY},\n"
+                f"  sum by ({INSTANCE}, {GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
+                f"  / on ({GPU}) group_left () {PCIE_CAPACITY},\n"
                 f'  "direction", "{direction}", "", ""\n)'
                 for direction, row in pcie.items()
             ),
         ),
         _rule(
             MEMORY_USED_RATIO,
-            f"max by ({GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
-            f"max by ({GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
+            f"max by ({INSTANCE}, {GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
+            f"max by ({INSTANCE}, {GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
         ),
         # The per-host join for requests that name no GPU: each GPU's host (the
         # exporter's instance without the port), and the best-fed GPU of each host.
@@ -494,15 +497,18 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
 
 
 def recording_groups(settings: Settings) -> list[dict[str, Any]]:
+    # Rules of one group run in order at each evaluation, groups side by side: the
+    # verdict comes after the shares and the GPU conditions it reads, in their group,
+    # so that it judges this evaluation's numbers (in a group of its own it lagged them).
     groups = {
-        "gpuscope-requests": [
+        "gpuscope-bottleneck": [
             *phase_rules(settings),
             *request_rules(settings),
             *slo_rules(settings, settings.latency_slo),
             *slo_rules(settings, settings.ttft_slo),
+            *gpu_rules(settings),
+            *verdict_rules(settings),
         ],
-        "gpuscope-gpus": gpu_rules(settings),
-        "gpuscope-bottleneck": verdict_rules(settings),
         "gpuscope-worker": worker_rules(settings),
     }
     return [

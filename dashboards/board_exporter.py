@@ -85,7 +85,7 @@ def build() -> Dashboard:
             "Spans received",
             "Spans per second in decoded OTLP export requests.",
             [query(per_second(exporter_rows.SPANS_RECEIVED, "instance"), "{{instance}}")],
-            "short",
+            "ops",
             THIRD,
         )
     )
@@ -95,7 +95,7 @@ def build() -> Dashboard:
             "Spans per second dropped for breaking the span contract (bad ids, durations, "
             "attribute types, over-long labels).",
             [query(per_second(exporter_rows.SPANS_REJECTED, REASON), "{{reason}}")],
-            "short",
+            "ops",
             THIRD,
             stacked=True,
         )
@@ -118,7 +118,7 @@ def build() -> Dashboard:
             "Observations per second sent to a metric's overflow series because it hit "
             "--max-series: raise the limit or find the sender with unbounded labels.",
             [query(per_second(exporter_rows.SERIES_OVERFLOW, OVERFLOWED_METRIC), "{{metric}}")],
-            "short",
+            "ops",
             HALF,
             stacked=True,
         )
@@ -136,7 +136,7 @@ def build() -> Dashboard:
                     per_second(exporter_rows.FORWARD_SPANS_DROPPED, REASON), "dropped: {{reason}}"
                 ),
             ],
-            "short",
+            "ops",
             HALF,
         )
     )

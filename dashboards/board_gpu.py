@@ -32,6 +32,21 @@ LEGEND = "{{instance}} GPU {{gpu}}"
 PER_GPU = f"instance, {GPU_INDEX}"
 
 
+# How far back an XID counter's previous value is looked for (across a gap in its series)
+XID_LOOKBACK = "1h"
+
+
+def new_events(row: MetricDef, by: str) -> str:
+    """The events counter ``row`` counted within each step of the graph, as a whole
+    number: the counter's rise since its last value before the step (not ``increase()``,
+    which extrapolates to fractions and misses a series' first value). A series that
+    appears (a code's first XID: the exporter serves a code from its first event on)
+    or restarts (the exporter did) counts its whole value: ``or`` on the counter."""
+    counter = f"{series(row)}{GPU}"
+    previous = f"last_over_time({counter}[{XID_LOOKBACK}] offset $__interval)"
+    return f"sum by ({by}) (\n  ({counter} - {previous}) >= 0\n  or\n  {counter}\n)"
+
+
 def per_gpu(row: MetricDef, legend: str = LEGEND) -> list[Dataquery]:
     return [query(f"max by ({PER_GPU}) ({series(row)}{GPU})", legend)]
 
@@ -254,20 +269,21 @@ def _errors(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "XID errors",
-            "XID errors per poll interval: all codes per GPU, and by code (48: double-bit "
-            "ECC, 79: fallen off the bus, ...).",
+            "XID errors in each interval of the graph, counted exactly: all codes per GPU, "
+            "and by code (48: double-bit ECC, 79: fallen off the bus, ...). A code's "
+            "first XID shows at once, with its code; XIDs while the GPU's series were "
+            f"absent (up to {XID_LOOKBACK}) show when they return.",
             [
                 query(
-                    f"sum by ({PER_GPU}) (increase({series(gpu_rows.XID_EVENTS)}{GPU}[{RATE}]))",
-                    "{{instance}} GPU {{gpu}} all codes",
+                    new_events(gpu_rows.XID_EVENTS, PER_GPU), "{{instance}} GPU {{gpu}} all codes"
                 ),
                 query(
-                    f"sum by ({PER_GPU}, {XID}) "
-                    f"(increase({series(gpu_rows.XID_ERRORS)}{GPU}[{RATE}]))",
+                    new_events(gpu_rows.XID_ERRORS, f"{PER_GPU}, {XID}"),
                     "{{instance}} GPU {{gpu}} XID {{xid}}",
                 ),
             ],
             "short",
+            decimals=0,
         )
     )
     board.with_panel(

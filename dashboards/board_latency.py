@@ -28,7 +28,9 @@ from dashboards.panels import (
     Size,
     heatmap_panel,
     new_dashboard,
+    quantile,
     query,
+    ratio,
     row,
     selector,
     text_panel,
@@ -63,7 +65,7 @@ def rate(metric: str, sel: str, by: str = "") -> str:
 def quantile_targets(histogram: MetricDef, sel: str) -> list[Dataquery]:
     return [
         query(
-            f"histogram_quantile({q}, {rate(series(histogram, 'bucket'), sel, 'le')})",
+            quantile(q, rate(series(histogram, "bucket"), sel, "le")),
             f"P{round(q * 100)}",
             exemplar=True,
         )
@@ -73,7 +75,7 @@ def quantile_targets(histogram: MetricDef, sel: str) -> list[Dataquery]:
 
 def phase_p99(by: str = f"{contract.PHASE}, le") -> str:
     bucket = series(exporter_rows.REQUEST_PHASE, "bucket")
-    return f"histogram_quantile(0.99, {rate(bucket, PHASE, by)})"
+    return quantile(0.99, rate(bucket, PHASE, by))
 
 
 def build() -> Dashboard:
@@ -111,7 +113,7 @@ def build() -> Dashboard:
         timeseries(
             "Error ratio",
             "Share of requests answered with a 5xx status.",
-            [query(f"({errors} or vector(0))\n/\n{rate(count, REQUEST)}", "5xx share")],
+            [query(ratio(f"({errors} or vector(0))", rate(count, REQUEST)), "5xx share")],
             "percentunit",
             THIRD,
         )
@@ -149,7 +151,7 @@ def build() -> Dashboard:
             "Mean seconds a request spent in each phase; stacked, the phases add up to "
             "the mean request duration. Only the phases the engine reports: vLLM's spans "
             "give queue and compute (no batch wait, preprocess or postprocess).",
-            [query(f"{phase_sum}\n/\n{phase_count}", "{{phase}}", exemplar=True)],
+            [query(ratio(phase_sum, phase_count), "{{phase}}", exemplar=True)],
             "s",
             HALF,
             stacked=True,
@@ -166,21 +168,27 @@ def build() -> Dashboard:
             HALF,
         )
     )
+    duration = series(exporter_rows.REQUEST_DURATION, "bucket")
     board.with_panel(
         timeseries(
-            "Phase share of P99",
-            "Each phase's P99 over the sum of the phases' P99s: queue dominating points at "
-            "capacity or scheduling, compute at the model or the hardware.",
+            "Phase P99 against end-to-end P99",
+            "Each phase's P99 over the request's P99 (not over the sum of the phases' "
+            "P99s, which no request took): the phase near 100 % is the one the slowest "
+            "requests wait in; queue points at capacity or scheduling, compute at the "
+            "model or the hardware. Not stacked: the slowest requests differ per phase, "
+            "so the lines need not add up to 100 %.",
             [
                 query(
-                    f"{phase_p99()}\n/ ignoring ({contract.PHASE}) group_left\nsum({phase_p99()})",
+                    ratio(
+                        phase_p99(),
+                        quantile(0.99, rate(duration, PHASE, "le")),
+                        f"ignoring ({contract.PHASE}) group_left ()",
+                    ),
                     "{{phase}}",
                 )
             ],
             "percentunit",
             FULL,
-            stacked=True,
-            max_value=1,
         )
     )
     board.with_row(row("Streaming (gpuscope spans)"))
@@ -218,7 +226,7 @@ def build() -> Dashboard:
             "Mean requests per batch and batches executed per second, beside the largest "
             "batch the workers are configured for (from the worker's /metrics).",
             [
-                query(f"{batch_sum}\n/\n{batch_count}", "mean batch size"),
+                query(ratio(batch_sum, batch_count), "mean batch size"),
                 query(batch_count, "batches/s"),
                 query(serving.configured(WORKER_MAX_BATCH_SIZE), "configured maximum"),
             ],
@@ -233,14 +241,12 @@ def build() -> Dashboard:
 
 def _mean(histogram: str, key: str) -> str:
     total = f"sum by ({key}) ({recorded_rate(histogram, 'sum')}{PER_SOURCE})"
-    return f"{total}\n/\nsum by ({key}) ({recorded_rate(histogram, 'count')}{PER_SOURCE})"
+    return ratio(total, f"sum by ({key}) ({recorded_rate(histogram, 'count')}{PER_SOURCE})")
 
 
 def _quantile(q: float, histogram: str, key: str = "") -> str:
     by = f"{key}, le" if key else "le"
-    return (
-        f"histogram_quantile({q}, sum by ({by}) ({recorded_rate(histogram, 'bucket')}{PER_SOURCE}))"
-    )
+    return quantile(q, f"sum by ({by}) ({recorded_rate(histogram, 'bucket')}{PER_SOURCE})")
 
 
 def _quantiles(histogram: str) -> list[Dataquery]:
@@ -341,7 +347,7 @@ def batch_wait_panel() -> timeseries_builders.Panel:
         [
             *(
                 query(
-                    f"histogram_quantile({q}, {rate(bucket, wait, 'le')})",
+                    quantile(q, rate(bucket, wait, "le")),
                     f"P{round(q * 100)}",
                     exemplar=True,
                 )

@@ -5,9 +5,9 @@ board works the same over gpuscope's spans and over an engine's own ``/metrics``
 (vLLM's, with no gpuscope in the request path), and one source is shown at a time:
 the same requests seen through both are never added up. One row per host (the row
 repeats over ``$host``): the bottleneck verdict of each service, model and GPU on it,
-phase shares of the mean and of P99, the split of compute into prefill and decode
-where the engine reports it, and the host's GPUs: SM occupancy, the SM clock as a
-share of its maximum, and PCIe traffic as a share of link capacity.
+phase shares of the mean, each phase's P99 against the end-to-end P99, the split of
+compute into prefill and decode where the engine reports it, and the host's GPUs: SM
+occupancy, the SM clock as a share of its maximum, and PCIe traffic as a share of link capacity.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from grafana_foundation_sdk.models.common import BigValueTextMode
 from alerts.recording import BATCH_WAIT, COMPUTE, QUEUE
 from alerts.settings import GPU
 from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, series
-from dashboards.engines import PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
+from dashboards.engines import DURATION_HISTOGRAM, PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
 from dashboards.panels import (
     RATE,
     SOURCE_CHAIN,
     THIRD,
     Size,
     new_dashboard,
+    quantile,
     query,
+    ratio,
     row,
     selector,
     stat_panel,
@@ -54,15 +56,18 @@ def _verdict() -> str:
     return f"max by ({SERVICE}, {MODEL}, {GPU_INDEX}, cause) (\n{verdict}\n)"
 
 
-def _share(histogram: str, key: str, statistic: str) -> str:
-    """Each phase's (or stage's) part of their total, over the row's requests."""
-    if statistic == "mean":
-        per_key = f"sum by ({key}) ({rate(histogram, 'sum')}{RULE})"
-    else:
-        per_key = (
-            f"histogram_quantile(0.99, sum by ({key}, le) ({rate(histogram, 'bucket')}{RULE}))"
-        )
-    return f"{per_key}\n/ ignoring ({key}) group_left\nsum({per_key})"
+def _share(histogram: str, key: str) -> str:
+    """Each phase's (or stage's) part of their total mean, over the row's requests."""
+    per_key = f"sum by ({key}) ({rate(histogram, 'sum')}{RULE})"
+    return ratio(per_key, f"sum({per_key})", f"ignoring ({key}) group_left ()")
+
+
+def _p99_against_request() -> str:
+    """Each phase's P99 over the requests' own P99 (never over the sum of per-phase
+    P99s: a request time no request had)."""
+    per_phase = quantile(0.99, f"sum by ({PHASE}, le) ({rate(PHASE_HISTOGRAM, 'bucket')}{RULE})")
+    request = quantile(0.99, f"sum by (le) ({rate(DURATION_HISTOGRAM, 'bucket')}{RULE})")
+    return ratio(per_phase, request, f"ignoring ({PHASE}) group_left ()")
 
 
 def build() -> Dashboard:
@@ -97,27 +102,38 @@ def build() -> Dashboard:
             Size(18, 8),
         )
     )
-    for statistic, title in (("mean", "Phase share of mean time"), ("p99", "Phase share of P99")):
-        board.with_panel(
-            timeseries(
-                title,
-                "Each phase's part of the request time on this host; stacked to 100 %. "
-                "Only the phases the engine reports (see the note above): for vLLM, "
-                "queue and compute.",
-                [query(_share(PHASE_HISTOGRAM, PHASE, statistic), "{{phase}}")],
-                "percentunit",
-                THIRD,
-                stacked=True,
-                max_value=1,
-            )
+    board.with_panel(
+        timeseries(
+            "Phase share of mean time",
+            "Each phase's part of the mean request time on this host; stacked to 100 %. "
+            "Only the phases the engine reports (see the note above): for vLLM, "
+            "queue and compute.",
+            [query(_share(PHASE_HISTOGRAM, PHASE), "{{phase}}")],
+            "percentunit",
+            THIRD,
+            stacked=True,
+            max_value=1,
         )
+    )
+    board.with_panel(
+        timeseries(
+            "Phase P99 against end-to-end P99",
+            "Each phase's P99 over the requests' end-to-end P99 on this host (not over "
+            "the sum of the phases' P99s, which no request took): the phase near 100 % "
+            "is where the slowest requests wait. Not stacked: the slowest requests differ "
+            "per phase. For vLLM, its end-to-end time also holds the API server's work.",
+            [query(_p99_against_request(), "{{phase}}")],
+            "percentunit",
+            THIRD,
+        )
+    )
     board.with_panel(
         timeseries(
             "Compute: prefill and decode",
             "The parts of compute where the engine reports them (vLLM: prefill, then "
             "decode), as shares of their sum, which is compute; stacked to 100 %. Empty "
             "for engines that report compute whole (the reference worker).",
-            [query(_share(STAGE_HISTOGRAM, STAGE, "mean"), "{{stage}}")],
+            [query(_share(STAGE_HISTOGRAM, STAGE), "{{stage}}")],
             "percentunit",
             THIRD,
             stacked=True,

@@ -155,6 +155,20 @@ def new_dashboard(
     return board
 
 
+def ratio(numerator: str, denominator: str, matching: str = "") -> str:
+    """``numerator / denominator`` where the denominator is above 0, as the rules guard:
+    an idle window (0 / 0) draws nothing rather than NaN. ``matching`` is the
+    operator's modifier (``ignoring (phase) group_left``)."""
+    operator = f"/ {matching}" if matching else "/"
+    return f"{numerator}\n{operator}\n({denominator} > 0)"
+
+
+def quantile(q: float, buckets: str) -> str:
+    """``histogram_quantile`` of per-second bucket rates, without the NaN of a window with
+    no observations (NaN compares false with everything; latencies are never below 0)."""
+    return f"(histogram_quantile({q}, {buckets}) >= 0)"
+
+
 def query(expr: str, legend: str = "", *, exemplar: bool = False) -> prometheus.Dataquery:
     target = prometheus.Dataquery().expr(expr).legend_format(legend or "__auto").range()
     if exemplar:
@@ -183,6 +197,7 @@ def timeseries(
     *,
     stacked: bool = False,
     max_value: float | None = None,
+    decimals: int | None = None,
 ) -> timeseries_builders.Panel:
     panel = (
         timeseries_builders.Panel()
@@ -211,6 +226,8 @@ def timeseries(
         panel.stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
     if max_value is not None:
         panel.max(max_value)
+    if decimals is not None:
+        panel.decimals(decimals)
     for target in targets:
         panel.with_target(target)
     return panel

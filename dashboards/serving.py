@@ -119,7 +119,7 @@ def add_row(board: Dashboard) -> None:
                     "vLLM {{instance}}",
                 ),
             ],
-            "suffix: /s",
+            "ops",
             THIRD,
         )
     )
@@ -137,7 +137,7 @@ def add_row(board: Dashboard) -> None:
                     "{{endpoint}} {{instance}}",
                 )
             ],
-            "suffix: /s",
+            "ops",
             THIRD,
         )
     )

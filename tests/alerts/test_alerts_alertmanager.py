@@ -71,6 +71,10 @@ EXPECTED = {
     ("GpuscopeExporterDown", "a:9420"): False,
     ("GpuscopeSpansNotArriving", "a:9420"): True,
     ("GpuscopeSpansNotArriving", "b:9420"): False,
+    # the GPU alerts of the exporter that is down, not of another one
+    ("GpuscopeGpuMemoryNearlyFull", "GPU-3"): True,
+    ("GpuscopeGpuPcieSaturated", "GPU-3"): True,
+    ("GpuscopeGpuMemoryNearlyFull", "GPU-4"): False,
 }
 
 
@@ -82,6 +86,9 @@ async def test_lost_gpu_and_exporter_down_inhibit_what_they_explain(tmp_path: Pa
         _alert("GpuscopeExporterDown", job="gpuscope", instance="a:9420"),
         _alert("GpuscopeSpansNotArriving", job="gpuscope", instance="a:9420"),
         _alert("GpuscopeSpansNotArriving", job="gpuscope", instance="b:9420"),
+        _alert("GpuscopeGpuMemoryNearlyFull", job="gpuscope", instance="a:9420", uuid="GPU-3"),
+        _alert("GpuscopeGpuPcieSaturated", job="gpuscope", instance="a:9420", uuid="GPU-3"),
+        _alert("GpuscopeGpuMemoryNearlyFull", job="gpuscope", instance="b:9420", uuid="GPU-4"),
     ]
     async with run_alertmanager(CONFIG, tmp_path) as base, aiohttp.ClientSession() as session:
         async with session.post(base + "/api/v2/alerts", json=sent) as response:

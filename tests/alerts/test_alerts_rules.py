@@ -137,3 +137,58 @@ def test_every_verdict_cause_is_produced_by_a_case() -> None:
 def test_the_runbook_has_a_section_per_alert() -> None:
     headings = re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M)
     assert sorted(headings) == sorted(rule["alert"] for rule in alerts())
+
+
+# The labels that say where an alert fired, by rule group: a GPU, exporter or worker
+# alert names its scrape target; a request alert its source, service and model, and
+# the host too when it is about a GPU's requests (service_model_gpu:* series).
+WHERE_BY_GROUP = {
+    "gpuscope-gpu-alerts": {"job", "instance"},
+    "gpuscope-exporter-alerts": {"job", "instance"},
+    "gpuscope-worker-alerts": {"job", "instance"},
+    "gpuscope-request-alerts": {"source", "service", "model"},
+}
+# absent() has no target, so no instance: only the job its selector names
+WHERE_EXCEPTIONS = {"GpuscopeExporterAbsent": {"job"}}
+
+
+def _where(group: str, rule: dict[str, Any]) -> set[str]:
+    if rule["alert"] in WHERE_EXCEPTIONS:
+        return WHERE_EXCEPTIONS[rule["alert"]]
+    where = WHERE_BY_GROUP[group]
+    if "service_model_gpu:" in rule["expr"]:
+        where = where | {"host"}
+    return where
+
+
+def test_every_alert_keeps_the_labels_that_say_where_it_fired() -> None:
+    """promtool compares each case's exp_labels with the alert's labels exactly (the
+    unit tests above), so the labels of every firing case are what the alert carries."""
+    groups = yaml.safe_load((ALERTS / "rules" / "alerting.yml").read_text())["groups"]
+    assert {group["name"] for group in groups} == set(WHERE_BY_GROUP)
+    where = {rule["alert"]: _where(g["name"], rule) for g in groups for rule in g["rules"]}
+    fired: dict[str, list[set[str]]] = {name: [] for name in where}
+    for path in UNIT_TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for check in test.get("alert_rule_test", []):
+                for alert in check["exp_alerts"]:
+                    fired[check["alertname"]].append(set(alert["exp_labels"]))
+    for name, label_sets in fired.items():
+        assert label_sets, f"{name} is never shown firing"
+        for labels in label_sets:
+            assert where[name] <= labels, f"{name} fires without {where[name] - labels}"
+
+
+def test_every_recorded_series_is_recorded_before_a_rule_of_its_group_reads_it() -> None:
+    """Within a group, rules run in order; across groups, a reader would lag a writer
+    by an evaluation (or two, chained): the verdict must not judge old shares."""
+    groups = yaml.safe_load((ALERTS / "rules" / "recording.yml").read_text())["groups"]
+    group_of = {r["record"]: g["name"] for g in groups for r in g["rules"]}
+    for group in groups:
+        seen: set[str] = set()
+        for rule in group["rules"]:
+            used = set(re.findall(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b", rule["expr"]))
+            for name in used:
+                assert group_of[name] == group["name"], f"{rule['record']} reads {name}"
+                assert name in seen, f"{rule['record']} reads {name} before it is recorded"
+            seen.add(rule["record"])

@@ -217,3 +217,21 @@ def test_pcie_capacity_table(generation: int, x16_gb_per_s: float) -> None:
     assert 16 * pcie.lane_bytes_per_second(generation) / 1e9 == pytest.approx(
         x16_gb_per_s, rel=0.002
     )
+
+
+# Grafana's units of per-second rates: requests, operations, bytes, tokens (a suffix).
+RATE_UNITS = {"reqps", "ops", "Bps", "binBps", "suffix: tokens/s"}
+
+
+def test_per_second_rates_have_a_per_second_unit() -> None:
+    """A panel whose every query is a plain rate (no ratio, no quantile) says per second."""
+    for name, board in BOARDS.items():
+        for panel in panels(board):
+            exprs = [target["expr"] for target in panel.get("targets", [])]
+            plain_rates = exprs and all(
+                "rate(" in e and "/" not in re.sub(r'"[^"]*"', "", e) and "quantile" not in e
+                for e in exprs
+            )
+            if plain_rates and panel["type"] == "timeseries":
+                unit = panel["fieldConfig"]["defaults"].get("unit")
+                assert unit in RATE_UNITS, f"{name}: {panel['title']} draws rates as {unit}"
