@@ -187,18 +187,20 @@ class GuardedProtocol(asyncio.Protocol):
             self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self.received()
         assert isinstance(self.inner, asyncio.Protocol)
-        token = _current.set(self)
-        try:
-            self.inner.data_received(data)
-        finally:
-            _current.reset(token)
+        self.received(self.inner.data_received, data)
 
-    def received(self) -> None:
+    def received(self, deliver: Callable[[Any], None], received: Any) -> None:
+        """Hand what arrived to ``inner`` (``deliver(received)``), this connection the
+        current one meanwhile; the first bytes of a request start its head's deadline."""
         if self.state is State.IDLE and not self.cut.is_set():  # a cut one only lingers
             self.state = State.HEAD
             self.set_deadline(self.guard.limits.header_timeout, "header_timeout")
+        token = _current.set(self)
+        try:
+            deliver(received)
+        finally:
+            _current.reset(token)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -270,13 +272,8 @@ class GuardedBufferedProtocol(GuardedProtocol, asyncio.BufferedProtocol):
         return self.inner.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.received()
         assert isinstance(self.inner, asyncio.BufferedProtocol)
-        token = _current.set(self)
-        try:
-            self.inner.buffer_updated(nbytes)
-        finally:
-            _current.reset(token)
+        self.received(self.inner.buffer_updated, nbytes)
 
 
 class ConnectionGuard:
