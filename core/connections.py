@@ -1,30 +1,46 @@
-"""Connection hygiene for an asyncio HTTP server: timeouts for idle and slow clients, a
-cap on open connections, ``accept()`` failures logged once per interval.
+"""Connection hygiene for an asyncio HTTP server: timeouts for idle, slow and
+non-reading clients, a cap on open connections, ``accept()`` failures logged once per
+interval, and the listen backlog and cap sized under the file descriptor limit.
 
 Free of any web framework, so that the exporter (aiohttp) and the worker (uvicorn)
-can share it: every accepted connection is wrapped in a ``GuardedProtocol`` that
-forwards the transport's calls to the server's own protocol and tells
-``ConnectionGuard`` what the connection is doing. A connection is in one of three
-states:
+share it; each keeps only its wiring (which requests mark a connection busy, how the
+server's protocol is made) and its metrics. Every accepted socket is wrapped, from its
+``accept()``, in a ``GuardedProtocol`` that forwards the transport's calls to what
+serves it (the server's own protocol; for TLS, asyncio's ``SSLProtocol`` with the
+server's under it, see ``ConnectionGuard.tls``) and tells ``ConnectionGuard`` what the
+connection is doing. So a TLS connection counts against the cap while its handshake
+runs: before, a connection only became visible once its handshake was done, and 400
+clients stuck in theirs exhausted a 300-descriptor limit. A connection is in one of
+three states:
 
 - idle: open, nothing received since it opened or since its last response.
   Closed after ``idle_timeout`` (the keep-alive timeout).
-- head: the first bytes of a request arrived but no complete request head yet.
-  Closed ``header_timeout`` after those first bytes (a client that sends its headers
-  one byte at a time gets no more than that).
+- head: the first bytes of a request (or of a TLS handshake) arrived but no complete
+  request head yet. Closed ``header_timeout`` after those first bytes (a client that
+  sends its headers one byte at a time gets no more than that).
 - busy: a request is being handled (the server marks it with ``request_started`` and
   ``request_finished``); no deadline of its own, the handler's limits apply. While a
   handler reads a body (``uploading``), the connection also notes since when.
 
+With a ``write_timeout`` (None: none), whatever the state, a connection whose client
+stops reading is *stalled*: the transport holds more than its high-water mark (64 KiB)
+of answer that the client has not taken. Closed (aborted: the unsent bytes cannot go
+anyway) after ``write_timeout`` of that; any byte the client reads that brings the
+buffer back under the low-water mark restarts the clock.
+
 At ``max_connections``, a new connection makes room by closing the oldest connection
 that is not busy, so a well-behaved client still gets in while idle or slow clients
-hold every slot. If every connection is busy, the one whose body has been uploading
-longest is cut instead (its handler answers and closes it). Only when every
-connection is busy and none is uploading is the new one answered ``refusal`` (a 503)
-and closed. The cap also keeps the server below the process's file descriptor limit,
-where ``accept()`` itself would start to fail: ``fit_to_descriptors`` sizes it with
-the listen backlog, since asyncio accepts sockets a backlog at a time before any of
-them reaches the guard.
+hold every slot. If every connection is busy, the one that has been uploading its body
+or stalled on its answer longest is cut instead: an upload's handler sees ``cut``,
+answers and closes it, a stalled one is aborted. Only when every connection is busy
+and none is uploading or stalled is the new one answered ``refusal`` (a 503) and closed
+(a TLS one is only closed, since no handshake was made to answer it). The cap also
+keeps the server below the process's file descriptor limit, where ``accept()`` itself
+would start to fail: ``fit_to_descriptors`` sizes it with the listen backlog, since
+asyncio accepts sockets a backlog at a time before any of them reaches the guard.
+
+Shutdown uses the same bookkeeping: ``close_idle`` closes every connection that is
+not busy, ``wait_until_idle`` returns as soon as no request is in flight.
 """
 
 from __future__ import annotations
@@ -34,6 +50,8 @@ import contextvars
 import enum
 import logging
 import resource
+import ssl
+from asyncio import sslproto
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,16 +67,20 @@ log = logging.getLogger(__name__)
 # event loop (accepted; transport made; admitted, an old one closed; that one's
 # descriptor released), and each turn accepts another batch per listening socket; so
 # that many backlogs are kept free under the descriptor limit, plus the server's own
-# ``OWN_FDS`` (standard streams, listening sockets, epoll, outgoing connections, the
-# libraries' own). The kernel makes clients past the backlog wait (SYN retries).
-# (Figures of the exporter's hardening, where a reserve of 64 against asyncio's backlog
-# of 128 let bursts make accept() fail 465 times in 11 s.)
+# ``OWN_FDS`` (standard streams, listening sockets, epoll and its wake-up pipe,
+# outgoing connections, the libraries' own: the exporter's forwarder and GPU library).
+# Before, the exporter kept 64 free against aiohttp's backlog of 128, and bursts of new
+# connections made ``accept()`` fail (465 times in 11 s). 32 keeps the reserve small
+# enough that the default cap of 512 fits the usual limit of 1,024 with two listening
+# sockets (``--listen :9420``: IPv4 and IPv6); the kernel makes clients beyond it wait
+# (SYN retries), nothing fails.
 LISTEN_BACKLOG: Final = 32
 IN_TRANSIT_BATCHES: Final = 4
 OWN_FDS: Final = 64
 CLOSE_REASONS: Final = (
     "idle_timeout",
     "header_timeout",
+    "write_timeout",
     "shed_at_cap",
     "refused_at_cap",
     "shutdown",
@@ -67,6 +89,12 @@ PLAIN_REFUSAL: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 27\r\n\r\ntoo many connections, retry"
 )
+# After an answer sent before its request's body was all in (408, 503, 413...): how long
+# the rest is read and dropped before closing, so that the client can read the answer
+# (closing with bytes unread sends a TCP reset, which can discard it). aiohttp's
+# ``lingering_time``; also the bound on a cut upload's last answer and on a TLS
+# connection's closing handshake.
+LINGER_S: Final = 2.0
 
 # The connection whose bytes are being handed to the server's protocol right now. A
 # server that starts a request's task from ``data_received`` (uvicorn does) gives the
@@ -87,6 +115,7 @@ class ConnectionLimits:
     max_connections: int = 512
     header_timeout: float = 10.0
     idle_timeout: float = 60.0
+    write_timeout: float | None = None  # None: a client that does not read is not cut
 
 
 class State(enum.Enum):
@@ -109,37 +138,43 @@ def listen_backlog() -> int:
     return max(8, min(LISTEN_BACKLOG, (soft - OWN_FDS) // 16))
 
 
-def fit_to_descriptors(
-    wanted: int, backlog: int, listeners: int, *, said: int | None = None
-) -> int:
+def fit_to_descriptors(wanted: int, backlog: int, listeners: int) -> int:
     """``wanted`` connections, lowered if they, the sockets in transit through
     ``listeners`` listening sockets of ``backlog`` and ``OWN_FDS`` do not fit under the
-    soft descriptor limit (a warning says so, unless the cap is ``said`` already)."""
+    soft descriptor limit."""
     soft = _soft_fd_limit()
     reserve = OWN_FDS + IN_TRANSIT_BATCHES * backlog * listeners
     if soft is None or wanted + reserve <= soft:
         return wanted
-    fitted = max(1, soft - reserve)
-    if fitted == said:
-        return fitted
-    log.warning(
-        "--max-connections %d does not fit the file descriptor limit %d; using %d",
-        wanted, soft, fitted,
-    )  # fmt: skip
-    return fitted
+    return max(1, soft - reserve)
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """A server's protocol for one connection, with the guard's deadlines around it."""
+    """The protocol of one accepted socket: the guard's deadlines around ``inner``
+    (the server's protocol, ``handler``, or the ``SSLProtocol`` in front of it).
 
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+    ``handler`` is what the server's requests know their connection by (aiohttp's
+    ``request.protocol``); the guard's books are keyed by it."""
+
+    def __init__(
+        self,
+        guard: ConnectionGuard,
+        inner: asyncio.Protocol | asyncio.BufferedProtocol,
+        handler: object = None,
+    ) -> None:
         self.guard = guard
         self.inner = inner
+        self.handler = inner if handler is None else handler
+        self.admitted = False  # False: refused at the cap, ``inner`` never started
         self.state = State.IDLE
         self.transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None
         # loop time at which the handler began reading a body; None while it is not
         self.uploading_since: float | None = None
+        # loop time since which the client has not read its answer; None if it does
+        # (or if the guard has no write timeout)
+        self.stalled_since: float | None = None
         self.cut = asyncio.Event()  # set when the cap sheds this upload
 
     # --- asyncio.Protocol, forwarded --------------------------------------------------
@@ -147,16 +182,23 @@ class GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.inner.connection_made(transport)
-        self.guard.opened(self)
+        self.admitted = self.guard.admit(self)
+        if self.admitted:
+            self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        assert isinstance(self.inner, asyncio.Protocol)
+        self.received(self.inner.data_received, data)
+
+    def received(self, deliver: Callable[[Any], None], received: Any) -> None:
+        """Hand what arrived to ``inner`` (``deliver(received)``), this connection the
+        current one meanwhile; the first bytes of a request start its head's deadline."""
         if self.state is State.IDLE and not self.cut.is_set():  # a cut one only lingers
             self.state = State.HEAD
             self.set_deadline(self.guard.limits.header_timeout, "header_timeout")
         token = _current.set(self)
         try:
-            self.inner.data_received(data)
+            deliver(received)
         finally:
             _current.reset(token)
 
@@ -165,13 +207,21 @@ class GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.cancel_deadline()
+        self._cancel_stall()
         self.guard.closed(self)
-        self.inner.connection_lost(exc)
+        if self.admitted:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        write_timeout = self.guard.limits.write_timeout
+        if write_timeout is not None:
+            loop = asyncio.get_running_loop()
+            self.stalled_since = loop.time()
+            self._stall = loop.call_later(write_timeout, self.close, "write_timeout")
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._cancel_stall()
         self.inner.resume_writing()
 
     # --- deadlines ----------------------------------------------------------------------
@@ -185,17 +235,45 @@ class GuardedProtocol(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
 
+    def _cancel_stall(self) -> None:
+        self.stalled_since = None
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
     def close_later(self, seconds: float) -> None:
         """Close the connection after ``seconds`` unless it is closed before (uncounted)."""
         assert self.transport is not None
         self.cancel_deadline()
-        self._deadline = asyncio.get_running_loop().call_later(seconds, self.transport.close)
+        self._deadline = asyncio.get_running_loop().call_later(seconds, self.close_now)
 
     def close(self, reason: str) -> None:
         """Close the connection now, counted under ``reason``."""
         if self.transport is not None and not self.transport.is_closing():
             self.guard.closed_by_reason[reason] += 1
+            self.close_now()
+
+    def close_now(self) -> None:
+        """Close the connection now, uncounted."""
+        assert self.transport is not None
+        if self.transport.get_write_buffer_size():
+            # A plain close would wait for the client to take what is buffered, which a
+            # client that does not read never does: the descriptor would stay open.
+            self.transport.abort()
+        else:
             self.transport.close()
+
+
+class GuardedBufferedProtocol(GuardedProtocol, asyncio.BufferedProtocol):
+    """A ``GuardedProtocol`` in front of a buffered protocol (asyncio's ``SSLProtocol``)."""
+
+    def get_buffer(self, sizehint: int) -> Any:
+        assert isinstance(self.inner, asyncio.BufferedProtocol)
+        return self.inner.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert isinstance(self.inner, asyncio.BufferedProtocol)
+        self.received(self.inner.buffer_updated, nbytes)
 
 
 class ConnectionGuard:
@@ -203,34 +281,77 @@ class ConnectionGuard:
 
     ``refusal`` is what a connection refused at the cap is sent before it is closed
     (a complete HTTP/1.1 response); ``linger_s`` how long a cut upload may take to be
-    answered. Listen with ``backlog``, and call ``listening_on`` with the number of
-    listening sockets before accepting (one is assumed until then)."""
+    answered; ``logger`` says when the cap is lowered. Listen with ``backlog``, and call
+    ``listening_on`` with the number of listening sockets before accepting (one is
+    assumed until then)."""
 
     def __init__(
-        self, limits: ConnectionLimits, *, refusal: bytes = PLAIN_REFUSAL, linger_s: float = 2.0
+        self,
+        limits: ConnectionLimits,
+        *,
+        refusal: bytes = PLAIN_REFUSAL,
+        linger_s: float = LINGER_S,
+        logger: logging.Logger = log,
     ) -> None:
         self.limits = limits
+        self.log = logger
         self.refusal = refusal
         self.linger_s = linger_s
         self.backlog = listen_backlog()
-        self.max_connections = limits.max_connections
-        self.listening_on(1)
-        self.closed_by_reason: Counter[str] = Counter({reason: 0 for reason in CLOSE_REASONS})
-        # transport -> its connection, oldest first (dicts keep insertion order)
+        # Fitted for one listening socket until ``listening_on`` says how many there are.
+        self.max_connections = fit_to_descriptors(limits.max_connections, self.backlog, 1)
+        reasons = [r for r in CLOSE_REASONS if r != "write_timeout" or limits.write_timeout]
+        self.closed_by_reason: Counter[str] = Counter({reason: 0 for reason in reasons})
+        # handler -> its connection, oldest first (dicts keep insertion order)
         self._open: dict[object, GuardedProtocol] = {}
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self.stopping = False  # set by the server when it stops accepting
+        # The TLS context new connections get from ``protocol_factory``; None serves
+        # plain HTTP. Read at each accept, so a changed context applies to the next
+        # connection.
+        self.tls: ssl.SSLContext | None = None
 
     def listening_on(self, listeners: int) -> None:
-        """Fit the cap to the descriptor limit for ``listeners`` listening sockets."""
-        self.max_connections = fit_to_descriptors(
-            self.limits.max_connections, self.backlog, listeners, said=self.max_connections
-        )
+        """Fit the cap to the descriptor limit for ``listeners`` listening sockets
+        (before any connection is accepted); a warning says when it is lowered."""
+        wanted = self.limits.max_connections
+        fitted = fit_to_descriptors(wanted, self.backlog, listeners)
+        if fitted != wanted:
+            self.log.warning(
+                "--max-connections %d does not fit the file descriptor limit %d; using %d",
+                wanted, _soft_fd_limit(), fitted,
+            )  # fmt: skip
+        self.max_connections = fitted
 
-    def protocol_factory(self, make_inner: Callable[[], Any]) -> Callable[[], GuardedProtocol]:
-        return lambda: GuardedProtocol(self, make_inner())
+    def protocol_factory(self, make_handler: Callable[[], Any]) -> Callable[[], GuardedProtocol]:
+        """What a listener calls at each ``accept()``: the server's protocol from
+        ``make_handler``, behind TLS when ``tls`` is set, behind the guard always."""
+
+        def new_connection() -> GuardedProtocol:
+            handler = make_handler()
+            if self.tls is None:
+                return GuardedProtocol(self, handler)
+            loop = asyncio.get_running_loop()
+            # Told how the handshake ended; a failed one has closed the socket already,
+            # its error (a scanner, a plain-HTTP client) is not worth a log line.
+            handshake: asyncio.Future[None] = loop.create_future()
+            handshake.add_done_callback(_ignore_outcome)
+            wrapped = sslproto.SSLProtocol(
+                loop,
+                handler,
+                self.tls,
+                handshake,
+                server_side=True,
+                # a TLS client gets no longer for its handshake than for its headers
+                # (typeshed says int; asyncio takes any number of seconds)
+                ssl_handshake_timeout=self.limits.header_timeout,  # type: ignore[arg-type]
+                ssl_shutdown_timeout=self.linger_s,
+            )
+            return GuardedBufferedProtocol(self, wrapped, handler)
+
+        return new_connection
 
     def __len__(self) -> int:
         return len(self._open)
@@ -239,19 +360,30 @@ class ConnectionGuard:
     def busy(self) -> int:
         return self._busy
 
-    def opened(self, connection: GuardedProtocol) -> None:
+    @property
+    def stalled(self) -> int:
+        """Connections whose client is not reading what it was sent."""
+        return sum(c.stalled_since is not None for c in self._open.values())
+
+    def admit(self, connection: GuardedProtocol) -> bool:
+        """Take a new connection on the books, making room at the cap; False if it was
+        refused (and closed) instead."""
         assert connection.transport is not None
         at_cap = len(self._open) >= self.max_connections
-        if at_cap and not self._shed_one() and not self._cut_oldest_upload():
+        if at_cap and not self._shed_one() and not self._cut_oldest():
             self.closed_by_reason["refused_at_cap"] += 1
-            connection.transport.write(self.refusal)
-            connection.transport.close()
-            return
-        self._open[connection.transport] = connection
+            if isinstance(connection, GuardedBufferedProtocol):  # TLS: no plaintext 503
+                connection.transport.abort()
+            else:
+                connection.transport.write(self.refusal)
+                connection.transport.close()
+            return False
+        self._open[connection.handler] = connection
         connection.set_deadline(self.limits.idle_timeout, "idle_timeout")
+        return True
 
     def closed(self, connection: GuardedProtocol) -> None:
-        known = self._open.pop(connection.transport, None) is not None
+        known = self._open.pop(connection.handler, None) is connection
         if known and connection.state is State.BUSY:
             self._request_done()
 
@@ -260,30 +392,41 @@ class ConnectionGuard:
         for connection in self._open.values():
             if connection.state is not State.BUSY:
                 connection.close("shed_at_cap")
-                del self._open[connection.transport]
+                del self._open[connection.handler]
                 return True
         return False
 
-    def _cut_oldest_upload(self) -> bool:
-        """Cut the busy connection whose body has been uploading longest; False if none.
+    def _cut_oldest(self) -> bool:
+        """Cut the busy connection that has been uploading its body or stalled on its
+        answer longest; False if none is doing either.
 
-        It leaves the books at once (the newcomer takes its slot); its handler sees
-        ``cut`` set, answers and closes it, within ``linger_s`` at the latest."""
-        uploads = [c for c in self._open.values() if c.uploading_since is not None]
-        if not uploads:
+        It leaves the books at once (the newcomer takes its slot). A stalled one is
+        aborted now; an upload's handler sees ``cut`` set, answers and closes it, within
+        ``linger_s`` at the latest."""
+        waiting = [
+            (since, connection)
+            for connection in self._open.values()
+            if (since := _first(connection.uploading_since, connection.stalled_since)) is not None
+        ]
+        if not waiting:
             return False
-        oldest = min(uploads, key=lambda c: c.uploading_since or 0.0)
-        del self._open[oldest.transport]
+        _, oldest = min(waiting, key=lambda item: item[0])
+        del self._open[oldest.handler]
         self._request_done()  # ``request_finished`` skips a connection no longer open
-        oldest.cut.set()
-        oldest.close_later(self.linger_s)
         self.closed_by_reason["shed_at_cap"] += 1
+        if oldest.uploading_since is not None:
+            oldest.cut.set()
+            oldest.close_later(self.linger_s)
+        else:
+            oldest.close_now()
         return True
 
     # --- requests -------------------------------------------------------------------
 
-    def request_started(self, transport: object) -> GuardedProtocol | None:
-        connection = self._open.get(transport)
+    def request_started(self, handler: object) -> GuardedProtocol | None:
+        """Mark the connection of ``handler`` busy; None if it is not open (closed, cut
+        at the cap, not one of ours) or busy already."""
+        connection = self._open.get(handler)
         if connection is None or connection.state is State.BUSY:
             return None
         connection.state = State.BUSY
@@ -296,15 +439,15 @@ class ConnectionGuard:
         if connection.state is not State.BUSY:
             return
         connection.state = State.IDLE
-        if connection.transport in self._open:
+        if self._open.get(connection.handler) is connection:
             connection.set_deadline(self.limits.idle_timeout, "idle_timeout")
             self._request_done()
 
     @contextmanager
-    def uploading(self, transport: object) -> Iterator[asyncio.Event]:
-        """Around a handler's body read: marks the connection as uploading, so that the
-        cap may cut it; yields the event that says it was cut."""
-        connection = self._open.get(transport)
+    def uploading(self, handler: object) -> Iterator[asyncio.Event]:
+        """Around a handler's body read: marks the connection of ``handler`` as
+        uploading, so that the cap may cut it; yields the event that says it was cut."""
+        connection = self._open.get(handler)
         if connection is None:  # not one of ours (or already cut): never cut
             yield asyncio.Event()
             return
@@ -337,15 +480,33 @@ class ConnectionGuard:
         return True
 
 
+def _ignore_outcome(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not log it as forgotten
+
+
+def _first(*times: float | None) -> float | None:
+    """The earliest of the times that are set."""
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
+
+
 class AcceptErrorLog:
     """A loop exception handler that logs ``accept()`` failures (out of file descriptors
     or memory) once per ``interval_s`` with a count, instead of a traceback per attempt;
-    everything else goes to the handler that was there before."""
+    everything else goes to the handler that was there before. Logged to ``logger``."""
 
     MESSAGE = "socket.accept() out of system resource"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        interval_s: float = 10.0,
+        *,
+        logger: logging.Logger = log,
+    ) -> None:
         self.loop = loop
+        self.log = logger
         self.interval_s = interval_s
         self.suppressed = 0
         self._last = -interval_s
@@ -369,7 +530,7 @@ class AcceptErrorLog:
         if now - self._last < self.interval_s:
             self.suppressed += 1
             return
-        log.error(
+        self.log.error(
             "accepting connections fails: %s (%d more such failures since the last report; "
             "lower --max-connections or raise the file descriptor limit)",
             context.get("exception"), self.suppressed,

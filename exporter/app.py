@@ -17,15 +17,12 @@ from collections.abc import AsyncIterator, Sequence
 from aiohttp import web
 from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.exporter import otlp
+from gpuscope.connections import ConnectionGuard, ConnectionLimits
+from gpuscope.exporter import connections, otlp
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.auth import auth_middleware, password_check_pool
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.connections import (
-    ConnectionCollector,
-    ConnectionGuard,
-    ConnectionLimits,
-)
+from gpuscope.exporter.connections import ConnectionCollector, request_middleware
 from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
@@ -95,7 +92,8 @@ def create_app(
                 config.header_timeout,
                 config.idle_timeout,
                 config.write_timeout,
-            )
+            ),
+            logger=connections.log,
         ),
         password_checks=password_check_pool(),
         ingest=Ingest(aggregator, limits),
@@ -103,7 +101,7 @@ def create_app(
     registry.register(ConnectionCollector(state.guard))
     # Connection tracking first, so that refused requests count as in flight too. The
     # auth middleware is there even without credentials: a reload may bring some.
-    middlewares = [state.guard.request_middleware(), auth_middleware(state)]
+    middlewares = [request_middleware(state.guard), auth_middleware(state)]
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
     app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)

@@ -23,10 +23,10 @@ from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.connections import ConnectionGuard
 from gpuscope.exporter import otlp
 from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.connections import ConnectionGuard
 from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import GpuSource

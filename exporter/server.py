@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gpuscope.connections import LINGER_S, ConnectionGuard
 from gpuscope.exporter.app import create_app
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.connections import LINGER_S, AcceptErrorLog, ConnectionGuard
+from gpuscope.exporter.connections import AcceptErrorLog
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
 from gpuscope.exporter.handlers import STATE
 from gpuscope.exporter.reload import CredentialFiles

@@ -94,7 +94,7 @@ class ConnectionTracking:
         if found is None or found.guard is not self.guard:
             return None  # not served through the guarded protocol (a test's own server)
         count = self._requests.get(found, 0)
-        if count == 0 and self.guard.request_started(found.transport) is None:
+        if count == 0 and self.guard.request_started(found.handler) is None:
             return None  # already closed, or shed at the cap
         self._requests[found] = count + 1
         return found
