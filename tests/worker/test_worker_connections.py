@@ -252,7 +252,11 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
     assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers), answers
     # 256 descriptors: a backlog of 12, four of them in transit and 64 of its own kept free
     assert "gpuscope_worker_http_connections_max 144.0" in metrics
-    assert closed_total(metrics, "shed_at_cap") > 0
+    # The guard closed connections to stay under the cap: shed at it, or, when the 300
+    # opens took longer than the 5 s idle timeout (a loaded machine), timed out first.
+    # Shedding itself is checked by test_at_the_cap_idle_ones_make_room_... above.
+    closed = ("shed_at_cap", "idle_timeout", "header_timeout")
+    assert sum(closed_total(metrics, reason) for reason in closed) > 0
     failures = [line for line in log if "accepting connections fails" in line]
     assert len(failures) == 1, log
     assert not [line for line in log if "Traceback" in line or "out of system resource" in line]
