@@ -20,7 +20,7 @@ from dashboards.engines import (
     VLLM_WAITING,
     WORKER_BATCH_ITERATIONS,
     WORKER_INFO,
-    WORKER_KV_BLOCKS_TOTAL,
+    WORKER_KV_BLOCKS,
     WORKER_KV_BLOCKS_USED,
     WORKER_KV_USAGE,
     WORKER_PREEMPTIONS,
@@ -101,7 +101,7 @@ def add_row(board: Dashboard) -> None:
             "only: see KV-cache usage).",
             [
                 query(per_instance(WORKER_KV_BLOCKS_USED), "used {{instance}}"),
-                query(per_instance(WORKER_KV_BLOCKS_TOTAL), "total {{instance}}"),
+                query(per_instance(WORKER_KV_BLOCKS), "total {{instance}}"),
             ],
             "short",
             THIRD,

@@ -138,7 +138,9 @@ def _kv_cache(kv: KvStats) -> Iterator[Any]:
         PREFIX + "kv_cache_blocks_used", "KV-cache blocks held by sequences.", value=kv.blocks_used
     )
     yield GaugeMetricFamily(
-        PREFIX + "kv_cache_blocks_total", "KV-cache blocks in the pool.", value=kv.blocks_total
+        PREFIX + "kv_cache_blocks",
+        "KV-cache blocks in the pool, used or free.",
+        value=kv.blocks_total,
     )
     yield GaugeMetricFamily(
         PREFIX + "kv_cache_usage_ratio",

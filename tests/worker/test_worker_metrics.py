@@ -65,7 +65,7 @@ def test_worker_collector_reads_live_values_at_every_scrape() -> None:
     outcome = {"endpoint": "embeddings", "outcome": "completed"}
     assert value("gpuscope_worker_requests_total", outcome) == 5
     assert value("gpuscope_worker_kv_cache_blocks_used") == 30
-    assert value("gpuscope_worker_kv_cache_blocks_total") == 120
+    assert value("gpuscope_worker_kv_cache_blocks") == 120
     assert value("gpuscope_worker_kv_cache_usage_ratio") == 0.25
     assert value("gpuscope_worker_preemptions_total") == 2
     assert value("gpuscope_worker_max_queue_delay_seconds") == 0.005
@@ -125,7 +125,7 @@ async def test_worker_metrics_parse_and_gauges_move_under_load() -> None:
     assert _gauge(busy, "gpuscope_worker_requests_waiting") >= 3
     used = ("gpuscope_worker_kv_cache_blocks_used", ())
     assert idle[used] == 0 and busy[used] > 0 and after[used] == 0
-    assert busy[("gpuscope_worker_kv_cache_blocks_total", ())] == SMALL.kv_cache_blocks
+    assert busy[("gpuscope_worker_kv_cache_blocks", ())] == SMALL.kv_cache_blocks
     assert 0 < busy[("gpuscope_worker_kv_cache_usage_ratio", ())] <= 1
     iterations = "gpuscope_worker_batch_iterations_total"
     assert _gauge(after, iterations) > _gauge(busy, iterations) > _gauge(idle, iterations)
