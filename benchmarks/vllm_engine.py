@@ -18,25 +18,24 @@ gpuscope exporter: ``with`` has ``--middleware gpuscope.middleware.GpuscopeMiddl
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.vllm_engine import (
-    SERVED_MODEL,
+    Samples,
     VllmServer,
     free_port,
     launch_vllm,
+    run_loadgen,
+    scrape,
     tiny_model,
+    total,
     vllm_python,
     vllm_servers,
     vllm_version,
@@ -48,59 +47,12 @@ PHASES = (
     ("prefill", "gpuscope_request_compute_stage_seconds", "vllm:request_prefill_time_seconds"),
     ("decode", "gpuscope_request_compute_stage_seconds", "vllm:request_decode_time_seconds"),
 )
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def total(values: Samples, name: str, **labels: str) -> float:
-    return sum(
-        v for (n, items), v in values.items() if n == name and labels.items() <= dict(items).items()
-    )
 
 
 def loadgen(server: VllmServer, clients: int, requests: int, out: Path) -> dict[str, Any]:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuscope",
-            "loadgen",
-            "--url",
-            server.v1,
-            "--model",
-            SERVED_MODEL,
-            "--concurrency",
-            str(clients),
-            "--requests",
-            str(requests),
-            "--duration-s",
-            "600",
-            "--warmup-s",
-            "0",
-            "--mix",
-            "completions=1,chat-stream=1",
-            "--output-tokens",
-            "16",
-            "--timeout-s",
-            "300",
-            "--json",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=900,
+    return run_loadgen(
+        server, clients, requests, out, mix="completions=1,chat-stream=1", output_tokens="16"
     )
-    step: dict[str, Any] = json.loads(out.read_text())["steps"][0]
-    return step
 
 
 def wait_for(exporter: str, service: str, count: float) -> Samples:

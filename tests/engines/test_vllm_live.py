@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
 import os
 import subprocess
 import sys
@@ -44,7 +43,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import engine_spans
 from support.dashboard_queries import failing_targets, sources
@@ -52,10 +50,14 @@ from support.prometheus_server import run_prometheus, wait_for_result
 from support.servers import run_uvicorn
 from support.vllm_engine import (
     SERVED_MODEL,
+    Samples,
     VllmServer,
     free_port,
     launch_vllm,
+    run_loadgen,
+    scrape,
     tiny_model,
+    total,
     vllm_python,
     vllm_servers,
     vllm_version,
@@ -238,62 +240,8 @@ def start_exporter(work: Path, port: int, sink_url: str, gpu_pid: int) -> subpro
         time.sleep(0.5)
 
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-        text = response.read().decode()
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return values
-
-
-def total(values: Samples, name: str, **labels: str) -> float:
-    return sum(
-        value
-        for (sample, label_items), value in values.items()
-        if sample == name and labels.items() <= dict(label_items).items()
-    )
-
-
-def loadgen(server: VllmServer, concurrency: int, requests: int, out: Path) -> dict[str, Any]:
-    """One closed-loop step of ``gpuscope loadgen``; its JSON result."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuscope",
-            "loadgen",
-            "--url",
-            server.v1,
-            "--model",
-            SERVED_MODEL,
-            "--concurrency",
-            str(concurrency),
-            "--requests",
-            str(requests),
-            "--duration-s",
-            "300",
-            "--warmup-s",
-            "0",
-            "--mix",
-            "completions=1,completions-stream=1,chat=1,chat-stream=1",
-            "--output-tokens",
-            "uniform:4:24",
-            "--timeout-s",
-            "120",
-            "--json",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    result: dict[str, Any] = json.loads(out.read_text())["steps"][0]
-    return result
+def loadgen(server: VllmServer, clients: int, requests: int, out: Path) -> dict[str, Any]:
+    return run_loadgen(server, clients, requests, out)
 
 
 def served(server: VllmServer) -> float:

@@ -11,10 +11,12 @@ not. Environment and flags are the ones known to work on a 2-core CPU machine
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +24,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_VARIABLE = "GPUSCOPE_VLLM_PYTHON"
@@ -199,3 +204,72 @@ def vllm_servers(*servers: VllmServer) -> Iterator[tuple[VllmServer, ...]]:
     finally:
         for server in servers:
             stop(server.process)
+
+
+# (sample name, sorted labels) -> value, of one scrape
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    """Every sample of ``url``/metrics (vLLM's or the exporter's)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(values: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` whose labels include ``labels``."""
+    return sum(
+        value
+        for (sample, label_items), value in values.items()
+        if sample == name and labels.items() <= dict(label_items).items()
+    )
+
+
+def run_loadgen(
+    server: VllmServer,
+    clients: int,
+    requests: int,
+    out: Path,
+    *,
+    mix: str = "completions=1,completions-stream=1,chat=1,chat-stream=1",
+    output_tokens: str = "uniform:4:24",
+) -> dict[str, Any]:
+    """One closed-loop step of ``gpuscope loadgen`` against ``server``; its JSON result."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuscope",
+            "loadgen",
+            "--url",
+            server.v1,
+            "--model",
+            SERVED_MODEL,
+            "--concurrency",
+            str(clients),
+            "--requests",
+            str(requests),
+            "--duration-s",
+            "600",
+            "--warmup-s",
+            "0",
+            "--mix",
+            mix,
+            "--output-tokens",
+            output_tokens,
+            "--timeout-s",
+            "300",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    step: dict[str, Any] = json.loads(out.read_text())["steps"][0]
+    return step
