@@ -24,7 +24,6 @@ Skipped unless ``GPUSCOPE_VLLM_PYTHON`` names the vLLM venv's interpreter.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import os
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,11 @@ import pytest
 from google.protobuf.json_format import MessageToJson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
 )
 
 from gpuscope import engine_spans
 from support.dashboard_queries import failing_targets, sources
+from support.otlp_sink import OtlpSink
 from support.prometheus_server import run_prometheus, wait_for_result
 from support.servers import run_uvicorn
 from support.vllm_engine import (
@@ -75,59 +74,22 @@ EXCLUDED = "/metrics,/health,/ping,/v1/models,/version"
 SPAN_FLUSH_S = 12.0  # vLLM's BatchSpanProcessor exports every 5 s; the forwarder after
 
 
-@dataclass
-class SpanSink:
-    """An OTLP/HTTP receiver that keeps every export request (the exporter forwards here)."""
-
-    requests: list[ExportTraceServiceRequest] = field(default_factory=list)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = dict(scope["headers"])
-        if headers.get(b"content-encoding") == b"gzip":
-            body = gzip.decompress(body)
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        self.requests.append(request)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/x-protobuf")],
-            }
-        )
-        await send(
-            {"type": "http.response.body", "body": ExportTraceServiceResponse().SerializeToString()}
-        )
-
-    def spans(self, service: str) -> list[tuple[str, Any]]:
-        """``(scope name, span)`` of every span a service sent."""
-        found = []
-        for request in self.requests:
-            for resource_spans in request.resource_spans:
-                names = [
-                    kv.value.string_value
-                    for kv in resource_spans.resource.attributes
-                    if kv.key == "service.name"
-                ]
-                if names != [service]:
-                    continue
-                for scope_spans in resource_spans.scope_spans:
-                    found += [(scope_spans.scope.name, span) for span in scope_spans.spans]
-        return found
+def raw_spans(sink: OtlpSink, service: str) -> list[tuple[str, Any]]:
+    """``(scope name, span)`` of every span a service sent, as protobuf messages."""
+    return [
+        (scope_spans.scope.name, span)
+        for request in list(sink.requests)
+        for resource_spans in request.resource_spans
+        if service_of(resource_spans) == service
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]
 
 
 @dataclass
 class Stack:
     exporter: str
-    sink: SpanSink
+    sink: OtlpSink
     both: VllmServer
     traces: VllmServer
     middleware: VllmServer
@@ -141,7 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     model = tiny_model(
         python, Path(os.environ.get("GPUSCOPE_VLLM_MODEL_DIR", work / "tiny")).absolute()
     )
-    sink = SpanSink()
+    sink = OtlpSink()
     with run_uvicorn(sink) as sink_url:
         port = free_port()
         exporter_url = f"http://127.0.0.1:{port}"
@@ -304,7 +266,7 @@ def test_each_request_counted_once_with_vllm_phases(stack: Stack, tmp_path: Path
 
 def test_one_trace_per_request(stack: Stack) -> None:
     time.sleep(SPAN_FLUSH_S)
-    spans = stack.sink.spans("vllm-both")
+    spans = raw_spans(stack.sink, "vllm-both")
     servers = {
         span.span_id: span for scope, span in spans if scope == "gpuscope" and span.kind == 2
     }

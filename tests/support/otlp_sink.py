@@ -46,6 +46,8 @@ class OtlpSink:
     """An ASGI app receiving OTLP/HTTP protobuf exports (gzip or not)."""
 
     spans: list[ReceivedSpan] = field(default_factory=list)
+    # the export requests as they came, for tests that keep or replay them whole
+    requests: list[ExportTraceServiceRequest] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -81,6 +83,7 @@ class OtlpSink:
         ]
         with self._lock:
             self.spans.extend(received)
+            self.requests.append(request)
         await send(
             {
                 "type": "http.response.start",
