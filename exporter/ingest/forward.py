@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gpuscope.exporter.metrics import SelfMetrics
+from gpuscope.exporter.self_metrics import SelfMetrics
 
 log = logging.getLogger(__name__)
 
