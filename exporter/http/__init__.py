@@ -2,7 +2,8 @@
 
 ``server`` binds the listener (TLS, the connection cap) and runs the app until a
 signal; ``app`` builds it and wires its parts into an ``ExporterState``; ``handlers``
-answers ``/v1/traces``, ``/metrics``, ``/healthz`` and ``/readyz``; ``auth`` and
+answers ``/v1/traces``, ``/metrics``, ``/healthz`` and ``/readyz`` (``routes``
+holds the OTLP path and its error answer); ``auth`` and
 ``security`` check credentials from the web-config file, which ``reload`` rereads
 when it changes; ``connections`` counts and sheds connections; ``render`` writes the
 scrape; ``threads`` is the bounded pool the password checks run in. Nothing here

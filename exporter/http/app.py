@@ -27,13 +27,13 @@ from gpuscope.exporter.http import connections
 from gpuscope.exporter.http.auth import auth_middleware, password_check_pool
 from gpuscope.exporter.http.connections import ConnectionCollector, request_middleware
 from gpuscope.exporter.http.handlers import (
-    TRACES_PATH,
     expect_traces_body,
     healthz,
     readyz,
     receive_traces,
     serve_metrics,
 )
+from gpuscope.exporter.http.routes import TRACES_PATH
 from gpuscope.exporter.http.security import Authenticator, WebConfig
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.ingest.aggregator import SpanAggregator

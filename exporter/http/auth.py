@@ -22,7 +22,7 @@ from typing import Final
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from gpuscope.exporter.http.handlers import TRACES_PATH, otlp_error
+from gpuscope.exporter.http.routes import TRACES_PATH, otlp_error
 from gpuscope.exporter.http.threads import Busy, ThreadPool
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.state import ExporterState

@@ -22,12 +22,12 @@ from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
 
 from gpuscope.exporter.http.render import content_type_for, scrape_pieces
+from gpuscope.exporter.http.routes import otlp_error
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.state import STATE, ExporterState
 
 log = logging.getLogger(__name__)
 
-TRACES_PATH = "/v1/traces"
 # Reasons after which the connection closes instead of reading the rest of the body.
 _BODY_LEFT_UNREAD = frozenset((otlp.BODY_TIMEOUT, otlp.SHED_AT_CAP))
 
@@ -139,12 +139,6 @@ def _stopped_early(cut: asyncio.Event, shutdown: asyncio.Event, timeout_s: float
             503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
         )
     return otlp.OtlpError(408, otlp.BODY_TIMEOUT, f"the body did not arrive within {timeout_s:g} s")
-
-
-def otlp_error(media: str, status: int, message: str) -> web.Response:
-    return web.Response(
-        status=status, body=otlp.encode_status(media, status, message), content_type=media
-    )
 
 
 async def serve_metrics(request: web.Request) -> web.StreamResponse:
