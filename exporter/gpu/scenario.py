@@ -12,10 +12,18 @@ seconds (absent: until the end)::
       - {at: 0, gpu: 0, fault: not_supported, fields: [sm_occupancy_ratio]}
       - {at: 5, duration: 60, gpu: all, fault: load, level: 0.8}
       - {at: 0, duration: 30, gpu: 1, fault: process, pid: 4242}
+      - {at: 0, duration: 600, gpu: 0, fault: memory_used, level: 0.97}
+      - {at: 20, gpu: 0, fault: ecc, type: volatile_corrected, count: 5}
+      - {at: 0, duration: 600, fault: collector_error, collector: xid_events}
 
 ``process`` is no fault: it lists ``pid`` among the GPU's running processes while it
-lasts, as NVML would, for the process join (``processes``). Errors name the file and
-the event, and nothing is half-loaded.
+lasts, as NVML would, for the process join (``processes``). ``memory_used`` holds at
+least ``level`` of the GPU's memory in use while it lasts. ``xid`` and ``ecc`` happen
+once, at ``at``: ``count`` more errors of that XID, or of that ECC counter type (an
+XID that reports an uncorrectable ECC error raises ``volatile_uncorrected`` too, as
+the driver does). ``collector_error`` makes a collector fail every run while it
+lasts: ``sample`` the whole source, ``xid_events`` the XID event helper only.
+Errors name the file and the event, and nothing is half-loaded.
 """
 
 from __future__ import annotations
@@ -41,8 +49,17 @@ FAULTS = frozenset(
         "not_supported",
         "load",
         "process",
+        "memory_used",
+        "ecc",
+        "collector_error",
     }
 )
+# The ECC counter types every simulated GPU serves (NVML's volatile counts).
+ECC_TYPES = ("volatile_corrected", "volatile_uncorrected")
+# What ``collector_error`` can make fail: ``sample`` the whole source (every read
+# raises, as NVML does when the driver goes away: the poller reports every GPU down),
+# ``xid_events`` only the XID event helper (the GPUs keep reporting).
+COLLECTORS = ("sample", "xid_events")
 # readings a scenario may declare NotSupported: every per-GPU row's field, and the
 # clock event reasons and ECC counts
 OPTIONAL_FIELDS = frozenset(row.field for row in PER_GPU) | {
@@ -57,6 +74,9 @@ _KEYS: dict[str, frozenset[str]] = {
     "not_supported": frozenset({"fields"}),
     "load": frozenset({"level"}),
     "process": frozenset({"pid"}),
+    "memory_used": frozenset({"level"}),
+    "ecc": frozenset({"type", "count"}),
+    "collector_error": frozenset({"collector"}),
 }
 _COMMON_KEYS = frozenset({"at", "duration", "gpu", "fault"})
 
@@ -77,8 +97,10 @@ class ScenarioEvent:
     xid: int = 0
     count: int = 1
     fields: frozenset[str] = frozenset()
-    level: float = 0.0  # load: busy fraction 0-1
+    level: float = 0.0  # load: busy fraction 0-1; memory_used: used fraction of total
     pid: int = 0  # process: the pid listed on the GPU
+    type: str = "volatile_uncorrected"  # ecc: the counter it raises
+    collector: str = "sample"  # collector_error: what fails
 
     def applies(self, gpu: int, t: float) -> bool:
         """Whether this (lasting) event affects ``gpu`` at ``t`` seconds."""
@@ -174,6 +196,22 @@ def _with_fault_options(event: ScenarioEvent, raw: Mapping[str, Any], where: str
         options = {"level": _number(raw.get("level"), where, "level", 0.0, 1.0)}
     elif event.fault == "process":
         options = {"pid": _integer(raw.get("pid"), where, "pid")}
+    elif event.fault == "memory_used":
+        options = {"level": _number(raw.get("level"), where, "level", 0.0, 1.0)}
+    elif event.fault == "ecc":
+        kind = raw.get("type", "volatile_uncorrected")
+        if kind not in ECC_TYPES:
+            raise ScenarioError(f"{where}: 'type' must be one of {list(ECC_TYPES)}, got {kind!r}")
+        options = {"type": kind, "count": _integer(raw.get("count", 1), where, "count")}
+    elif event.fault == "collector_error":
+        collector = raw.get("collector", "sample")
+        if collector not in COLLECTORS:
+            raise ScenarioError(
+                f"{where}: 'collector' must be one of {list(COLLECTORS)}, got {collector!r}"
+            )
+        if event.gpu is not None:  # a collector reads every GPU: it cannot fail for one
+            raise ScenarioError(f"{where}: a collector_error applies to every GPU (gpu: all)")
+        options = {"collector": collector}
     return ScenarioEvent(**{**event.__dict__, **options})
 
 

@@ -5,8 +5,9 @@ same ``GpuReading`` objects as NVML, so everything from readings to ``/metrics``
 the code NVML goes through. Activity comes from two places: the compute spans the
 exporter reports (``observe_compute``, so bigger batches make a busier GPU) and
 ``load`` events of the scenario. Its running processes (``processes()``, for the
-process join) are the pids of the scenario's ``process`` events. The clock is
-injected: tests drive time by hand.
+process join) are the pids of the scenario's ``process`` events. Like NVML's, it
+reports the health of its XID helper (``collector_health``), which a scenario can
+make fail. The clock is injected: tests drive time by hand.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gpuscope.exporter.gpu.capabilities import CollectorRun
 from gpuscope.exporter.gpu.clock_reasons import (
     decode_clock_event_reasons,
     encode_clock_event_reasons,
 )
 from gpuscope.exporter.gpu.processes import ProcessListing
-from gpuscope.exporter.gpu.scenario import Scenario, ScenarioEvent
+from gpuscope.exporter.gpu.scenario import ECC_TYPES, Scenario, ScenarioEvent
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
 _UUID_NAMESPACE = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
@@ -45,6 +47,16 @@ RX_BYTES_PER_REQUEST = 4 * 2**20
 TX_BYTES_PER_REQUEST = 1 * 2**20
 ACTIVITY_WINDOW_S = 5.0  # busy fraction is measured over this trailing window
 THERMAL_TIME_CONSTANT_S = 30.0
+# The helper that counts XIDs, as NVML's event thread is ``nvml_xid_events``.
+XID_COLLECTOR = "simulated_xid_events"
+# XIDs that report an uncorrectable ECC error, which the driver also counts in the
+# volatile uncorrected ECC counter: 48 (double-bit ECC error), 94 and 95 (contained
+# and uncontained ECC errors, Ampere and later).
+ECC_XIDS = frozenset({48, 94, 95})
+
+
+class SimulatedCollectorError(RuntimeError):
+    """The scenario makes the source fail this poll (``collector_error``)."""
 
 
 def simulated_uuid(index: int) -> str:
@@ -61,6 +73,7 @@ class _GpuState:
     energy_j: float = 0.0
     temperature_c: float = 32.0
     xids: dict[int, int] = field(default_factory=dict)
+    ecc: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ECC_TYPES, 0))
 
 
 class SimulatedSource:
@@ -121,6 +134,9 @@ class SimulatedSource:
     def sample(self) -> Sequence[GpuReading]:
         with self._lock:
             now = self._clock()
+            if self._failing("sample", now - self._started):
+                # nothing advances: the next good poll counts the XIDs of the gap
+                raise SimulatedCollectorError("simulated GPU read failed (scenario)")
             self._first = self._last is None
             previous = now if self._last is None else self._last
             self._last = now
@@ -142,13 +158,25 @@ class SimulatedSource:
             pids[device.uuid] = tuple(sorted({e.pid for e in events if e.fault == "process"}))
         return ProcessListing(pids)
 
+    def collector_health(self) -> Sequence[CollectorRun]:
+        """The XID helper's last run (``ReportsCollectorHealth``), as NVML's event thread
+        reports its own: failed while a ``collector_error`` of ``xid_events`` lasts."""
+        t = self._clock() - self._started
+        return [CollectorRun(XID_COLLECTOR, not self._failing("xid_events", t), 0.0)]
+
     def close(self) -> None:
         """Nothing to release."""
+
+    def _failing(self, collector: str, t: float) -> bool:
+        return any(
+            e.fault == "collector_error" and e.collector == collector and e.applies(0, t)
+            for e in self._scenario.events
+        )
 
     def _sample_one(self, index: int, now: float, t_prev: float, t: float, dt: float) -> GpuReading:
         state = self._states[index]
         events = [e for e in self._scenario.events if e.applies(index, t)]
-        self._count_xids(index, state, t_prev, t, first=self._first)
+        self._count_errors(index, state, t_prev, t, first=self._first)
         if any(e.fault == "fall_off_bus" for e in events):
             return GpuReading(index=index, uuid=self._devices[index].uuid, up=False)
         busy, fill = self._activity(state, now)
@@ -201,7 +229,11 @@ class SimulatedSource:
             "pcie_receive_bytes_total": state.pcie_rx,
             "pcie_link_generation": 5,
             "pcie_link_width": 16,
-            "memory_used_bytes": MEMORY_IDLE_BYTES + 40 * 2**30 * fill * (busy > 0),
+            "memory_used_bytes": max(
+                MEMORY_IDLE_BYTES + 40 * 2**30 * fill * (busy > 0),
+                max((e.level for e in events if e.fault == "memory_used"), default=0.0)
+                * MEMORY_TOTAL_BYTES,
+            ),
             "memory_total_bytes": MEMORY_TOTAL_BYTES,
             "power_watts": power,
             "power_limit_watts": POWER_LIMIT_W,
@@ -214,7 +246,7 @@ class SimulatedSource:
             values=values,
             clock_event_reasons=decode_clock_event_reasons(encode_clock_event_reasons(reasons)),
             xid_errors_total=dict(state.xids),
-            ecc_errors_total={"volatile_corrected": 0, "volatile_uncorrected": 0},
+            ecc_errors_total=dict(state.ecc),
         )
 
     @staticmethod
@@ -243,14 +275,21 @@ class SimulatedSource:
         state.pcie_rx += rx_rate * dt
         state.pcie_tx += tx_rate * dt
 
-    def _count_xids(
+    def _count_errors(
         self, index: int, state: _GpuState, t_prev: float, t: float, *, first: bool
     ) -> None:
+        """Add the XIDs and ECC errors of events dated since the last poll."""
         for event in self._scenario.events:
-            if event.fault != "xid" or (event.gpu is not None and event.gpu != index):
+            if event.fault not in ("xid", "ecc") or (event.gpu is not None and event.gpu != index):
                 continue
-            if (first or t_prev < event.at_s) and event.at_s <= t:
-                state.xids[event.xid] = state.xids.get(event.xid, 0) + event.count
+            if not ((first or t_prev < event.at_s) and event.at_s <= t):
+                continue
+            if event.fault == "ecc":
+                state.ecc[event.type] += event.count
+                continue
+            state.xids[event.xid] = state.xids.get(event.xid, 0) + event.count
+            if event.xid in ECC_XIDS:
+                state.ecc["volatile_uncorrected"] += event.count
 
 
 def _without(reading: GpuReading, hidden: set[str]) -> GpuReading:

@@ -13,11 +13,15 @@ from gpuscope.exporter.gpu.scenario import (
     load_scenario,
     parse_scenario,
 )
+from gpuscope.exporter.gpu.capabilities import CollectorRun
+from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import (
+    MEMORY_TOTAL_BYTES,
     PCIE_GEN5_X16_BYTES_PER_S,
     RX_BYTES_PER_REQUEST,
     SM_CLOCK_IDLE_HZ,
     SM_CLOCK_MAX_HZ,
+    XID_COLLECTOR,
     SimulatedSource,
     simulated_uuid,
 )
@@ -152,6 +156,86 @@ def test_xid_burst_is_counted_once() -> None:
     assert first.xid_errors_total == {}
 
 
+@pytest.mark.parametrize(("xid", "uncorrected"), [(48, 3), (94, 3), (95, 3), (79, 0), (13, 0)])
+def test_an_ecc_xid_raises_the_uncorrected_ecc_counter(xid: int, uncorrected: int) -> None:
+    source, clock = source_with([{"at": 5, "gpu": 1, "fault": "xid", "xid": xid, "count": 3}])
+    first, second = source.sample()
+    assert second.ecc_errors_total == {"volatile_corrected": 0, "volatile_uncorrected": 0}
+    clock.now += 6
+    first, second = source.sample()
+    assert second.xid_errors_total == {xid: 3}
+    assert second.ecc_errors_total == {
+        "volatile_corrected": 0,
+        "volatile_uncorrected": uncorrected,
+    }
+    assert first.ecc_errors_total == {"volatile_corrected": 0, "volatile_uncorrected": 0}
+
+
+def test_ecc_events_count_by_type_once() -> None:
+    source, clock = source_with(
+        [
+            {"at": 5, "gpu": 0, "fault": "ecc", "type": "volatile_corrected", "count": 7},
+            {"at": 8, "gpu": "all", "fault": "ecc"},
+        ]
+    )
+    source.sample()
+    clock.now += 6
+    assert source.sample()[0].ecc_errors_total == {
+        "volatile_corrected": 7,
+        "volatile_uncorrected": 0,
+    }
+    clock.now += 6
+    for _ in range(2):  # counted in the poll that crossed it, not again
+        first, second = source.sample()
+        assert first.ecc_errors_total == {"volatile_corrected": 7, "volatile_uncorrected": 1}
+        assert second.ecc_errors_total == {"volatile_corrected": 0, "volatile_uncorrected": 1}
+        clock.now += 1
+
+
+def test_memory_used_holds_the_level_while_it_lasts() -> None:
+    source, clock = source_with(
+        [{"at": 5, "duration": 10, "gpu": 1, "fault": "memory_used", "level": 0.97}]
+    )
+    source.sample()
+    clock.now += 6
+    first, second = source.sample()
+    assert second.values["memory_used_bytes"] == pytest.approx(0.97 * MEMORY_TOTAL_BYTES)
+    assert first.values["memory_used_bytes"] < 0.1 * MEMORY_TOTAL_BYTES
+    clock.now += 10
+    assert source.sample()[1].values["memory_used_bytes"] < 0.1 * MEMORY_TOTAL_BYTES
+
+
+def test_a_failing_xid_helper_reports_failure_and_the_gpus_stay_up() -> None:
+    source, clock = source_with(
+        [{"at": 5, "duration": 10, "fault": "collector_error", "collector": "xid_events"}]
+    )
+    assert source.collector_health() == [CollectorRun(XID_COLLECTOR, True, 0.0)]
+    clock.now += 6
+    assert [r.up for r in source.sample()] == [True, True]
+    assert source.collector_health() == [CollectorRun(XID_COLLECTOR, False, 0.0)]
+    clock.now += 10
+    assert source.collector_health() == [CollectorRun(XID_COLLECTOR, True, 0.0)]
+
+
+def test_a_failing_source_fails_the_poll_and_the_gap_is_counted_after() -> None:
+    source, clock = source_with(
+        [
+            {"at": 5, "duration": 10, "fault": "collector_error"},
+            {"at": 8, "gpu": 0, "fault": "xid", "xid": 31},
+        ]
+    )
+    poller = GpuPoller(source, 1.0)
+    assert poller.poll_once().runs[0] == CollectorRun("simulated", True, pytest.approx(0, abs=1))
+    clock.now += 6
+    failed = poller.poll_once()
+    assert not failed.runs[0].success
+    assert [r.up for r in failed.readings] == [False, False]  # the poller's answer
+    clock.now += 10
+    recovered = poller.poll_once()
+    assert recovered.runs[0].success
+    assert recovered.readings[0].xid_errors_total == {31: 1}
+
+
 def test_gpu_falls_off_the_bus_and_comes_back() -> None:
     source, clock = source_with([{"at": 5, "duration": 10, "gpu": 0, "fault": "fall_off_bus"}])
     source.sample()
@@ -181,7 +265,7 @@ def test_shipped_scenarios_load() -> None:
     for path in sorted(SCENARIOS.glob("*.yaml")):
         scenario = load_scenario(path)
         assert scenario.events, path
-        SimulatedSource(2, scenario)
+        SimulatedSource(max(2, scenario.highest_gpu() + 1), scenario)
 
 
 def test_json_scenarios_load(tmp_path: Path) -> None:
@@ -208,6 +292,16 @@ def test_json_scenarios_load(tmp_path: Path) -> None:
         ({"events": [{"fault": "fall_off_bus", "colour": "red"}]}, "unknown keys"),
         ({"events": [{"fault": "fall_off_bus", "at": -3}]}, "'at' must be a number"),
         ({"gpus": 3}, "one key, 'events'"),
+        ({"events": [{"fault": "ecc", "type": "single_bit"}]}, "'type' must be one of"),
+        ({"events": [{"fault": "memory_used", "level": 1.5}]}, "'level' must be a number in"),
+        (
+            {"events": [{"fault": "collector_error", "collector": "gpm"}]},
+            "'collector' must be one of",
+        ),
+        (
+            {"events": [{"fault": "collector_error", "gpu": 0}]},
+            "applies to every GPU",
+        ),
     ],
 )
 def test_bad_scenarios_name_the_event(data: object, message: str) -> None:
