@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check alerts-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ demo: install
 # Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
 rules: install
 	$(BIN)/python alerts/build.py
+
+# Every GPU alert fired through the shipped rules, unchanged, by the simulated GPUs'
+# alerts.yaml scenario: real Prometheus and Alertmanager, about seven minutes, so not
+# part of make test (tests/alerts/test_alerts_shipped_rules.py).
+alerts-check: install system-deps
+	GPUSCOPE_SHIPPED_RULES=1 $(BIN)/pytest -q -rP -m shipped_rules tests/alerts/test_alerts_shipped_rules.py
 
 # Every benchmark with its defaults (several minutes); see docs/benchmarks.md.
 bench: install

@@ -252,6 +252,27 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
+def gpu_source_alerts(settings: Settings) -> list[dict[str, Any]]:
+    """An exporter that serves no GPU although its --gpu-source asked for one (anything
+    but ``none``): ``auto`` that found no driver, or a source that found no GPU. The
+    expectation is the exporter's own flag, served on ``gpuscope_gpu_source_info``, so
+    the rule needs nothing per site; a host without GPUs says ``--gpu-source none``."""
+    source = series(exporter_rows.GPU_SOURCE) + settings.sel('requested!="none"')
+    return [
+        _alert(
+            settings,
+            "GpuscopeGpuSourceMissing",
+            f"{source}\nunless on (job, instance)\n{series(gpu_rows.INFO)}{settings.sel()}",
+            settings.for_(settings.for_gpu_source),
+            "warning",
+            "An exporter that should read GPUs serves none.",
+            "{{ $labels.instance }} runs with --gpu-source {{ $labels.requested }} but serves "
+            "no GPU (source in use: {{ $labels.source }}): no GPU metric or GPU alert "
+            "exists for its host.",
+        ),
+    ]
+
+
 def exporter_alerts(settings: Settings) -> list[dict[str, Any]]:
     w, inc, idle = settings.window, settings.increase_window, settings.spans_idle_window
     sel, down_for = settings.sel(), settings.for_(settings.for_exporter)
@@ -375,7 +396,7 @@ def alerting_groups(settings: Settings) -> list[dict[str, Any]]:
             *slo_alerts(settings, settings.latency_slo),
             *slo_alerts(settings, settings.ttft_slo),
         ],
-        "gpuscope-gpu-alerts": gpu_alerts(settings),
+        "gpuscope-gpu-alerts": [*gpu_alerts(settings), *gpu_source_alerts(settings)],
         "gpuscope-exporter-alerts": exporter_alerts(settings),
         "gpuscope-worker-alerts": worker_alerts(settings),
     }

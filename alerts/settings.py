@@ -101,6 +101,9 @@ class Settings:
     for_error_ratio: str = "5m"
     for_gpu_hardware: str = "5m"
     for_gpu_lost: str = "1m"
+    # an exporter asked for GPUs that serves none: it stays so until restarted, so the
+    # wait only spares a start-up that is still opening its source
+    for_gpu_source: str = "5m"
     for_exporter: str = "5m"
     for_exporter_signals: str = "10m"
     for_kv_cache: str = "10m"

@@ -33,7 +33,10 @@ def main(argv: list[str]) -> int:
 
     try:
         source = open_gpu_source(
-            config.gpu_source, scenario=config.gpu_scenario, simulated_count=config.simulated_gpus
+            config.gpu_source,
+            scenario=config.gpu_scenario,
+            simulated_count=config.simulated_gpus,
+            require=config.require_gpu,
         )
     except ValueError as exc:  # the message names the flag
         print(f"gpuscope exporter: {exc}", file=sys.stderr)

@@ -48,6 +48,7 @@ class ExporterConfig:
     gpu_interval: float = flags.option(1.0, flag="--gpu-interval-s", deprecated=("--gpu-interval",))
     gpu_scenario: Path | None = None
     simulated_gpus: int = 1
+    require_gpu: bool = False
     max_connections: int = 512
     header_timeout: float = flags.option(10.0, flag="--header-timeout-s")
     idle_timeout: float = flags.option(60.0, flag="--idle-timeout-s")
@@ -62,6 +63,8 @@ class ExporterConfig:
         self.listen_address()  # raises with the flag's name
         object.__setattr__(self, "gpu_source", gpu_source_kind(self.gpu_source))
         check_choice("--log-level", self.log_level, LOG_LEVELS)
+        if self.require_gpu and self.gpu_source == GpuSourceKind.NONE:
+            raise ConfigError("--require-gpu: --gpu-source none opens no GPU")
         for flag, value, low in (
             ("--max-series", self.max_series, 1),
             ("--max-label-length", self.max_label_length, 1),
@@ -150,6 +153,8 @@ _HELP: Final = {
     "gpu_interval": "seconds between GPU polls (in the background, never during a scrape)",
     "gpu_scenario": "scenario file for the simulated GPU source",
     "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
+    "require_gpu": "exit with an error at start when the GPU source finds no GPU, instead of "
+    "serving request metrics only",
     "max_connections": "open client connections at most, TLS handshakes included; past it "
     "the oldest idle one is closed, else the upload or non-reading client waiting longest "
     "is cut (lowered to fit the file descriptor limit)",

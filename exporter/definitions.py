@@ -175,6 +175,13 @@ SERIES_OVERFLOW = MetricDef(
 BUILD_INFO = MetricDef(
     "gpuscope_build_info", GAUGE, "gpuscope build; the value is always 1.", ("version",)
 )
+GPU_SOURCE = MetricDef(
+    "gpuscope_gpu_source_info",
+    GAUGE,
+    "The GPU source in use (source: nvml, dcgm, simulated or none) and the --gpu-source "
+    "asked for (requested); the value is always 1.",
+    ("requested", "source"),
+)
 SPANS_RECEIVED = MetricDef(
     "gpuscope_spans_received", COUNTER, "Spans in decoded OTLP export requests."
 )
@@ -240,6 +247,7 @@ SPAN_HISTOGRAMS: Final[Sequence[MetricDef]] = (
 SELF_METRICS: Final[Sequence[MetricDef]] = (
     SERIES_OVERFLOW,
     BUILD_INFO,
+    GPU_SOURCE,
     SPANS_RECEIVED,
     SPANS_REJECTED,
     OTLP_REQUESTS_REJECTED,

@@ -204,7 +204,9 @@ def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:
 
 def exporter_outcome(gpu_source: str) -> str:
     """What ``gpuscope exporter`` does with this ``--gpu-source`` when no GPU answers."""
-    if gpu_source in (GpuSourceKind.AUTO, GpuSourceKind.NONE):
+    if gpu_source == GpuSourceKind.AUTO:
+        return "the exporter would serve request metrics only (with --require-gpu it would exit)"
+    if gpu_source == GpuSourceKind.NONE:
         return "the exporter would serve request metrics only"
     return (
         f"'gpuscope exporter --gpu-source {gpu_source}' would exit with an error "

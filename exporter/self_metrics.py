@@ -38,14 +38,22 @@ class SelfMetrics:
 class ExporterCollector(Collector):
     """Yields the span counters of ``aggregator`` and the self metrics, one family per
     row of ``definitions.SPAN_COUNTERS`` and ``SELF_METRICS`` in their order (the
-    forwarding rows only with ``forwarding``)."""
+    forwarding rows only with ``forwarding``). ``gpu_source`` is the (requested, in
+    use) pair of ``gpuscope_gpu_source_info``: served here rather than by the GPU
+    collector, because without a GPU source there is no GPU collector to say so."""
 
     def __init__(
-        self, aggregator: SpanAggregator, self_metrics: SelfMetrics, *, forwarding: bool = False
+        self,
+        aggregator: SpanAggregator,
+        self_metrics: SelfMetrics,
+        *,
+        forwarding: bool = False,
+        gpu_source: tuple[str, str] = ("none", "none"),
     ) -> None:
         self.aggregator = aggregator
         self.self_metrics = self_metrics
         self.forwarding = forwarding
+        self.gpu_source = gpu_source
 
     def collect(self) -> Iterator[Metric]:
         samples = self._samples()
@@ -67,6 +75,7 @@ class ExporterCollector(Collector):
             **{row: counter.items() for row, counter in aggregator.counters.items()},
             defs.SERIES_OVERFLOW: [([_sample_name(f)], f.overflowed) for f in families],
             defs.BUILD_INFO: [([__version__], 1.0)],
+            defs.GPU_SOURCE: [(self.gpu_source, 1.0)],
             defs.SPANS_RECEIVED: [([], own.spans_received)],
             defs.SPANS_REJECTED: _by_reason(own.spans_rejected),
             defs.OTLP_REQUESTS_REJECTED: _by_reason(own.requests_rejected),

@@ -77,7 +77,15 @@ def create_app(
     )
     registry = CollectorRegistry()
     forwarding = config.forward_otlp is not None
-    registry.register(ExporterCollector(aggregator, metrics, forwarding=forwarding))
+    in_use = "none" if gpu_source is None else gpu_source.name
+    registry.register(
+        ExporterCollector(
+            aggregator,
+            metrics,
+            forwarding=forwarding,
+            gpu_source=(str(config.gpu_source), str(in_use)),
+        )
+    )
     state = ExporterState(
         config=config,
         aggregator=aggregator,

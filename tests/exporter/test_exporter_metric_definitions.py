@@ -73,6 +73,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_span_duration_seconds", "histogram", "seconds", _STOCK),
     ("gpuscope_series_overflow", "counter", "", ("metric",)),
     ("gpuscope_build_info", "gauge", "", ("version",)),
+    ("gpuscope_gpu_source_info", "gauge", "", ("requested", "source")),
     ("gpuscope_spans_received", "counter", "", ()),
     ("gpuscope_spans_rejected", "counter", "", ("reason",)),
     ("gpuscope_otlp_requests_rejected", "counter", "", ("reason",)),

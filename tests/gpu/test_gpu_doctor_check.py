@@ -180,7 +180,10 @@ def no_gpu_here() -> bool:
 @pytest.mark.parametrize(
     ("gpu_source", "outcome"),
     [
-        ("auto", "the exporter would serve request metrics only"),
+        (
+            "auto",
+            "the exporter would serve request metrics only (with --require-gpu it would exit)",
+        ),
         ("nvml", "'gpuscope exporter --gpu-source nvml' would exit with an error"),
     ],
 )

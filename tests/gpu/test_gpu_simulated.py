@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from gpuscope.exporter.gpu.capabilities import CollectorRun
+from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.scenario import (
     Scenario,
     ScenarioError,
     load_scenario,
     parse_scenario,
 )
-from gpuscope.exporter.gpu.capabilities import CollectorRun
-from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import (
     MEMORY_TOTAL_BYTES,
     PCIE_GEN5_X16_BYTES_PER_S,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -230,11 +230,13 @@ async def run_pack_stack(
     worker: WorkerConfig = WORKER_CONFIG,
     scrape_interval: str = "1s",
     ready_timeout_s: float = 60.0,
+    more_exporters: Sequence[str] = (),
 ) -> AsyncIterator[PackStack]:
     """Start the pack (see the module docstring); yields a ``PackStack``.
 
     ``start_at_s`` starts the scenario that many seconds in. ``workdir`` holds the
-    Prometheus and Alertmanager configs, data and logs (``*.log``).
+    Prometheus and Alertmanager configs, data and logs (``*.log``). ``more_exporters``
+    are further ``host:port`` targets of job ``gpuscope`` (exporters a test runs itself).
     """
     rule_files = _rule_files(rules_dir)
     if alertmanager_config is None:
@@ -248,7 +250,7 @@ async def run_pack_stack(
         run_vllm_replay() as vllm_url,
         run_alertmanager(alertmanager_config, workdir) as alertmanager_url,
         run_prometheus(
-            [f"127.0.0.1:{exporter.port}"],
+            [f"127.0.0.1:{exporter.port}", *more_exporters],
             workdir,
             scrape_interval,
             rule_files=rule_files,
