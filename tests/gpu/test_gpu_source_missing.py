@@ -162,7 +162,7 @@ async def test_the_command_without_a_driver_serves_and_says_so() -> None:
         cwd="/",
     )  # fmt: skip
     assert process.stderr is not None
-    log = []
+    log: list[str] = []
     try:
         while not (log and "serving on " in log[-1]):
             line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
