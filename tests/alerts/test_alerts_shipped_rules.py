@@ -135,7 +135,7 @@ async def test_every_gpu_alert_fires_with_the_shipped_rules(tmp_path: Path) -> N
             (a["labels"]["alertname"], where(a["labels"], gpu_less)): a["status"]["state"]
             for a in await gpu_alerts(session, stack)
         }
-    report = ["alert, where: firing after its fault began (Prometheus), seen in Alertmanager"]
+    report = ["alert, where: firing s after its fault began; in Alertmanager s after the start"]
     for key, fault_at in sorted(EXPECTED.items(), key=lambda item: arrived_after[item[0]]):
         firing = epoch(seen[key]["startsAt"]) - origin - fault_at
         report.append(f"{key[0]} {key[1]}: {firing:.0f} s, {arrived_after[key]:.0f} s")
