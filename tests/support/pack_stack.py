@@ -147,7 +147,7 @@ async def _exporter(
     clock.origin = clock()
     clock.jump_to(start_at_s)
     config = loopback_config(
-        gpu_source="simulated", gpu_interval=0.25, forward_otlp=forward, shutdown_timeout=2.0
+        gpu_source="simulated", gpu_interval_s=0.25, forward_otlp=forward, shutdown_timeout_s=2.0
     )
     exporter = await start_exporter(config, gpu_source=source, compute_observers=[source])
     try:

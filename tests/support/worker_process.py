@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuscope import flags
 from gpuscope.worker.app import create_app
 from gpuscope.worker.backends import numpy_models
 from gpuscope.worker.cli import serve
-from gpuscope.worker.config import parse_config
+from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
 from gpuscope.worker.model_api import Generator
 
@@ -123,7 +124,7 @@ def _slow_worker(argv: list[str]) -> int:
     """``gpuscope worker`` (its flags, its serving) with the generator slowed down."""
     at = argv.index("--step-ms")
     step_s = float(argv[at + 1]) / 1000
-    config = parse_config(argv[:at] + argv[at + 2 :])
+    config = flags.parse(WorkerConfig, argv[:at] + argv[at + 2 :])
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
     embedding, generator = numpy_models(config)
     app = create_app(config, embedding_model=embedding, generator=SlowGenerator(generator, step_s))
