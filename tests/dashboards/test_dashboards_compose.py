@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuscope.exporter.config import parse_config as parse_exporter_config
+from gpuscope import flags
+from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.simulated import simulated_uuid
-from gpuscope.worker.config import parse_config as parse_worker_config
+from gpuscope.worker.config import WorkerConfig
 from support.binaries import require_binary
 from support.dashboards_json import REPO
 
@@ -164,8 +165,8 @@ def test_gpuscope_services_pass_valid_flags(name: str) -> None:
     environment = {
         key: host_path(service, value) for key, value in service.get("environment", {}).items()
     }
-    parse = {"exporter": parse_exporter_config, "worker": parse_worker_config}[command]
-    parse(argv, environment)
+    config_type = {"exporter": ExporterConfig, "worker": WorkerConfig}[command]
+    flags.parse(config_type, argv, environment, exit_on_error=False)
 
 
 def scrape_jobs() -> dict[str, list[str]]:

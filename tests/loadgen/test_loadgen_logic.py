@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuscope import flags
 from gpuscope.loadgen import record
 from gpuscope.loadgen.client import Outcome
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose, phase_difference
@@ -348,11 +349,13 @@ def test_a_request_file_is_read_in_order_and_errors_name_the_line(tmp_path: Path
 
 
 def test_loadgen_flags_have_environment_twins_and_are_checked() -> None:
-    from gpuscope.loadgen.cli import parse_args
-
-    options = parse_args([], {"GPUSCOPE_LOADGEN_RATE": "5,50", "GPUSCOPE_LOADGEN_SEED": "3"})
+    options = flags.parse(
+        LoadgenOptions, [], {"GPUSCOPE_LOADGEN_RATE": "5,50", "GPUSCOPE_LOADGEN_SEED": "3"}
+    )
     assert options.loads() == (Load("rate", 5), Load("rate", 50)) and options.seed == 3
-    assert parse_args(["--concurrency", "2,8"], {}).loads()[1] == Load("concurrency", 8)
+    assert flags.parse(LoadgenOptions, ["--concurrency", "2,8"], {}).loads()[1] == Load(
+        "concurrency", 8
+    )
     assert LoadgenOptions().loads()[0] == Load("concurrency", 1)  # default ladder
     for argv in (
         ["--concurrency", "1", "--rate", "5"],
@@ -363,19 +366,19 @@ def test_loadgen_flags_have_environment_twins_and_are_checked() -> None:
         ["--mix", "images=1"],
     ):
         with pytest.raises(SystemExit):
-            parse_args(argv, {})
+            flags.parse(LoadgenOptions, argv, {})
 
 
 @pytest.mark.parametrize("flag", ["--record", "--json", "--csv", "--plot"])
 def test_an_output_that_cannot_be_written_is_refused_before_any_load(
     flag: str, tmp_path: Path
 ) -> None:
-    from gpuscope.loadgen.cli import parse_args
-
     for path in (tmp_path / "missing" / "out", tmp_path):  # no such folder; a folder
         with pytest.raises(SystemExit):
-            parse_args([flag, str(path)], {})
-    assert parse_args([flag, str(tmp_path / "out")], {})  # a new file in a folder is fine
+            flags.parse(LoadgenOptions, [flag, str(path)], {})
+    assert flags.parse(
+        LoadgenOptions, [flag, str(tmp_path / "out")], {}
+    )  # a new file in a folder is fine
 
 
 # --- the progress line ----------------------------------------------------------------------
