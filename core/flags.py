@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import functools
 import math
 import os
 import sys
@@ -436,9 +435,19 @@ def _unit(where: str, flag: str, declared: str | None) -> str | None:
     return implied or (declared.upper() if declared else None)
 
 
-@functools.cache
+# Each settings class's flags, worked out once: every built instance checks its fields.
+_RECORDS: dict[type[Any], tuple[_Flag, ...]] = {}
+
+
 def _flags(config_type: type[Any]) -> tuple[_Flag, ...]:
     """The flags of ``config_type``; ``TypeError`` for a field no flag can set."""
+    records = _RECORDS.get(config_type)
+    if records is None:
+        records = _RECORDS[config_type] = _new_flags(config_type)
+    return records
+
+
+def _new_flags(config_type: type[Any]) -> tuple[_Flag, ...]:
     command = getattr(config_type, "command", None)
     env_prefix = command[2] if command else "GPUSCOPE_"
     try:
@@ -539,10 +548,11 @@ class _OneLineErrors(argparse.ArgumentParser):
 
 
 def _command(config_type: type[Settings]) -> tuple[str, str, str]:
-    if getattr(config_type, "command", None) is None:
+    command = getattr(config_type, "command", None)
+    if command is None:
         raise TypeError(f"{config_type.__qualname__}: a Settings subclass without prog=...")
-    command: tuple[str, str, str] = config_type.command
-    return command
+    prog, description, env_prefix = command
+    return prog, description, env_prefix
 
 
 def build_parser(config_type: type[Settings], *, add_help: bool = True) -> argparse.ArgumentParser:
