@@ -212,7 +212,6 @@ def not_empty(flag: str, value: str) -> None:
 @dataclass(frozen=True)
 class _Declared:
     help: str
-    flag: str | None
     deprecated: tuple[str, ...]
     unit: str | None
     checks: tuple[Check, ...]
@@ -226,7 +225,6 @@ def option(
     help: str,
     check: Check | Sequence[Check] = (),
     unit: str | None = None,
-    flag: str | None = None,
     deprecated: Sequence[str] = (),
     metavar: str | None = None,
 ) -> T: ...
@@ -238,7 +236,6 @@ def option(
     help: str,
     check: Check | Sequence[Check] = (),
     unit: str | None = None,
-    flag: str | None = None,
     deprecated: Sequence[str] = (),
     metavar: str | None = None,
 ) -> Any: ...
@@ -250,18 +247,20 @@ def option(
     help: str,
     check: Check | Sequence[Check] = (),
     unit: str | None = None,
-    flag: str | None = None,
     deprecated: Sequence[str] = (),
     metavar: str | None = None,
 ) -> Any:
     """A field of a ``Settings`` dataclass: its flag's ``--help`` text, the checks its
-    value must pass, its unit when its name does not end in one (``unit="tokens"``), a
-    ``flag`` spelled otherwise than after the field (rarely right: rename the field),
-    ``deprecated`` spellings that still work with a warning, and the ``metavar`` that
-    ``--help`` shows for the value when neither the unit, the type nor a check says it
-    (``HOST:PORT``). No ``default``: the flag (or its twin) is required."""
+    value must pass, its unit when its name does not end in one (``unit="tokens"``),
+    the ``deprecated`` spellings that still work with a warning, and the ``metavar``
+    that ``--help`` shows for the value when neither the unit, the type nor a check
+    says it (``HOST:PORT``). No ``default``: the flag (or its twin) is required.
+
+    The flag is always the field's name (``max_queue_delay_ms`` is
+    ``--max-queue-delay-ms``): to rename a flag, rename the field and keep the old
+    spelling in ``deprecated``."""
     checks = (check,) if callable(check) else tuple(check)
-    declared = _Declared(help, flag, tuple(deprecated), unit, checks, metavar)
+    declared = _Declared(help, tuple(deprecated), unit, checks, metavar)
     return field(default=default, metadata={_DECLARED_KEY: declared})
 
 
@@ -464,8 +463,8 @@ def _record(config_type: type[Any], item: Field[Any], kind: object, env_prefix: 
     declared = item.metadata.get(_DECLARED_KEY)
     if declared is None:
         raise TypeError(f"{where}: declare it with flags.option(..., help=...)")
-    flag = declared.flag or flag_name(item.name)
-    for spelled in (flag, *declared.deprecated):
+    flag = flag_name(item.name)
+    for spelled in declared.deprecated:
         if not spelled.startswith("--"):
             raise TypeError(f"{where}: flag {spelled!r}")
     try:

@@ -38,13 +38,14 @@ class GpuCheckConfig(
     )
     load_duration_s: float = flags.option(
         15.0,
-        help="time of matmul load",
+        help="how long the matmul load runs",
         check=flags.at_least(2.0),
         deprecated=("--load-seconds",),
     )
     pcie_tolerance: float = flags.option(
         0.05,
         help="allowed relative difference between PCIe counters and the copies",
+        unit="ratio",
         check=flags.at_least(0.0),
     )
     gpu_interval_s: float = flags.option(

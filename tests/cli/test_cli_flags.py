@@ -194,7 +194,7 @@ class Unresolvable(flags.Settings, prog="t"):
 
 @dataclass(frozen=True)
 class BadSpelling(flags.Settings, prog="t"):
-    value: int = option(0, help="v", flag="value-s")
+    value: int = option(0, help="v", deprecated=("value-s",))
 
 
 @dataclass(frozen=True)

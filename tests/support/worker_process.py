@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuscope import flags
+from gpuscope.children import worker_args
 from gpuscope.worker.app import create_app
 from gpuscope.worker.backends import numpy_models
 from gpuscope.worker.cli import serve
@@ -62,11 +63,12 @@ def worker_process(
     args: Sequence[str], *, slow_step_ms: float | None = None
 ) -> Iterator[WorkerProcess]:
     """Start the worker on 127.0.0.1 port 0 with ``args``; yields once it listens."""
+    worker, *worker_flags = worker_args(0, no_tracing=True, device="cpu")
     if slow_step_ms is None:
-        command = [sys.executable, "-m", "gpuscope", "worker"]
+        command = [sys.executable, "-m", "gpuscope", worker]
     else:
         command = [sys.executable, __file__, "--step-ms", str(slow_step_ms)]
-    command += ["--host", "127.0.0.1", "--port", "0", "--no-tracing", "--device", "cpu", *args]
+    command += [*worker_flags, *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     worker = WorkerProcess(process)
     reader = threading.Thread(target=worker._read, daemon=True)
