@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from gpuscope import flags
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.flags import (
     LOG_LEVELS,
@@ -33,6 +34,24 @@ MIB: Final = 1024 * 1024
 _COUNT = at_least(1)
 
 
+def _host_port(flag: str, listen: str) -> tuple[str | None, int]:
+    host, sep, port_text = listen.rpartition(":")
+    if not sep:
+        raise ConfigError(f"{flag}: expected HOST:PORT or :PORT, got {listen!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{flag}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{flag}: port must be between 0 and 65535, got {port}")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:9420
+    return (host or None), port
+
+
+def _listen(flag: str, listen: str) -> None:
+    _host_port(flag, listen)
+
+
 @dataclass(frozen=True)
 class ExporterConfig(
     Settings,
@@ -44,6 +63,7 @@ class ExporterConfig(
         ":9420",
         help="where to serve; ':9420' is every interface, '127.0.0.1:9420' loopback",
         metavar="HOST:PORT",
+        check=_listen,
     )
     max_series: int = option(
         2000,
@@ -170,19 +190,6 @@ class ExporterConfig(
     )
     log_level: str = option("info", help="log level", check=one_of(LOG_LEVELS))
 
-    def check(self) -> None:
-        self.listen_address()  # raises with the flag's name
-
     def listen_address(self) -> tuple[str | None, int]:
         """``(host, port)``; host None means every interface."""
-        host, sep, port_text = self.listen.rpartition(":")
-        if not sep:
-            raise ConfigError(f"--listen: expected HOST:PORT or :PORT, got {self.listen!r}")
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ConfigError(f"--listen: port {port_text!r} is not a number") from None
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"--listen: port must be between 0 and 65535, got {port}")
-        host = host.removeprefix("[").removesuffix("]")  # [::1]:9420
-        return (host or None), port
+        return _host_port(flags.spelling(ExporterConfig, "listen"), self.listen)

@@ -21,6 +21,7 @@ from gpuscope.flags import (
     one_of,
     option,
     positive,
+    spelling,
     writable_file,
 )
 from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES
@@ -143,20 +144,21 @@ class LoadOptions(Settings):
             raise ConfigError(str(exc)) from None
 
     def loads(self) -> tuple[Load, ...]:
+        concurrency, rate = _flag("concurrency"), _flag("rate")
         if self.concurrency and self.rate:
-            raise ConfigError("--concurrency and --rate: give one ladder, not both")
+            raise ConfigError(f"{concurrency} and {rate}: give one ladder, not both")
         if self.rate:
-            return tuple(Load("rate", _number("--rate", v, float)) for v in self.rate)
+            return tuple(Load("rate", _number(rate, v, float)) for v in self.rate)
         levels = self.concurrency or DEFAULT_CONCURRENCY
-        return tuple(Load("concurrency", _number("--concurrency", v, int)) for v in levels)
+        return tuple(Load("concurrency", _number(concurrency, v, int)) for v in levels)
 
     def request_stream(self) -> Iterator[RequestSpec]:
         if self.requests_file is not None:
             return cycle(read_request_file(self.requests_file))
         return synthetic_requests(
             parse_mix(self.mix),
-            Lengths.parse("--prompt-words", self.prompt_words),
-            Lengths.parse("--output-tokens", self.output_tokens),
+            Lengths.parse(_flag("prompt_words"), self.prompt_words),
+            Lengths.parse(_flag("output_tokens"), self.output_tokens),
             self.seed,
         )
 
@@ -175,6 +177,10 @@ class LoadOptions(Settings):
             max_response_bytes=self.max_response_bytes,
             max_metrics_bytes=self.max_metrics_bytes,
         )
+
+
+def _flag(field: str) -> str:
+    return spelling(LoadOptions, field)
 
 
 # Steps beyond what one Python client can drive: each client is a coroutine with its

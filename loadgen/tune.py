@@ -75,7 +75,9 @@ class TuneOptions(
         except ObjectiveError as exc:
             raise ConfigError(str(exc)) from None
         if objective.kind == "min-p99" and objective.bound not in [x.value for x in self.loads()]:
-            raise ConfigError(f"--objective: '{objective}' needs that rate in --rate")
+            raise ConfigError(
+                f"{_flag('objective')}: '{objective}' needs that rate in {_flag('rate')}"
+            )
         for value in self.values():
             self.worker_argv(value, port=0, otlp="http://127.0.0.1:1/v1/traces")  # validates
 
@@ -88,15 +90,15 @@ class TuneOptions(
         name = name.strip()
         if not sep:
             raise ConfigError(
-                f"--sweep: expected WORKER-FLAG=V1,V2,... such as {DEFAULT_SWEEP}, "
+                f"{_flag('sweep')}: expected WORKER-FLAG=V1,V2,... such as {DEFAULT_SWEEP}, "
                 f"got {self.sweep!r}"
             )
         field = flags.field_of(WorkerConfig, f"--{name}")
         if field in OWN_WORKER_FIELDS:
-            raise ConfigError(f"--sweep: --{name} is set by the tuner, not swept")
+            raise ConfigError(f"{_flag('sweep')}: --{name} is set by the tuner, not swept")
         if field is None:
             raise ConfigError(
-                f"--sweep: the worker has no flag --{name} (see 'gpuscope worker --help')"
+                f"{_flag('sweep')}: the worker has no flag --{name} (see 'gpuscope worker --help')"
             )
         return name
 
@@ -104,7 +106,9 @@ class TuneOptions(
         self.flag  # noqa: B018 - validates the name first
         values = [v.strip() for v in self.sweep.partition("=")[2].split(",") if v.strip()]
         if len(values) < 2:
-            raise ConfigError(f"--sweep: give at least two values to compare, got {self.sweep!r}")
+            raise ConfigError(
+                f"{_flag('sweep')}: give at least two values to compare, got {self.sweep!r}"
+            )
         return values
 
     def label(self, value: str) -> str:
@@ -127,14 +131,18 @@ class TuneOptions(
         try:
             config = flags.parse(WorkerConfig, args[1:], {}, exit_on_error=False)
         except ConfigError as exc:
-            raise ConfigError(f"--sweep / --worker-args: {exc}") from None
+            raise ConfigError(f"{_flag('sweep')} / {_flag('worker_args')}: {exc}") from None
         # Checked on the parsed flags, not the words: argparse also takes --port=N and
         # abbreviations such as --po N, which would move the worker where nobody waits.
         for field in OWN_WORKER_FIELDS:
             if getattr(config, field) != own.get(field, False):
                 flag = flags.spelling(WorkerConfig, field)
-                raise ConfigError(f"--worker-args: {flag} is set by the tuner")
+                raise ConfigError(f"{_flag('worker_args')}: {flag} is set by the tuner")
         return args
+
+
+def _flag(field: str) -> str:
+    return flags.spelling(TuneOptions, field)
 
 
 async def run_sweep(
