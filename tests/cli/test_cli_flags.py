@@ -346,3 +346,41 @@ def test_a_value_that_cannot_be_read_is_one_line_too(capsys: pytest.CaptureFixtu
         "gpuscope loadgen: --concurrency: cannot read 'many' as a number"
         " (see 'gpuscope loadgen --help')\n"
     )
+
+
+# Each URL flag connects to what it names, so one rule holds for all: these parse as
+# URLs but name no host to connect to, or a port that is not a number.
+_URL_FLAGS = [
+    ("exporter", "--forward-otlp"),
+    ("worker", "--otlp-endpoint"),
+    ("loadgen", "--url"),
+    ("loadgen", "--exporter-url"),
+    ("tune", "--exporter-url"),
+]
+
+
+@pytest.mark.parametrize(("command", "flag"), _URL_FLAGS)
+@pytest.mark.parametrize(
+    "url", ["tempo:4318", "ftp://tempo/v1", "http://:4318/v1", "http://tempo:http/v1"]
+)
+def test_every_url_flag_follows_the_one_url_rule(
+    command: str, flag: str, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, flag, url])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuscope {command}: {flag}: expected an http(s) URL such as "), err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9420",
+        "https://user@tempo.example:4318/v1/traces?tenant=a",
+        "http://[::1]/v1",
+    ],
+)
+def test_the_url_rule_leaves_paths_queries_and_user_info_to_the_server(url: str) -> None:
+    flags.check_http_url("--url", url, "http://127.0.0.1:8000/v1")  # does not raise
+    assert flags.parse(ExporterConfig, ["--forward-otlp", url], {}).forward_otlp == url
