@@ -17,7 +17,7 @@ from grafana_foundation_sdk.models.common import BigValueTextMode
 
 from alerts.recording import BATCH_WAIT, COMPUTE, QUEUE
 from alerts.settings import GPU
-from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, series
+from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
 from dashboards.engines import DURATION_HISTOGRAM, PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
 from dashboards.panels import (
     RATE,
@@ -45,15 +45,18 @@ CAUSES = (QUEUE, BATCH_WAIT, COMPUTE, "underfed", "throttled", "pcie", "none")
 # The rules keep source, service, model, host, gpu and uuid.
 RULE = selector("source", "host", SERVICE, MODEL, GPU_INDEX)
 # GPU series of the row's host: the rules' GPU-to-host map, so the host is the one the
-# verdict joined on.
-ON_HOST = f"and on ({GPU}) {GPU_HOST}{selector('host', GPU_INDEX)}"
+# verdict joined on; matched on the exporter's instance too, as GPU indexes (and the
+# simulated GPUs' UUIDs) repeat on every host.
+ON_HOST = f"and on (instance, {GPU}) {GPU_HOST}{selector('host', GPU_INDEX)}"
 PER_GPU = f"instance, {GPU_INDEX}"
 
 
 def _verdict() -> str:
-    # requests that name no GPU are judged against every GPU of their host: "GPU all"
+    # requests that name no GPU are judged against every GPU of their host: "GPU all";
+    # by host and UUID too, so that two GPUs of one index (two exporters on a host, or
+    # "All" hosts) stay two verdicts
     verdict = f'label_replace({VERDICT}{RULE} == 1, "{GPU_INDEX}", "all", "{GPU_INDEX}", "")'
-    return f"max by ({SERVICE}, {MODEL}, {GPU_INDEX}, cause) (\n{verdict}\n)"
+    return f"max by (host, {SERVICE}, {MODEL}, {GPU_INDEX}, {UUID}, cause) (\n{verdict}\n)"
 
 
 def _share(histogram: str, key: str) -> str:
