@@ -46,6 +46,7 @@ from dashboards.engines import (
     REQUEST_HISTOGRAMS,
     SPANS,
     STAGE_HISTOGRAM,
+    TOKEN_HISTOGRAMS,
     VLLM,
     VLLM_ERROR_REASON,
     VLLM_FINISHED,
@@ -184,6 +185,35 @@ def phase_rules(settings: Settings) -> list[dict[str, Any]]:
         # the parts of compute: never shares of the phases' sum (they are in compute)
         *histogram_stat_rules(settings, STAGE_HISTOGRAM, shares=False),
     ]
+
+
+def engine_histogram_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
+    """The rates of ``hist``'s sum, count and buckets from the engines that report it
+    (``vllm``; gpuscope's exporter does not serve it), at the same level as the
+    request histograms', without a GPU (the engines name none)."""
+    w, rules = settings.window, []
+    for native in vllm_histograms_for(hist):
+        for suffix in ("sum", "count", "bucket"):
+            le = ", le" if suffix == "bucket" else ""
+            rate = f"rate({native.native}_{suffix}{settings.vllm_sel()}[{w}])"
+            expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
+            rules.append(_rule(rate_record(hist, suffix) + w, expr, source=VLLM))
+    return rules
+
+
+# Requests finished per second by why they ended (``reason``: stop, length, abort,
+# error, ...), per source, service, model and host: vLLM's finished_reason. gpuscope's
+# spans carry no finish reason as a metric label, so only engines that count them
+# feed it.
+FINISHED_RATE = "service_model_gpu:gpuscope_requests_finished:rate"
+
+
+def finished_rules(settings: Settings) -> list[dict[str, Any]]:
+    w = settings.window
+    rate = f"rate({VLLM_FINISHED}{settings.vllm_sel()}[{w}])"
+    reason = _copy_label(rate, "reason", "finished_reason")
+    expr = _vllm(settings, reason, f"{SERVICE_MODEL}, host, reason")
+    return [_rule(FINISHED_RATE + w, expr, source=VLLM)]
 
 
 # Per source, service and model (each name ends with its window): requests per second,
@@ -391,10 +421,7 @@ def host_conditions(settings: Settings) -> dict[str, str]:
     underfed only when every one of its GPUs is."""
     gpu = gpu_conditions(settings)
     return {
-        **{
-            cause: _max_by_host(with_host(settings, gpu[cause]))
-            for cause in ("throttled", "pcie")
-        },
+        **{cause: _max_by_host(with_host(settings, gpu[cause])) for cause in ("throttled", "pcie")},
         "underfed": f"{HOST_OCCUPANCY}{settings.window} < {settings.underfed_occupancy:g}",
     }
 
@@ -526,6 +553,8 @@ def recording_groups(settings: Settings) -> list[dict[str, Any]]:
         "gpuscope-bottleneck": [
             *phase_rules(settings),
             *request_rules(settings),
+            *(rule for hist in TOKEN_HISTOGRAMS for rule in engine_histogram_rules(settings, hist)),
+            *finished_rules(settings),
             *slo_rules(settings, settings.latency_slo),
             *slo_rules(settings, settings.ttft_slo),
             *gpu_rules(settings),
