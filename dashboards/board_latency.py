@@ -328,7 +328,7 @@ def _burn_panel(slo: Slo) -> timeseries_builders.Panel:
         "over a long and a short window together. From the recording rules; vLLM's "
         "where the bound is one of its histogram's buckets.",
         _burn(slo),
-        "x",
+        "suffix:×",
         HALF,
         no_value=NO_TRAFFIC,
         steps=thresholds(
