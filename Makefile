@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ lint: install
 # does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py tests/*.py tests/*/*.py \
+	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps
@@ -48,6 +48,11 @@ test: lint typecheck extras unit
 # Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
 dashboards: install
 	$(BIN)/python dashboards/build.py
+
+# Regenerate the Kubernetes manifests (deploy/kubernetes/) after changing its settings.py,
+# the rules or the dashboards.
+kubernetes: install
+	$(BIN)/python deploy/kubernetes/build.py
 
 demo: install
 	$(BIN)/gpuscope demo
