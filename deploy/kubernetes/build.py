@@ -228,8 +228,6 @@ def daemonset(s: KubeSettings) -> Obj:
                     "tolerations": [
                         {"key": s.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}
                     ],
-                    # a node-level agent: keep it when the node runs short
-                    "priorityClassName": "system-node-critical",
                     "terminationGracePeriodSeconds": s.grace_period_s,
                     "securityContext": pod_security(s),
                     "containers": [container],
@@ -692,7 +690,7 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                 "spec": {
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(s),
-                    "terminationGracePeriodSeconds": 20,
+                    "terminationGracePeriodSeconds": s.worker_grace_period_s,
                     "containers": [
                         {
                             "name": "worker",

@@ -21,6 +21,7 @@ import yaml
 from alerts.settings import Settings
 from gpuscope import __version__
 from gpuscope.exporter.config import ExporterConfig, parse_config
+from gpuscope.worker.config import parse_config as parse_worker_config
 
 REPO: Final = Path(__file__).resolve().parents[2]
 
@@ -119,6 +120,11 @@ class KubeSettings:
     @property
     def grace_period_s(self) -> int:
         return math.ceil(2 * self.shutdown_timeout_s) + SHUTDOWN_MARGIN_S
+
+    @property
+    def worker_grace_period_s(self) -> int:
+        # the worker drains its requests for up to its --shutdown-timeout-s
+        return math.ceil(parse_worker_config([], {}).shutdown_timeout_s) + SHUTDOWN_MARGIN_S
 
     @property
     def memory_limit_mib(self) -> int:
