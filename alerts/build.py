@@ -77,7 +77,7 @@ def prometheus_rule(settings: Settings, metadata: dict[str, Any]) -> dict[str, A
     }
 
 
-def dump(document: dict[str, Any]) -> str:
+def dump(document: Any) -> str:
     """YAML text in the rule files' style (expressions of several lines as blocks)."""
     return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=4096)
 

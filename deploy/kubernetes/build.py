@@ -509,7 +509,11 @@ def lower_pod_security(s: KubeSettings, level: str) -> Obj:
         "Namespace",
         s.namespace,
         [
-            {"op": "replace", "path": f"/metadata/labels/pod-security.kubernetes.io~1{mode}", "value": level}
+            {
+                "op": "replace",
+                "path": f"/metadata/labels/pod-security.kubernetes.io~1{mode}",
+                "value": level,
+            }
             for mode in ("enforce", "warn")
         ],
     )
@@ -601,9 +605,7 @@ def collector_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                             "name": "collector",
                             "image": s.collector_image,
                             "args": ["--config=/etc/otelcol/config.yaml"],
-                            "ports": [
-                                {"name": "otlp-http", "containerPort": COLLECTOR_PORT}
-                            ],
+                            "ports": [{"name": "otlp-http", "containerPort": COLLECTOR_PORT}],
                             "resources": {
                                 "requests": {"cpu": "100m", "memory": "128Mi"},
                                 "limits": {"cpu": "1", "memory": "512Mi"},

@@ -98,7 +98,9 @@ class KubeSettings:
     collector_image: str = "otel/opentelemetry-collector:0.115.0"
     tempo_otlp_http: str = "http://tempo.monitoring.svc:4318"
     rules: Settings = field(
-        default_factory=lambda: dataclasses.replace(Settings(), host_from_instance=HOST_FROM_INSTANCE)
+        default_factory=lambda: dataclasses.replace(
+            Settings(), host_from_instance=HOST_FROM_INSTANCE
+        )
     )
 
     @property

@@ -45,7 +45,9 @@ async def test_bearer_token_guards_traces_only(tmp_path: Path) -> None:
         await exporter.stop()
 
 
-async def test_basic_auth_from_web_config_guards_every_endpoint_but_the_probes(tmp_path: Path) -> None:
+async def test_basic_auth_from_web_config_guards_every_endpoint_but_the_probes(
+    tmp_path: Path,
+) -> None:
     # exporter-toolkit configs carry Go's $2y$ prefix; cost 4 keeps the test fast.
     hashed = bcrypt.hashpw(b"pa55", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$", 1)
     web_config = tmp_path / "web.yml"

@@ -58,7 +58,9 @@ def make_tls_secret(folder: Path, server_name: str) -> dict[str, str]:
     return {"tls.crt": cert.read_text(), "tls.key": key.read_text(), "ca.crt": cert.read_text()}
 
 
-def volume_files(objects: list[Obj], volume: Obj, extra: dict[str, dict[str, str]]) -> dict[str, str]:
+def volume_files(
+    objects: list[Obj], volume: Obj, extra: dict[str, dict[str, str]]
+) -> dict[str, str]:
     """Relative path -> content of a volume's files, from the rendered Secrets and
     ConfigMaps (``extra``: Secrets the cluster, not the manifests, provides)."""
 
@@ -98,13 +100,13 @@ def start_as_the_daemonset(overlay: str, root: Path, extra: dict[str, dict[str, 
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts: dict[str, Path] = {}
     for mount in container["volumeMounts"]:
-        local = root / mount["mountPath"].lstrip("/")
-        local.mkdir(parents=True, exist_ok=True)
+        here = root / mount["mountPath"].lstrip("/")
+        here.mkdir(parents=True, exist_ok=True)
         volume = volumes[mount["name"]]
         if "emptyDir" not in volume:
             for rel, content in volume_files(objects, volume, extra).items():
-                (local / rel).write_text(content)
-        mounts[mount["mountPath"]] = local
+                (here / rel).write_text(content)
+        mounts[mount["mountPath"]] = here
 
     def local(value: str) -> str:
         """A path into a mounted volume, pointed at its local copy (once)."""
@@ -268,7 +270,9 @@ def test_the_secure_overlay_serves_tls_and_guards_scrapes_and_spans(
     tls = endpoint["tlsConfig"]
     server_name = tls["serverName"]
     cluster_tls = make_tls_secret(tmp_path, server_name)
-    one = start_as_the_daemonset("overlays/secure", tmp_path / "root", {"gpuscope-tls": cluster_tls})
+    one = start_as_the_daemonset(
+        "overlays/secure", tmp_path / "root", {"gpuscope-tls": cluster_tls}
+    )
     started.append(one)
     wait_ready(one)  # the probes need no credentials
     assert probe(one, "livenessProbe") == (200, "ok\n")

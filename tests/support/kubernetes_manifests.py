@@ -56,9 +56,7 @@ def kustomize(folder: str) -> list[Obj]:
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> Obj:
     found = [
-        o
-        for o in objects
-        if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+        o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
     ]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
