@@ -48,6 +48,7 @@ test: lint typecheck extras unit
 # Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
 dashboards: install
 	$(BIN)/python dashboards/build.py
+	$(BIN)/python deploy/kubernetes/build.py  # its ConfigMaps carry the boards
 
 # Regenerate the Kubernetes manifests (deploy/kubernetes/) after changing its settings.py,
 # the rules or the dashboards.
@@ -60,6 +61,7 @@ demo: install
 # Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
 rules: install
 	$(BIN)/python alerts/build.py
+	$(BIN)/python deploy/kubernetes/build.py  # its PrometheusRule carries the rules
 
 # Every benchmark with its defaults (several minutes); see docs/benchmarks.md.
 bench: install

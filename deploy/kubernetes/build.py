@@ -769,6 +769,32 @@ OVERLAYS: Final = {
 }
 
 
+def helm_values(s: KubeSettings) -> Obj:
+    """What kube-prometheus-stack's Helm values need for the pack (merge with yours)."""
+    label, value = s.dashboard_label
+    return {
+        "prometheus": {
+            "prometheusSpec": {
+                # the histograms' exemplars link latency panels to traces
+                "enableFeatures": ["exemplar-storage"],
+            }
+        },
+        "grafana": {
+            "sidecar": {
+                "dashboards": {
+                    "enabled": True,
+                    "label": label,
+                    "labelValue": value,
+                    "searchNamespace": "ALL",
+                    # each dashboard ConfigMap names its folder in this annotation
+                    "folderAnnotation": s.dashboard_folder_annotation,
+                    "provider": {"foldersFromFilesStructure": True},
+                }
+            }
+        },
+    }
+
+
 def text(document: Obj | list[Obj]) -> str:
     if isinstance(document, list):
         return HEADER + "".join("---\n" + dump(d) for d in document)
@@ -791,9 +817,12 @@ def rendered(s: KubeSettings | None = None) -> dict[str, str]:
             )
         }
     return {
-        f"{folder}/{file}": text(document)
-        for folder, files in trees.items()
-        for file, document in files.items()
+        "kube-prometheus-stack-values.yaml": text(helm_values(s)),
+        **{
+            f"{folder}/{file}": text(document)
+            for folder, files in trees.items()
+            for file, document in files.items()
+        },
     }
 
 

@@ -16,6 +16,7 @@ import yaml
 from alerts import build as alerts_build
 from alerts.settings import Settings
 from deploy.kubernetes import build
+from deploy.kubernetes import settings as build_settings
 from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
 from support.binaries import require_binary
 from support.kubernetes_manifests import (
@@ -127,7 +128,13 @@ def test_dashboards_are_configmaps_for_grafanas_sidecar() -> None:
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert configmap["metadata"]["annotations"] == {"grafana_folder": "gpuscope"}
         json.loads(configmap["data"][path.name])
-    assert s.dashboard_label == ("grafana_dashboard", "1")
+    # the Helm values tell kube-prometheus-stack's Grafana sidecar the same label and
+    # annotation
+    values = yaml.safe_load((KUBERNETES / "kube-prometheus-stack-values.yaml").read_text())
+    sidecar = values["grafana"]["sidecar"]["dashboards"]
+    assert (sidecar["label"], sidecar["labelValue"]) == s.dashboard_label
+    assert sidecar["folderAnnotation"] == s.dashboard_folder_annotation
+    assert sidecar["provider"]["foldersFromFilesStructure"] is True
 
 
 def test_the_daemonset_follows_the_exporters_flags_and_stays_unprivileged() -> None:
@@ -238,3 +245,15 @@ def test_promtool_accepts_the_rules_of_the_rendered_prometheus_rule(tmp_path: Pa
         timeout=60,
     )
     assert broken.returncode != 0
+
+
+def test_the_readme_states_the_figures_the_table_gives() -> None:
+    s = KubeSettings()
+    readme = " ".join((KUBERNETES / "README.md").read_text(encoding="utf-8").split())
+    assert (
+        f"twice the timeout plus {build_settings.SHUTDOWN_MARGIN_S} s ({s.grace_period_s} s)"
+        in readme
+    )
+    assert f"the limit ({s.memory_limit_mib} Mi)" in readme
+    assert f"--shutdown-timeout-s={s.shutdown_timeout_s:g}" in readme
+    assert f"registry.example.com/gpuscope:{s.image_tag}" in readme
