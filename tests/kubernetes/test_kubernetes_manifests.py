@@ -257,3 +257,20 @@ def test_the_readme_states_the_figures_the_table_gives() -> None:
     assert f"the limit ({s.memory_limit_mib} Mi)" in readme
     assert f"--shutdown-timeout-s={s.shutdown_timeout_s:g}" in readme
     assert f"registry.example.com/gpuscope:{s.image_tag}" in readme
+
+
+def test_kubernetes_schemas_need_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI and the development machines may have no route out: the schemas are bundled
+    import socket
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    objects = kustomize("overlays/demo")
+    for kind in ("DaemonSet", "Deployment", "Namespace"):
+        obj = (
+            find(objects, kind) if kind != "Deployment" else find(objects, kind, "gpuscope-worker")
+        )
+        assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True) == "1.32"
