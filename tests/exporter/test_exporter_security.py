@@ -11,8 +11,8 @@ import bcrypt
 import pytest
 
 from gpuscope.exporter.config import ConfigError
-from gpuscope.exporter.security import load_web_config
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.security import load_web_config
+from gpuscope.exporter.http.server import start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans, samples
 from support.exporter_fixtures import value as sample_value
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gpuscope.exporter.otlp import (
+from gpuscope.exporter.ingest.otlp import (
     INVALID_PROTOBUF,
     TOO_MANY_ATTRIBUTES,
     TOO_MANY_SPANS,

@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.exporter.definitions import unit_of
-from gpuscope.exporter.series import HistogramFamily, HistogramSeries
+from gpuscope.exporter.ingest.series import HistogramFamily, HistogramSeries
 
 OPENMETRICS_EOF = b"# EOF\n"
 CHUNK_BYTES = 1 << 20

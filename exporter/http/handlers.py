@@ -1,4 +1,4 @@
-"""The exporter's request handlers and the state they share.
+"""The exporter's request handlers.
 
 ``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzipped), ``GET /metrics``
 (text, or OpenMetrics with exemplars when asked; gzip when accepted), ``GET /healthz``
@@ -16,67 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from asyncio import FIRST_COMPLETED
-from dataclasses import dataclass, field
 from functools import partial
 
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
-from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.connections import ConnectionGuard
-from gpuscope.exporter import otlp
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.forward import OtlpForwarder
-from gpuscope.exporter.gpu.poller import GpuPoller
-from gpuscope.exporter.gpu.source import GpuSource
-from gpuscope.exporter.ingest import Ingest
-from gpuscope.exporter.metrics import SelfMetrics
-from gpuscope.exporter.render import content_type_for, scrape_pieces
-from gpuscope.exporter.security import Authenticator
-from gpuscope.exporter.threads import ThreadPool
+from gpuscope.exporter.http.render import content_type_for, scrape_pieces
+from gpuscope.exporter.http.routes import otlp_error
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.state import STATE, ExporterState
 
 log = logging.getLogger(__name__)
 
-TRACES_PATH = "/v1/traces"
 # Reasons after which the connection closes instead of reading the rest of the body.
 _BODY_LEFT_UNREAD = frozenset((otlp.BODY_TIMEOUT, otlp.SHED_AT_CAP))
-
-
-@dataclass
-class ExporterState:
-    """What the handlers share; one per app."""
-
-    config: ExporterConfig
-    aggregator: SpanAggregator
-    metrics: SelfMetrics
-    registry: CollectorRegistry
-    authenticator: Authenticator
-    gpu_source: GpuSource | None
-    limits: otlp.Limits
-    guard: ConnectionGuard
-    password_checks: ThreadPool
-    ingest: Ingest
-    # Set when the shutdown timeout has passed: bodies still uploading get a 503.
-    drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
-    render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    forwarder: OtlpForwarder | None = None
-    poller: GpuPoller | None = None
-    started: bool = False
-    stopping: bool = False
-    _devices: object = field(default=None, repr=False)
-
-    def refresh_gpu_devices(self) -> None:
-        """Keep the aggregator's uuid -> index map in step with the poller's device list."""
-        if self.poller is None:
-            return
-        devices = self.poller.devices()
-        if devices is not self._devices:
-            self._devices = devices
-            self.aggregator.set_gpu_devices(devices)
-
-
-STATE = web.AppKey("gpuscope_exporter_state", ExporterState)
 
 
 async def receive_traces(request: web.Request) -> web.Response:
@@ -186,12 +139,6 @@ def _stopped_early(cut: asyncio.Event, shutdown: asyncio.Event, timeout_s: float
             503, otlp.SHUTTING_DOWN, "the exporter is shutting down; send this request again"
         )
     return otlp.OtlpError(408, otlp.BODY_TIMEOUT, f"the body did not arrive within {timeout_s:g} s")
-
-
-def otlp_error(media: str, status: int, message: str) -> web.Response:
-    return web.Response(
-        status=status, body=otlp.encode_status(media, status, message), content_type=media
-    )
 
 
 async def serve_metrics(request: web.Request) -> web.StreamResponse:

@@ -6,7 +6,7 @@ reports ``up=False`` while the others keep reporting; each later poll tries to g
 its handle back by index, so it returns without a restart when the driver does.
 A driver-wide error shuts NVML down and re-initialises it with exponential
 backoff; until then ``sample()`` raises, which the poller counts as a failure.
-``processes()`` lists each GPU's processes for the process join (``nvml_processes``).
+``processes()`` lists each GPU's processes for the process join (``processes``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
-from gpuscope.exporter.gpu.nvml_device import NvmlDeviceReader
-from gpuscope.exporter.gpu.nvml_errors import (
+from gpuscope.exporter.gpu.nvml.device import NvmlDeviceReader
+from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
     NvmlDriverError,
     NvmlErrorKind,
     classify,
 )
-from gpuscope.exporter.gpu.nvml_events import XidCounts, XidEventWatcher
-from gpuscope.exporter.gpu.nvml_processes import collect
+from gpuscope.exporter.gpu.nvml.events import XidCounts, XidEventWatcher
+from gpuscope.exporter.gpu.nvml.processes import collect
 from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 

@@ -33,14 +33,14 @@ from asyncio import FIRST_COMPLETED
 from functools import partial
 from typing import Any
 
-from gpuscope.exporter import otlp
-from gpuscope.exporter.aggregator import IngestResult, SpanAggregator
-from gpuscope.exporter.otlp_counts import (
+from gpuscope.exporter.http.threads import ThreadPool
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.aggregator import IngestResult, SpanAggregator
+from gpuscope.exporter.ingest.otlp_counts import (
     check_json_counts,
     check_parsed_attributes,
     check_protobuf_spans,
 )
-from gpuscope.exporter.threads import ThreadPool
 
 
 def decode_within_limits(data: bytes, media: str, limits: otlp.Limits) -> Any:

@@ -37,8 +37,8 @@ from typing import Any
 from gpuscope import engine_spans, spans
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
-from gpuscope.exporter.series import SpanRef
-from gpuscope.exporter.stock_spans import StatusUnreadable, StockSpanMetrics
+from gpuscope.exporter.ingest.series import SpanRef
+from gpuscope.exporter.ingest.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 SERVICE_NAME_RESOURCE = "service.name"

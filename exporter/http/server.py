@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gpuscope.connections import LINGER_S, ConnectionGuard
-from gpuscope.exporter.app import create_app
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.connections import AcceptErrorLog
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.reload import CredentialFiles
-from gpuscope.exporter.security import WebConfig, load_web_config, read_bearer_token
+from gpuscope.exporter.http.app import create_app
+from gpuscope.exporter.http.connections import AcceptErrorLog
+from gpuscope.exporter.http.reload import CredentialFiles
+from gpuscope.exporter.http.security import WebConfig, load_web_config, read_bearer_token
+from gpuscope.exporter.state import STATE
 
 log = logging.getLogger(__name__)
 

@@ -18,29 +18,29 @@ from aiohttp import web
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.connections import ConnectionGuard, ConnectionLimits
-from gpuscope.exporter import connections, otlp
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.auth import auth_middleware, password_check_pool
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.connections import ConnectionCollector, request_middleware
-from gpuscope.exporter.forward import OtlpForwarder
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import ProcessGpuMap
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
-from gpuscope.exporter.handlers import (
-    STATE,
-    TRACES_PATH,
-    ExporterState,
+from gpuscope.exporter.http import connections
+from gpuscope.exporter.http.auth import auth_middleware, password_check_pool
+from gpuscope.exporter.http.connections import ConnectionCollector, request_middleware
+from gpuscope.exporter.http.handlers import (
     expect_traces_body,
     healthz,
     readyz,
     receive_traces,
     serve_metrics,
 )
-from gpuscope.exporter.ingest import Ingest
-from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.security import Authenticator, WebConfig
+from gpuscope.exporter.http.routes import TRACES_PATH
+from gpuscope.exporter.http.security import Authenticator, WebConfig
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.forward import OtlpForwarder
+from gpuscope.exporter.ingest.pipeline import Ingest
+from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
+from gpuscope.exporter.state import STATE, ExporterState
 
 
 def create_app(

@@ -24,9 +24,10 @@ from typing import Final
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from gpuscope.exporter import otlp
-from gpuscope.exporter.handlers import TRACES_PATH, ExporterState, otlp_error
-from gpuscope.exporter.threads import Busy, ThreadPool
+from gpuscope.exporter.http.routes import TRACES_PATH, otlp_error
+from gpuscope.exporter.http.threads import Busy, ThreadPool
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.state import ExporterState
 
 # bcrypt releases the GIL: two threads use two cores, the most a check flood may take.
 PASSWORD_CHECK_THREADS: Final = 2

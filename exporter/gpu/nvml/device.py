@@ -13,16 +13,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
-from gpuscope.exporter.gpu.nvml_errors import (
+from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
     NvmlDriverError,
     NvmlErrorKind,
     classify,
     unsupported_reason,
 )
-from gpuscope.exporter.gpu.nvml_gpm import GpmSampler, gpm_supported
-from gpuscope.exporter.gpu.nvml_pcie import PcieByteCounter
-from gpuscope.exporter.gpu.nvml_processes import DeviceProcessLister
+from gpuscope.exporter.gpu.nvml.gpm import GpmSampler, gpm_supported
+from gpuscope.exporter.gpu.nvml.pcie import PcieByteCounter
+from gpuscope.exporter.gpu.nvml.processes import DeviceProcessLister
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 
 MHZ = 1e6

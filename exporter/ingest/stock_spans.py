@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpuscope.exporter.series import CounterFamily, HistogramFamily, SpanRef
+from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily, SpanRef
 
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # HTTP semantic conventions before 1.23

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
-from gpuscope.exporter.gpu.nvml_errors import NvmlErrorKind, classify
+from gpuscope.exporter.gpu.nvml.errors import NvmlErrorKind, classify
 
 log = logging.getLogger(__name__)
 

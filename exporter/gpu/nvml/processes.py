@@ -5,7 +5,7 @@ pynvml offers each list in versions: ``nvmlDeviceGetComputeRunningProcesses_v3``
 ``NVMLLibraryMismatchError`` when the driver's library lacks that version. The first
 version the driver has is kept. A GPU that refuses (NoPermission: MIG without root;
 NotSupported: some vGPU guests) is remembered with the reason and not asked again,
-as the metric groups of ``nvml_device`` are.
+as the metric groups of ``device`` are.
 
 ``NvmlProcessSession`` opens NVML only for this, for a source that reads its metrics
 elsewhere (DCGM): its GPUs are found by UUID.
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gpuscope.exporter.gpu.nvml_errors import (
+from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
     NvmlDriverError,
     NvmlErrorKind,

@@ -17,12 +17,11 @@ from prometheus_client.registry import Collector
 
 from gpuscope import __version__
 from gpuscope.exporter import definitions as defs
-from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.otlp import REQUEST_REJECT_REASONS
-from gpuscope.exporter.series import CounterFamily, HistogramFamily
-
-FORWARD_DROP_REASONS = ("queue_full", "send_failed", "shutdown")
+from gpuscope.exporter.ingest.aggregator import SPAN_REJECT_REASONS, SpanAggregator
+from gpuscope.exporter.ingest.forward import FORWARD_DROP_REASONS
+from gpuscope.exporter.ingest.otlp import REQUEST_REJECT_REASONS
+from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily
 
 
 class SelfMetrics:

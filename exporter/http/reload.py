@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Final
 
 from gpuscope.exporter.config import ConfigError
-from gpuscope.exporter.handlers import ExporterState
-from gpuscope.exporter.security import (
+from gpuscope.exporter.http.security import (
     Authenticator,
     WebConfig,
     load_web_config,
     read_bearer_token,
 )
+from gpuscope.exporter.state import ExporterState
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,25 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 
-from gpuscope.exporter.metrics import SelfMetrics
-
 log = logging.getLogger(__name__)
+
+FORWARD_DROP_REASONS = ("queue_full", "send_failed", "shutdown")
+
+
+class ForwardCounters(Protocol):
+    """Where the forwarder counts what it sent and dropped (the exporter's self metrics,
+    which a scrape reads); a protocol, so forwarding does not depend on the scrape side."""
+
+    forward_spans_sent: int
+    forward_spans_dropped: Counter[str]
+
 
 SUMMARY_INTERVAL_S = 60.0
 # An ExportTraceServiceResponse is a few bytes (a partial_success message at most), so
@@ -98,7 +109,7 @@ class OtlpForwarder:
         queue_size: int,
         queue_bytes: int,
         timeout_s: float,
-        metrics: SelfMetrics,
+        metrics: ForwardCounters,
         summary_interval_s: float = SUMMARY_INTERVAL_S,
     ) -> None:
         self.url = url
