@@ -50,7 +50,7 @@ from dashboards.recorded import WINDOW
 from dashboards.recorded import rate as recorded_rate
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 UID = "gpuscope-inference-latency"
 # P50, P90 and P99 with the mean beside them, as engines' own boards draw them: a mean
