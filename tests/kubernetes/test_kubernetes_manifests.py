@@ -144,10 +144,10 @@ def test_the_daemonset_follows_the_exporters_flags_and_stays_unprivileged() -> N
     pod = daemonset["spec"]["template"]["spec"]
     container = pod["containers"][0]
     args = container["args"]
-    assert f"--shutdown-timeout-s={defaults.shutdown_timeout:g}" in args
+    assert f"--shutdown-timeout-s={defaults.shutdown_timeout_s:g}" in args
     # the kubelet waits out the in-flight bound and the forwarder's drain, each up to
     # the shutdown timeout, before it kills the exporter
-    assert pod["terminationGracePeriodSeconds"] > 2 * defaults.shutdown_timeout
+    assert pod["terminationGracePeriodSeconds"] > 2 * defaults.shutdown_timeout_s
     assert container["ports"][0]["containerPort"] == defaults.listen_address()[1]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
