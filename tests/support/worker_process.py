@@ -63,9 +63,9 @@ def worker_process(
     args: Sequence[str], *, slow_step_ms: float | None = None
 ) -> Iterator[WorkerProcess]:
     """Start the worker on 127.0.0.1 port 0 with ``args``; yields once it listens."""
-    worker, *worker_flags = worker_args(0, no_tracing=True, device="cpu")
+    subcommand, *worker_flags = worker_args(0, no_tracing=True, device="cpu")
     if slow_step_ms is None:
-        command = [sys.executable, "-m", "gpuscope", worker]
+        command = [sys.executable, "-m", "gpuscope", subcommand]
     else:
         command = [sys.executable, __file__, "--step-ms", str(slow_step_ms)]
     command += [*worker_flags, *args]
