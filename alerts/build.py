@@ -28,6 +28,7 @@ if __name__ == "__main__" and not __package__:
 import yaml
 
 from alerts.alerting import alerting_groups
+from alerts.engine_rules import EngineJobs, engine_groups, with_engine_timings
 from alerts.recording import recording_groups
 from alerts.settings import Settings
 
@@ -56,11 +57,15 @@ def render(groups: list[dict[str, Any]]) -> str:
     return HEADER + body
 
 
-def rendered(settings: Settings) -> dict[str, str]:
-    """File name -> YAML text of every rule file."""
+def rendered(settings: Settings, jobs: EngineJobs | None = None) -> dict[str, str]:
+    """File name -> YAML text of every rule file. Triton's, TGI's and SGLang's timings
+    join the recording group of the verdict that reads them; the rest of their rules
+    are ``engines.yml``."""
+    jobs = jobs or EngineJobs()
     return {
-        "recording.yml": render(recording_groups(settings)),
+        "recording.yml": render(with_engine_timings(recording_groups(settings), settings, jobs)),
         "alerting.yml": render(alerting_groups(settings)),
+        "engines.yml": render(engine_groups(settings, jobs)),
     }
 
 
@@ -74,6 +79,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--job-selector", help='e.g. job="gpuscope"')
     parser.add_argument("--worker-job-selector", help='e.g. job="gpuscope-worker"')
     parser.add_argument("--vllm-job-selector", help='vLLM\'s own /metrics, e.g. job="vllm"')
+    for engine in ("triton", "tgi", "sglang"):
+        parser.add_argument(f"--{engine}-job-selector", help=f'its own /metrics, e.g. job="{engine}"')
     parser.add_argument("--runbook", help="URL of runbook.md that alerts link to")
     args = parser.parse_args(argv)
     settable = {
@@ -87,7 +94,10 @@ def main(argv: Sequence[str]) -> int:
     }
     overrides = {k: v for k, v in vars(args).items() if k in settable and v is not None}
     stale = []
-    for name, text in rendered(dataclasses.replace(Settings(), **overrides)).items():
+    jobs = EngineJobs().replace(
+        triton=args.triton_job_selector, tgi=args.tgi_job_selector, sglang=args.sglang_job_selector
+    )
+    for name, text in rendered(dataclasses.replace(Settings(), **overrides), jobs).items():
         path = args.out / name
         if args.check:
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
