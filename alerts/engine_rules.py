@@ -90,10 +90,11 @@ def _copy_label(expr: str, dst: str, src: str) -> str:
 
 
 def _sum(settings: Settings, engine: Engine, expr: str, by: str, agg: str = "sum") -> str:
-    """``agg by (by)`` (``sum`` unless told) of ``expr`` over the engine's series with gpuscope's label names:
-    service from the scrape's ``job``, model from the engine's model label (TGI names
-    none: a ``model`` target label set in the scrape config is kept), host from
-    ``instance`` when ``by`` keeps it. Model versions, ranks and the like add up."""
+    """``agg by (by)`` (``sum`` unless told) of ``expr`` over the engine's series with
+    gpuscope's label names: service from the scrape's ``job``, model from the engine's
+    model label (TGI names none: a ``model`` target label set in the scrape config is
+    kept), host from ``instance`` when ``by`` keeps it. Model versions, ranks and the
+    like add up."""
     if "host" in by:
         expr = with_host(settings, expr)
     if engine.model_label and engine.model_label != MODEL:
@@ -106,15 +107,22 @@ def _rate(sample: str, selector: str, window: str) -> str:
     return f"rate({sample}{selector}[{window}])"
 
 
+def _either(first: str, operator: str, second: str) -> str:
+    """``first`` and ``second`` joined by ``operator``, ``second`` read as 0 where it
+    has no series."""
+    fallback = f"{indent(indent(second))}\n    or\n    {indent(indent(first))} * 0"
+    return f"(\n  {indent(first)}\n  {operator}\n  (\n    {fallback}\n  )\n)"
+
+
 def _minus(total: str, part: str) -> str:
     """``total`` less ``part``; where ``part`` has no series, ``total`` itself."""
-    return f"(\n  {indent(total)}\n  -\n  (\n    {indent(indent(part))}\n    or\n    {indent(indent(total))} * 0\n  )\n)"
+    return _either(total, "-", part)
 
 
 def _plus(first: str, second: str) -> str:
     """``first`` + ``second``; where ``second`` has no series (a counter an engine
     creates at its first increment), ``first`` itself."""
-    return f"(\n  {indent(first)}\n  +\n  (\n    {indent(indent(second))}\n    or\n    {indent(indent(first))} * 0\n  )\n)"
+    return _either(first, "+", second)
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -150,7 +158,13 @@ def _timing_rules(
         _rule(rate_record(timing.gpuscope, "count") + w, count, **labels),
     ]
     if timing.bucket:
-        rules.append(_rule(rate_record(timing.gpuscope, "bucket") + w, _buckets(settings, jobs, engine, timing), **labels))
+        rules.append(
+            _rule(
+                rate_record(timing.gpuscope, "bucket") + w,
+                _buckets(settings, jobs, engine, timing),
+                **labels,
+            )
+        )
     return rules
 
 
@@ -162,12 +176,17 @@ def _buckets(settings: Settings, jobs: EngineJobs, engine: Engine, timing: Engin
     if timing.per_second == 1:
         return _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine), w), by)
     converted = [
-        *((bound, f"{seconds:g}") for bound, seconds in zip(timing.bounds, timing.seconds, strict=True)),
+        *(
+            (bound, f"{seconds:g}")
+            for bound, seconds in zip(timing.bounds, timing.seconds, strict=True)
+        ),
         ("+Inf", "+Inf"),
     ]
     return "\nor\n".join(
-        f"label_replace(\n  "
-        + indent(_sum(settings, engine, _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), w), by))
+        "label_replace(\n  "
+        + indent(
+            _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), w), by)
+        )
         + f',\n  "le", "{seconds}", "le", ".*"\n)'
         for native, seconds in converted
     )
@@ -222,7 +241,9 @@ def request_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
         if not counter:
             continue  # the engine counts no failed requests: no ratio, not 0
         for window in sorted({*settings.slo_windows(), w}, key=seconds_of):
-            failed = _sum(settings, engine, _rate(counter, jobs.sel(engine, matcher), window), SERVICE_MODEL)
+            failed = _sum(
+                settings, engine, _rate(counter, jobs.sel(engine, matcher), window), SERVICE_MODEL
+            )
             finished = _finished(settings, jobs, engine, window)
             # "or ... * 0": no failure series at all is a ratio of 0, not no data
             ratio = f"(\n  {indent(failed)}\n  or\n  {indent(finished)} * 0\n)\n/\n{finished}"
@@ -250,7 +271,9 @@ def _slo_rules(settings: Settings, jobs: EngineJobs, slo: Slo) -> list[dict[str,
                     _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), window),
                     SERVICE_MODEL,
                 )
-                total = _sum(settings, engine, _rate(timing.count, jobs.sel(engine), window), SERVICE_MODEL)
+                total = _sum(
+                    settings, engine, _rate(timing.count, jobs.sel(engine), window), SERVICE_MODEL
+                )
                 ratio = f"1 - (\n  {indent(good)}\n  /\n  {indent(total)}\n)"
                 rules.append(_rule(slo_errors_ratio(slo) + window, ratio, source=engine.source))
     return rules
@@ -278,7 +301,9 @@ def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
             per_record[KV_USAGE].append(
                 f"max by ({INSTANCE}) (avg_over_time({engine.kv_usage}{sel}[{w}]))"
             )
-    rules = [_rule(record + w, "\nor\n".join(exprs)) for record, exprs in per_record.items() if exprs]
+    rules = [
+        _rule(record + w, "\nor\n".join(exprs)) for record, exprs in per_record.items() if exprs
+    ]
     by = f"{SERVICE_MODEL}, host"
     triton, tgi = TRITON_ENGINE, TGI_ENGINE
     inferences = _sum(settings, triton, _rate(TRITON_INFERENCES, jobs.sel(triton), w), by)
@@ -311,3 +336,15 @@ def engine_groups(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
         {"name": name, "interval": settings.interval, "rules": rules}
         for name, rules in groups.items()
     ]
+
+
+def releases_comment() -> str:
+    """Comment lines for the rule files: the release each engine's names were read from."""
+    lines = ["# Triton's, TGI's and SGLang's series as their own source defines them:"]
+    for engine in ENGINES:
+        release = engine.release
+        lines.append(
+            f"#   {engine.source}: {release} ({release.repository}, {release.ref}:"
+            f" {', '.join(release.files)})"
+        )
+    return "\n".join(lines) + "\n"

@@ -541,7 +541,9 @@ SGLANG_ENGINE = Engine(
         # SGLang's queue histogram is the only phase it measures per request; its bounds
         # are not mapped: with no buckets for the rest of the request, queue would be
         # the whole of the phases' P99 sum
-        EngineTiming(PHASE_HISTOGRAM, phase("queue"), (SGLANG_QUEUE + "_sum",), SGLANG_QUEUE + "_count"),
+        EngineTiming(
+            PHASE_HISTOGRAM, phase("queue"), (SGLANG_QUEUE + "_sum",), SGLANG_QUEUE + "_count"
+        ),
         # everything after the queue, end to end minus queue (means only): SGLang has no
         # per-request inference time; this includes tokenising and detokenising
         EngineTiming(
