@@ -39,6 +39,7 @@ def test_committed_rules_regenerate_byte_identically(tmp_path: Path) -> None:
     build_rules(tmp_path)
     generated = sorted(p.name for p in tmp_path.iterdir())
     assert generated == [p.name for p in RULES]
+    assert "engines.yml" in generated  # Triton's, TGI's and SGLang's (engine_rules.py)
     for path in RULES:
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), (
             f"{path} is stale: run 'make rules'"
