@@ -28,7 +28,7 @@ from alerts.recording import (
 from alerts.settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
 from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
 from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 # Where a request alert is about: its service and model, the GPU (or, for requests
 # that name none, the host) and the source the numbers came through.

@@ -62,7 +62,7 @@ from dashboards.engines import (
     vllm_histograms_for,
 )
 from dashboards.pcie import LINK_GENERATIONS, lane_bytes_per_second
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:

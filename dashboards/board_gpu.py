@@ -22,7 +22,7 @@ from dashboards.panels import (
 )
 from dashboards.pcie import capacity_expr
 from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 UID = "gpuscope-gpu"
 GPU = selector("job", "instance", GPU_INDEX)

@@ -37,7 +37,7 @@ from dashboards.panels import (
 )
 from dashboards.pcie import capacity_expr
 from dashboards.recorded import GPU_HOST, VERDICT, rate
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 UID = "gpuscope-where-did-the-time-go"
 # Written by the bottleneck rules in alerts/: 1 for the cause that holds now.

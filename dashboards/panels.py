@@ -37,7 +37,7 @@ from grafana_foundation_sdk.models.text import TextMode
 from dashboards.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
 from dashboards.recorded import SOURCE_SERIES
 from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 TAGS = ["gpuscope"]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

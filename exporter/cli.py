@@ -9,8 +9,8 @@ import sys
 
 from gpuscope.exporter.config import ConfigError, parse_config
 from gpuscope.exporter.gpu.source import ComputeObserver
-from gpuscope.exporter.security import load_web_config, read_bearer_token
-from gpuscope.exporter.server import serve
+from gpuscope.exporter.http.security import load_web_config, read_bearer_token
+from gpuscope.exporter.http.server import serve
 
 log = logging.getLogger("gpuscope.exporter")
 

@@ -25,8 +25,8 @@ from gpuscope import flags
 from gpuscope.exporter.config import gpu_source_kind
 from gpuscope.exporter.gpu import factory
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
+from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
-from gpuscope.exporter.gpu.metrics import METRIC_GROUPS
 from gpuscope.exporter.gpu.processes import FALLBACK, PROC, ProcessGpuMap, ProcessJoin
 from gpuscope.exporter.gpu.scenario import ScenarioError
 from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.loadgen.stats import histogram_quantile, mean
 from gpuscope.spans import PHASES
 

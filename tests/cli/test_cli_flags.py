@@ -13,9 +13,9 @@ import pytest
 from gpuscope import flags
 from gpuscope.cli import SUBCOMMANDS, main
 from gpuscope.exporter.config import parse_config as parse_exporter
-from gpuscope.exporter.gpu.validation import parse_args as parse_gpu_check
 from gpuscope.flags import ConfigError
 from gpuscope.worker.config import parse_config as parse_worker
+from scripts.gpu_validation import parse_args as parse_gpu_check
 
 
 class Mode(enum.StrEnum):

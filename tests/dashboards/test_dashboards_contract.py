@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from dashboards import contract, engines
 from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
-from gpuscope.exporter.gpu.metrics import GPU_METRICS
+from gpuscope.exporter.gpu.definitions import GPU_METRICS
 from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.metrics import WorkerCollector

@@ -19,18 +19,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuscope import engine_spans
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter import doctor
-from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.definitions import MetricDef, MetricType
+from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.exporter.gpu import factory
-from gpuscope.exporter.gpu import metrics as gpu_rows
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.factory import open_gpu_source
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource, GpuSourceKind
-from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.series import LATENCY_BUCKETS
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.series import LATENCY_BUCKETS
+from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 from gpuscope.spans import COMPUTE_STAGES, PHASES
 from gpuscope.worker.app import UNTRACED_PATHS
 from support.span_recorder import SpanRecorder
@@ -97,9 +97,9 @@ for index in range(1, len(MARKS)):  # every mark, the new one too, 1 ms apart
     timeline.mark_at(index, now + index * 1_000_000)
 found["timeline"] = sorted(timeline.phase_seconds())
 
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.series import LATENCY_BUCKETS
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.ingest.series import LATENCY_BUCKETS
 from support.exporter_fixtures import SpanFactory, encode
 aggregator = SpanAggregator()
 span = SpanFactory().server(0.05, phases={"detokenize": 0.002, "compute": 0.01})

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, post_spans, samples, scrape, value
 
 REJECTED = "gpuscope_otlp_requests_rejected_total"

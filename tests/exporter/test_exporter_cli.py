@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuscope import spans as attr
+from gpuscope import spans as contract
 from gpuscope.exporter.cli import main
 from gpuscope.exporter.config import ConfigError, ExporterConfig, build_parser, parse_config
 from gpuscope.exporter.gpu.simulated import simulated_uuid
@@ -103,7 +103,7 @@ async def test_command_serves_and_stops_cleanly_on_sigterm() -> None:
 
 async def _busy_after_a_batch(session: aiohttp.ClientSession, url: str) -> None:
     """The simulated source is told of the batches the command ingests: GPU 0 turns busy."""
-    batch = SpanFactory().batch(8, duration_s=0.5, attrs={attr.GPU_UUID: simulated_uuid(0)})
+    batch = SpanFactory().batch(8, duration_s=0.5, attrs={contract.GPU_UUID: simulated_uuid(0)})
     body = encode([batch]).SerializeToString()
     headers = {"Content-Type": "application/x-protobuf"}
     async with session.post(url + "/v1/traces", data=body, headers=headers) as response:

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuscope.exporter.connections import AcceptErrorLog
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.connections import AcceptErrorLog
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -161,7 +161,7 @@ def test_accept_failures_are_logged_once_per_interval(caplog: pytest.LogCaptureF
             for _ in range(1000):
                 loop.call_exception_handler(context)
             assert handler.suppressed == 999
-        lines = [r for r in caplog.records if r.name == "gpuscope.exporter.connections"]
+        lines = [r for r in caplog.records if r.name == "gpuscope.exporter.http.connections"]
         assert len(lines) == 1 and "Too many" in lines[0].getMessage()
         assert loop.get_exception_handler() is None  # the previous handler is back
     finally:

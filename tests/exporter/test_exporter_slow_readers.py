@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gpuscope import spans as attr
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.render import STREAM_PIECE_BYTES
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope import spans as contract
+from gpuscope.exporter.http.render import STREAM_PIECE_BYTES
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, samples, value
 
 HIGH_WATER = 64 * 1024  # asyncio's default for a socket transport
@@ -27,7 +27,7 @@ HIGH_WATER = 64 * 1024  # asyncio's default for a socket transport
 def many_models() -> bytes:
     spans = SpanFactory()
     request = encode(
-        spans.server(0.01, phases={"queue": 0.001}, attrs={attr.GEN_AI_REQUEST_MODEL: f"m{n}"})
+        spans.server(0.01, phases={"queue": 0.001}, attrs={contract.GEN_AI_REQUEST_MODEL: f"m{n}"})
         for n in range(1500)
     )
     body: bytes = request.SerializeToString()

@@ -14,17 +14,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuscope.exporter.doctor import DoctorConfig, diagnose, parse_args, run
 from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.nvml import NvmlSource
+from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.gpu.validation import (
+from scripts.gpu_validation import (
     check_clock_power_memory,
     check_doctor,
     check_pcie,
     check_process_join,
     gpu_samples,
 )
-from gpuscope.exporter.gpu.validation import parse_args as parse_check_args
+from scripts.gpu_validation import parse_args as parse_check_args
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu-check"
