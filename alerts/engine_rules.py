@@ -286,24 +286,23 @@ INSTANCE = "job, instance"
 
 def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
     w = settings.window
-    # one rule per record, the engines' series joined by "or" (a scrape target is one
-    # engine; promtool flags two rules recording the same series as duplicates)
-    per_record: dict[str, list[str]] = {WAITING: [], RUNNING: [], KV_USAGE: []}
+    rules = []
     for engine in ENGINES:
+        # labelled with the engine: the worker's and vLLM's rules record the same names
+        # unlabelled, and two rules of one name and labels are duplicates to promtool
+        source = {"source": engine.source}
         sel = jobs.sel(engine)
         endpoint = f'"endpoint", "{ENDPOINTS[engine.source]}", "", ""'
         for record, gauge in ((WAITING, engine.waiting), (RUNNING, engine.running)):
             if gauge:
                 expr = f"sum by ({INSTANCE}) (avg_over_time({gauge}{sel}[{w}]))"
-                per_record[record].append(f"label_replace(\n  {expr},\n  {endpoint}\n)")
+                rules.append(
+                    _rule(record + w, f"label_replace(\n  {expr},\n  {endpoint}\n)", **source)
+                )
         if engine.kv_usage:
             # the fullest rank's pool
-            per_record[KV_USAGE].append(
-                f"max by ({INSTANCE}) (avg_over_time({engine.kv_usage}{sel}[{w}]))"
-            )
-    rules = [
-        _rule(record + w, "\nor\n".join(exprs)) for record, exprs in per_record.items() if exprs
-    ]
+            expr = f"max by ({INSTANCE}) (avg_over_time({engine.kv_usage}{sel}[{w}]))"
+            rules.append(_rule(KV_USAGE + w, expr, **source))
     by = f"{SERVICE_MODEL}, host"
     triton, tgi = TRITON_ENGINE, TGI_ENGINE
     inferences = _sum(settings, triton, _rate(TRITON_INFERENCES, jobs.sel(triton), w), by)
