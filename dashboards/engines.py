@@ -108,6 +108,24 @@ VLLM_HISTOGRAMS = (
     ),
 )
 
+# Per request, the tokens of its prompt and of its generation: histograms gpuscope's
+# exporter does not serve (its spans give token counts, summed in gpuscope_tokens_total),
+# recorded per source from the engines that do, under these names.
+PROMPT_TOKENS_HISTOGRAM = "gpuscope_request_prompt_tokens"
+GENERATION_TOKENS_HISTOGRAM = "gpuscope_request_generation_tokens"
+TOKEN_HISTOGRAMS = (PROMPT_TOKENS_HISTOGRAM, GENERATION_TOKENS_HISTOGRAM)
+RECORDED_ONLY = TOKEN_HISTOGRAMS
+# vLLM's token-count buckets (1, 2, 5 times powers of ten up to its max_model_len).
+_VLLM_TOKEN_BUCKETS = (
+    "1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0",
+)  # fmt: skip
+VLLM_TOKEN_HISTOGRAMS = (
+    EngineHistogram("vllm:request_prompt_tokens", PROMPT_TOKENS_HISTOGRAM, "", _VLLM_TOKEN_BUCKETS),
+    EngineHistogram(
+        "vllm:request_generation_tokens", GENERATION_TOKENS_HISTOGRAM, "", _VLLM_TOKEN_BUCKETS
+    ),
+)
+
 # The reference worker's own /metrics (``gpuscope.worker.metrics``, which has no table of
 # rows; a test checks every name here against what the worker serves).
 WORKER_INFO = "gpuscope_worker_info"
@@ -597,10 +615,11 @@ SGLANG_ENGINE = Engine(
 
 ENGINES = (TRITON_ENGINE, TGI_ENGINE, SGLANG_ENGINE)
 
-# What each source gives the boards (``reports`` says whether a panel has a source).
-# ``spans`` is what gpuscope's spans can carry: the reference worker marks every phase;
-# an application or engine behind the middleware gives what it marks (docs/engines/).
-CAPABILITIES = {
+# What each source gives, in the words of docs/engines/README.md's table (a test compares
+# them): phases, TTFT, TPOT, batch size, KV cache, GPU join (``reports`` says whether it
+# does). ``spans`` is what gpuscope's spans can carry: the reference worker marks every
+# phase; an application or engine behind the middleware gives what it marks.
+SOURCE_DETAILS = {
     SPANS: Capability(
         phases=PHASES,
         stages=COMPUTE_STAGES,
@@ -638,7 +657,100 @@ ENGINE_STAGES = {
 
 
 def vllm_histograms_for(gpuscope: str) -> tuple[EngineHistogram, ...]:
-    return tuple(h for h in VLLM_HISTOGRAMS if h.gpuscope == gpuscope)
+    return tuple(h for h in (*VLLM_HISTOGRAMS, *VLLM_TOKEN_HISTOGRAMS) if h.gpuscope == gpuscope)
+
+
+# What each source can report, one row per source: the boards read it so that a panel
+# over something a source lacks says "not reported by this engine" instead of drawing
+# nothing, and a new source adds a row here. ``REPORTS`` holds what every engine behind
+# the source gives; ``SOMETIMES`` what only some do (spans: the reference worker
+# reports compute whole, vLLM's span splits it into prefill and decode).
+PHASE_TIMES = "phase times"
+COMPUTE_SPLIT = "prefill and decode"
+BATCHING = "batch size and batch wait"
+END_TO_END = "end-to-end latency"
+TIME_TO_FIRST_TOKEN = "time to first token"
+TIME_PER_OUTPUT_TOKEN = "time per output token"
+PROMPT_LENGTH = "prompt length"
+GENERATION_LENGTH = "generation length"
+FINISH_REASONS = "finish reasons"
+ERRORS = "server errors"
+CAPABILITIES = (
+    PHASE_TIMES,
+    COMPUTE_SPLIT,
+    BATCHING,
+    END_TO_END,
+    TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN,
+    PROMPT_LENGTH,
+    GENERATION_LENGTH,
+    FINISH_REASONS,
+    ERRORS,
+)
+_COMMON = frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, ERRORS})
+
+
+@dataclass(frozen=True)
+class SourceCapabilities:
+    reports: frozenset[str]
+    sometimes: frozenset[str] = frozenset()
+
+
+SOURCE_CAPABILITIES = {
+    # no per-request token histograms and no finish reasons: spans give token counts
+    # (gpuscope_tokens_total) and no finish reason as a metric label
+    # (the reference worker batches and reports compute whole; vLLM's span splits
+    # compute and has no batch of its own)
+    SPANS: SourceCapabilities(_COMMON, frozenset({COMPUTE_SPLIT, BATCHING})),
+    # no batch wait or batch size: continuous batching admits into the running batch
+    VLLM: SourceCapabilities(
+        _COMMON | {COMPUTE_SPLIT, PROMPT_LENGTH, GENERATION_LENGTH, FINISH_REASONS}
+    ),
+    # Triton's counters: phase and end-to-end means; TTFT only where the first-response
+    # histogram is on (histogram_latencies=true); a mean batch size of its own series,
+    # but no batch wait (its dynamic batcher's delay is inside queue)
+    TRITON: SourceCapabilities(
+        frozenset({PHASE_TIMES, END_TO_END, ERRORS}), frozenset({TIME_TO_FIRST_TOKEN})
+    ),
+    # no first-token histogram; its time per token is not gpuscope's TPOT
+    TGI: SourceCapabilities(frozenset({PHASE_TIMES, END_TO_END, ERRORS})),
+    # no failures counted (aborts are mostly clients going away)
+    SGLANG: SourceCapabilities(
+        frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN})
+    ),
+}
+NO_TRAFFIC = "No traffic"
+
+
+def reported_by(capability: str, source: str) -> bool:
+    """Whether every engine behind ``source`` reports ``capability``."""
+    if capability not in CAPABILITIES:
+        raise LookupError(f"the boards name capability {capability!r}, not in {CAPABILITIES}")
+    return capability in SOURCE_CAPABILITIES[source].reports
+
+
+def not_reported(capability: str, sources: tuple[str, ...] = SOURCES) -> str:
+    """What a panel over ``capability`` says when it has no data: "No traffic" where
+    every one of ``sources`` reports it, else that this engine may not report it,
+    naming the sources that do not (or not always)."""
+    lacking = [source for source in sources if not reported_by(capability, source)]
+    if not lacking:
+        return NO_TRAFFIC
+    return f"Not reported by this engine ({', '.join(lacking)}), or no traffic"
+
+
+def capabilities_note() -> str:
+    """Markdown: what each source reports, from the table."""
+    lines = []
+    for source, row in SOURCE_CAPABILITIES.items():
+        sometimes = [c for c in CAPABILITIES if c in row.sometimes]
+        lacking = [c for c in CAPABILITIES if c not in row.reports | row.sometimes]
+        lines.append(
+            f"- `{source}`: {', '.join(c for c in CAPABILITIES if c in row.reports)}"
+            + (f"; by some engines: {', '.join(sometimes)}" if sometimes else "")
+            + (f"; not reported: {', '.join(lacking)}" if lacking else "")
+        )
+    return "\n".join(lines)
 
 
 def missing_phases(engine: str) -> tuple[str, ...]:
@@ -664,6 +776,7 @@ def phases_note() -> str:
             + (f"; compute split into {' and '.join(stages)}" if stages else "")
             + (f"; no {', '.join(missing)}" if missing else "")
         )
+    lines += ["", "What each source reports (a panel it lacks says so):", capabilities_note()]
     lines += [
         "",
         "Requests seen through an engine's own `/metrics` name no GPU: they are judged "

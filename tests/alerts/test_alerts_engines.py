@@ -195,7 +195,8 @@ def test_the_capabilities_say_what_the_rules_record() -> None:
             engine.timings_for(engines.TPOT_HISTOGRAM)
         ), engine.source
         assert engine.capability.reports("kv_cache") == bool(engine.kv_usage), engine.source
-    assert set(engines.CAPABILITIES) == set(engines.SOURCES)
+    assert set(engines.SOURCE_DETAILS) == set(engines.SOURCES)
+    assert set(engines.SOURCE_CAPABILITIES) == set(engines.SOURCES)
 
 
 def test_bounds_in_other_units_are_converted_to_seconds() -> None:
@@ -205,3 +206,16 @@ def test_bounds_in_other_units_are_converted_to_seconds() -> None:
     for native, seconds in (("100", "0.1"), ("500", "0.5"), ("2000", "2"), ("5000", "5")):
         assert f'le="{native}"}}[5m]),' in made
         assert f'"le", "{seconds}", "le", ".*"' in made
+
+
+@pytest.mark.parametrize("source", engines.SOURCES)
+def test_what_the_boards_read_agrees_with_the_details(source: str) -> None:
+    """The boards' capabilities (SOURCE_CAPABILITIES) and the details the docs' table
+    is checked against (SOURCE_DETAILS) say the same of each source."""
+    boards = engines.SOURCE_CAPABILITIES[source]
+    details = engines.SOURCE_DETAILS[source]
+    given = boards.reports | boards.sometimes
+    assert (engines.PHASE_TIMES in given) == bool(details.phases)
+    assert (engines.COMPUTE_SPLIT in given) == bool(details.stages)
+    assert (engines.TIME_TO_FIRST_TOKEN in given) == details.reports("ttft")
+    assert (engines.TIME_PER_OUTPUT_TOKEN in given) == details.reports("tpot")

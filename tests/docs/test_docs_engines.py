@@ -1,4 +1,4 @@
-"""docs/engines/: the table says what ``CAPABILITIES`` (dashboards/engines.py) says, and
+"""docs/engines/: the table says what ``SOURCE_DETAILS`` (dashboards/engines.py) says, and
 each engine's page names the release its metric names were read from."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dashboards import engines
-from dashboards.engines import CAPABILITIES, ENGINES, Engine
+from dashboards.engines import ENGINES, SOURCE_DETAILS, Engine
 
 DOCS = Path(__file__).parents[2] / "docs" / "engines"
 # table column -> source
@@ -53,7 +53,7 @@ def test_the_table_has_a_column_per_engine_and_the_rows_the_capabilities_have() 
 
 @pytest.mark.parametrize("column", COLUMNS)
 def test_the_table_says_what_each_source_reports(column: str) -> None:
-    capability = CAPABILITIES[COLUMNS[column]]
+    capability = SOURCE_DETAILS[COLUMNS[column]]
     rows = table()
     for row, what in ROWS.items():
         cell = rows[row][column]
