@@ -28,7 +28,7 @@ from gpuscope.children import (
     worker_args,
 )
 from gpuscope.flags import ConfigError, http_url, option
-from gpuscope.loadgen import record
+from gpuscope.loadgen import batching_equivalents, record
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose
 from gpuscope.loadgen.options import EXPORTER_URL_EXAMPLE, LoadOptions
 from gpuscope.loadgen.output import Progress, plot_unavailable, table, table_stream, write_outputs
@@ -195,7 +195,9 @@ def main(argv: Sequence[str]) -> int:
     steps = [step for config_steps in sweep.values() for step in config_steps]
     verdict = choose(Objective.parse(options.objective), sweep)
     stream = table_stream(options)
-    print(table(steps, env) + "\n".join(verdict.lines), file=stream, flush=True)
+    # the best value as Triton's and Ray Serve's batching settings
+    lines = [*verdict.lines, *batching_equivalents.for_tune(options, verdict.best)]
+    print(table(steps, env) + "\n".join(lines), file=stream, flush=True)
     write_outputs(options, steps, env, with_record=False)  # the record grew value by value
     if stopped:
         print(

@@ -139,6 +139,9 @@ def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert "best under 'max throughput with p99 <= 60000 ms': max-batch-size=" in done.stdout
     assert "where the time went" in done.stdout
+    # the winner as Triton's and Ray Serve's batching settings
+    assert "dynamic_batching { preferred_batch_size: [ " in done.stdout
+    assert "@serve.batch(max_batch_size=" in done.stdout
     rows = record.read_record((tmp_path / "record.md").read_text())
     assert [(r["config"], r["ok"]) for r in rows] == [
         ("max-batch-size=1", "12"), ("max-batch-size=4", "12")
