@@ -83,7 +83,10 @@ async def test_loadgen_worker_and_exporter_count_the_same_requests(stack: Stack)
         assert result.server.requests == 12
         assert set(result.server.phase_mean_ms) == set(PHASES)
         assert sum(result.server.phase_mean_share.values()) == pytest.approx(1)
-        assert sum(result.server.phase_p99_share.values()) == pytest.approx(1)
+        # each phase's P99 against the same requests' end-to-end P99 (bucket
+        # interpolation can put a phase a little past it, never far)
+        assert set(result.server.phase_p99_share) == set(PHASES)
+        assert all(0 < share <= 1.1 for share in result.server.phase_p99_share.values())
         assert result.server.batch_size_mean is not None and result.server.batch_size_mean >= 1
         assert result.server.pcie_bytes_per_s is not None
         assert result.ttft_ms["p50"] > 0 and result.tpot_ms["p50"] > 0

@@ -83,6 +83,7 @@ def _exposition(queue: tuple[int, int, int], compute: tuple[int, int, int], extr
 
 
 GPU_BEFORE = """# TYPE gpuscope_request_duration_seconds histogram
+gpuscope_request_duration_seconds_bucket{route="/v1/completions",le="0.01"} 5
 gpuscope_request_duration_seconds_bucket{route="/v1/completions",le="+Inf"} 5
 gpuscope_request_duration_seconds_count{route="/v1/completions"} 5
 gpuscope_request_duration_seconds_sum{route="/v1/completions"} 1
@@ -109,6 +110,9 @@ def _after(extra_requests: int, batches: int, batch_sum: int, occupancy: float) 
             '_count{route="/v1/completions"} 5',
             f'_count{{route="/v1/completions"}} {5 + extra_requests}',
         )
+        # the slowest request took more than 10 ms end to end, the others less
+        .replace('le="0.01"} 5', f'le="0.01"}} {5 + max(extra_requests - 1, 0)}')
+        .replace('le="+Inf"} 5', f'le="+Inf"}} {5 + extra_requests}')
         .replace("gpuscope_batch_size_count 2", f"gpuscope_batch_size_count {2 + batches}")
         .replace("gpuscope_batch_size_sum 5", f"gpuscope_batch_size_sum {5 + batch_sum}")
         .replace('transmit_bytes_total{gpu="0"} 1000', 'transmit_bytes_total{gpu="0"} 6000')
@@ -129,11 +133,10 @@ def test_a_step_is_the_difference_of_two_scrapes() -> None:
     assert view.requests == 10
     assert view.phase_mean_ms == pytest.approx({"queue": 4.0, "compute": 20.0})
     assert view.phase_mean_share == pytest.approx({"queue": 4 / 24, "compute": 20 / 24})
-    # queue P99 falls in +Inf: 10 ms; compute P99: 1 + 9 * 0.99 ms
+    # queue P99 falls in +Inf: 10 ms; compute P99: 1 + 9 * 0.99 ms; both over the
+    # end-to-end P99, which falls in +Inf too: 10 ms (not over their sum, 19.9 ms)
     compute_p99 = 1 + 9 * 0.99
-    assert view.phase_p99_share == pytest.approx(
-        {"queue": 10 / (10 + compute_p99), "compute": compute_p99 / (10 + compute_p99)}
-    )
+    assert view.phase_p99_share == pytest.approx({"queue": 1.0, "compute": compute_p99 / 10})
     assert view.batch_size_mean == pytest.approx(10 / 4)
     assert view.pcie_bytes_per_s == pytest.approx(5000 / 2)
     assert view.sm_occupancy == pytest.approx(0.4)  # mean of 0.3 and 0.5
