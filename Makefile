@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check alerts-check
+.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check alerts-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ lint: install
 # does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py tests/*.py tests/*/*.py \
+	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps
@@ -48,6 +48,12 @@ test: lint typecheck extras unit
 # Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
 dashboards: install
 	$(BIN)/python dashboards/build.py
+	$(BIN)/python deploy/kubernetes/build.py  # its ConfigMaps carry the boards
+
+# Regenerate the Kubernetes manifests (deploy/kubernetes/) after changing its settings.py,
+# the rules or the dashboards.
+kubernetes: install
+	$(BIN)/python deploy/kubernetes/build.py
 
 demo: install
 	$(BIN)/gpuscope demo
@@ -55,9 +61,10 @@ demo: install
 # Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
 rules: install
 	$(BIN)/python alerts/build.py
+	$(BIN)/python deploy/kubernetes/build.py  # its PrometheusRule carries the rules
 
 # Every GPU alert fired through the shipped rules, unchanged, by the simulated GPUs'
-# alerts.yaml scenario: real Prometheus and Alertmanager, about seven minutes, so not
+# alerts.yaml scenario: real Prometheus and Alertmanager, about ten minutes, so not
 # part of make test (tests/alerts/test_alerts_shipped_rules.py).
 alerts-check: install system-deps
 	GPUSCOPE_SHIPPED_RULES=1 $(BIN)/pytest -q -rP -m shipped_rules tests/alerts/test_alerts_shipped_rules.py

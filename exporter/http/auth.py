@@ -3,7 +3,9 @@
 What is checked comes from ``security.Authenticator``; this module only applies it to
 requests. A refused OTLP export is answered in OTLP's own error format and counted as
 ``gpuscope_otlp_requests_rejected_total{reason="unauthorized"}``; a refused scrape gets
-a plain 401 with a basic-auth challenge.
+a plain 401 with a basic-auth challenge. The probes ``/healthz`` and ``/readyz`` answer
+without credentials: a kubelet's HTTP probe cannot send them, and the probes tell
+nothing but that the exporter serves and is ready.
 
 bcrypt checks run in a pool of their own (``password_check_pool``): two threads, and
 at most ``PASSWORD_CHECKS_PENDING`` checks running or waiting. Past that a request
@@ -33,6 +35,7 @@ PASSWORD_CHECK_THREADS: Final = 2
 # running checks, with the wait bounded to about a second.
 PASSWORD_CHECKS_PENDING: Final = 16
 RETRY_AFTER_S: Final = "1"
+PROBE_PATHS: Final = frozenset(("/healthz", "/readyz"))
 
 
 def password_check_pool() -> ThreadPool:
@@ -45,6 +48,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def auth_middleware(state: ExporterState) -> Middleware:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PROBE_PATHS:
+            return await handler(request)
         auth = state.authenticator
         header = request.headers.get(hdrs.AUTHORIZATION)
         is_traces = request.path == TRACES_PATH
