@@ -76,7 +76,7 @@ async def run(args: argparse.Namespace) -> None:
         listen="127.0.0.1:0",
         gpu_source=GpuSourceKind.NONE,
         max_connections=args.connections,
-        body_timeout=args.body_timeout_s,
+        body_timeout_s=args.body_timeout_s,
     )
     exporter = await start_exporter(config)
     stop, answers = asyncio.Event(), Counter[int]()

@@ -94,7 +94,9 @@ REASON = label(
     exporter_rows.SPANS_REJECTED,
     exporter_rows.OTLP_REQUESTS_REJECTED,
     exporter_rows.FORWARD_SPANS_DROPPED,
+    exporter_rows.HTTP_CONNECTIONS_CLOSED,
 )
+CONNECTION_STATE = label("state", exporter_rows.HTTP_CONNECTIONS)
 XID = label("xid", gpu_rows.XID_ERRORS)
 ECC_TYPE = label("type", gpu_rows.ECC_ERRORS)
 COLLECTOR = label("collector", gpu_rows.COLLECTOR_SUCCESS, gpu_rows.COLLECTOR_DURATION)

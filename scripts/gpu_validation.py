@@ -7,7 +7,7 @@ it is tested on canned scrapes where no GPU exists.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,46 +25,35 @@ FIELD_METRICS: dict[str, str] = {row.field: row.sample_name for row in PER_GPU} 
 
 
 @dataclass(frozen=True)
-class GpuCheckConfig:
-    output: Path
-    gpu: int = 0
-    copy_bytes: int = 2 * 2**30
-    load_seconds: float = flags.option(
-        15.0, flag="--load-duration-s", deprecated=("--load-seconds",)
+class GpuCheckConfig(
+    flags.Settings,
+    prog="scripts/gpu-check",
+    description="Check gpuscope's NVML metrics against a real GPU under known load.",
+    env_prefix="GPUSCOPE_GPU_CHECK_",
+):
+    output: Path = flags.option(help="where to write the observations (JSON)")
+    gpu: int = flags.option(0, help="NVML index of the GPU to load", check=flags.at_least(0))
+    copy_bytes: int = flags.option(
+        2 * 2**30, help="bytes of each host<->device copy", check=flags.at_least(2**20)
     )
-    pcie_tolerance: float = 0.05
-    gpu_interval: float = flags.option(0.5, flag="--gpu-interval-s", deprecated=("--gpu-interval",))
-
-    def __post_init__(self) -> None:
-        flags.check_range("--gpu", self.gpu, 0)
-        flags.check_range("--copy-bytes", self.copy_bytes, 2**20)
-        flags.check_range("--load-duration-s", self.load_seconds, 2.0)
-        flags.check_range("--pcie-tolerance", self.pcie_tolerance, 0.0)
-        flags.check_range("--gpu-interval-s", self.gpu_interval, 0.1)
-
-
-ENV_PREFIX = "GPUSCOPE_GPU_CHECK_"
-_HELP = {
-    "output": "where to write the observations (JSON)",
-    "gpu": "NVML index of the GPU to load",
-    "copy_bytes": "bytes of each host<->device copy",
-    "load_seconds": "seconds of matmul load",
-    "pcie_tolerance": "allowed relative difference between PCIe counters and the copies",
-    "gpu_interval": "the exporter's --gpu-interval-s during the check",
-}
-
-
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> GpuCheckConfig:
-    """Flags, else their GPUSCOPE_GPU_CHECK_* twins; errors name the flag."""
-    parser = flags.build_parser(
-        GpuCheckConfig,
-        prog="scripts/gpu-check",
-        description="Check gpuscope's NVML metrics against a real GPU under known load. "
-        f"Every flag has a {ENV_PREFIX}* environment twin.",
-        help=_HELP,
-        env_prefix=ENV_PREFIX,
+    load_duration_s: float = flags.option(
+        15.0,
+        help="how long the matmul load runs",
+        check=flags.at_least(2.0),
+        deprecated=("--load-seconds",),
     )
-    return flags.parse_or_exit(GpuCheckConfig, parser, argv, environ, ENV_PREFIX)
+    pcie_tolerance: float = flags.option(
+        0.05,
+        help="allowed relative difference between PCIe counters and the copies",
+        unit="ratio",
+        check=flags.at_least(0.0),
+    )
+    gpu_interval_s: float = flags.option(
+        0.5,
+        help="the exporter's --gpu-interval-s during the check",
+        check=flags.at_least(0.1),
+        deprecated=("--gpu-interval",),
+    )
 
 
 @dataclass(frozen=True)

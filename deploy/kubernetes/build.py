@@ -107,7 +107,7 @@ def exporter_flags(s: KubeSettings) -> Obj:
         "metadata": meta(FLAGS_CONFIGMAP, "exporter"),
         "data": {
             "GPUSCOPE_GPU_SOURCE": d.gpu_source.value,
-            "GPUSCOPE_GPU_INTERVAL_S": f"{d.gpu_interval:g}",
+            "GPUSCOPE_GPU_INTERVAL_S": f"{d.gpu_interval_s:g}",
             "GPUSCOPE_MAX_SERIES": str(d.max_series),
             "GPUSCOPE_MAX_DECOMPRESSED_BYTES": str(d.max_decompressed_bytes),
             "GPUSCOPE_LOG_LEVEL": d.log_level,

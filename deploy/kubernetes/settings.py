@@ -19,9 +19,9 @@ from typing import Final
 import yaml
 
 from alerts.settings import Settings
-from gpuscope import __version__
-from gpuscope.exporter.config import ExporterConfig, parse_config
-from gpuscope.worker.config import parse_config as parse_worker_config
+from gpuscope import __version__, flags
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.worker.config import WorkerConfig
 
 REPO: Final = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def job_name(selector: str) -> str:
 
 def exporter_defaults() -> ExporterConfig:
     """The exporter's defaults, as its parser gives them without flags or environment."""
-    return parse_config([], {})
+    return flags.parse(ExporterConfig, [], {}, exit_on_error=False)
 
 
 def dashboard_folder() -> str:
@@ -117,7 +117,7 @@ class KubeSettings:
 
     @property
     def shutdown_timeout_s(self) -> float:
-        return exporter_defaults().shutdown_timeout
+        return exporter_defaults().shutdown_timeout_s
 
     @property
     def grace_period_s(self) -> int:
@@ -126,7 +126,8 @@ class KubeSettings:
     @property
     def worker_grace_period_s(self) -> int:
         # the worker drains its requests for up to its --shutdown-timeout-s
-        return math.ceil(parse_worker_config([], {}).shutdown_timeout_s) + SHUTDOWN_MARGIN_S
+        worker = flags.parse(WorkerConfig, [], {}, exit_on_error=False)
+        return math.ceil(worker.shutdown_timeout_s) + SHUTDOWN_MARGIN_S
 
     @property
     def memory_limit_mib(self) -> int:

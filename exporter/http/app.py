@@ -89,9 +89,9 @@ def create_app(
         guard=ConnectionGuard(
             ConnectionLimits(
                 config.max_connections,
-                config.header_timeout,
-                config.idle_timeout,
-                config.write_timeout,
+                config.header_timeout_s,
+                config.idle_timeout_s,
+                config.write_timeout_s,
             ),
             logger=connections.log,
         ),
@@ -119,7 +119,7 @@ async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIt
     if state.gpu_source is None:
         yield
         return
-    poller = GpuPoller(state.gpu_source, state.config.gpu_interval, processes=processes)
+    poller = GpuPoller(state.gpu_source, state.config.gpu_interval_s, processes=processes)
     collector = GpuCollector(poller)
     poller.start()
     state.registry.register(collector)
@@ -142,7 +142,7 @@ async def _forwarder(app: web.Application) -> AsyncIterator[None]:
         url,
         queue_size=state.config.forward_queue,
         queue_bytes=state.config.forward_queue_bytes,
-        timeout_s=state.config.forward_timeout,
+        timeout_s=state.config.forward_timeout_s,
         metrics=state.metrics,
     )
     await forwarder.start()
@@ -150,7 +150,7 @@ async def _forwarder(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await forwarder.stop(state.config.shutdown_timeout)
+        await forwarder.stop(state.config.shutdown_timeout_s)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -97,7 +97,9 @@ async def _read_body(request: web.Request, state: ExporterState) -> bytes:
     limit = state.limits.max_body_bytes
     try:
         with state.guard.uploading(request.protocol) as cut:
-            return await _read_within(request, state.config.body_timeout, cut, state.drain_expired)
+            return await _read_within(
+                request, state.config.body_timeout_s, cut, state.drain_expired
+            )
     except web.HTTPRequestEntityTooLarge:
         raise otlp.OtlpError(413, otlp.BODY_TOO_LARGE, f"body exceeds {limit} bytes") from None
 

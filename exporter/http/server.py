@@ -70,7 +70,7 @@ class RunningExporter:
         for site in list(self.runner.sites):
             await site.stop()  # stop listening; open connections stay
         state.guard.close_idle()
-        if not await state.guard.wait_until_idle(state.config.shutdown_timeout):
+        if not await state.guard.wait_until_idle(state.config.shutdown_timeout_s):
             state.drain_expired.set()  # late uploads are answered 503
             await state.guard.wait_until_idle(LAST_ANSWERS_S)
         await self.runner.cleanup()
@@ -144,7 +144,7 @@ async def start_exporter(
         # ``RunningExporter.stop`` has drained by the time aiohttp's own shutdown runs
         shutdown_timeout=LAST_ANSWERS_S,
         # a backstop only: the guard's idle and header timeouts close connections first
-        keepalive_timeout=config.idle_timeout + config.header_timeout,
+        keepalive_timeout=config.idle_timeout_s + config.header_timeout_s,
         lingering_time=LINGER_S,
         access_log=None,
     )

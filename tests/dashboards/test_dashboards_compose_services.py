@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from gpuscope.loadgen.processes import free_port
+from gpuscope.children import free_port
 from support.dashboards_json import REPO
 
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())

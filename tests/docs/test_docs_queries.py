@@ -121,7 +121,7 @@ async def fed_exporter() -> AsyncIterator[RunningExporter]:
     source = SimulatedSource(2, faults, clock=clock)
     clock.now = 45.0  # GPU 0 is thermally throttled from 30 s to 90 s
     exporter = await start_exporter(
-        loopback_config(gpu_interval=0.1), gpu_source=source, compute_observers=[source]
+        loopback_config(gpu_interval_s=0.1), gpu_source=source, compute_observers=[source]
     )
     try:
         yield exporter

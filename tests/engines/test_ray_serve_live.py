@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -34,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import spans as contract
+from gpuscope.children import Child, Children
 from support.exporter_fixtures import samples
 from support.otlp_sink import OtlpSink, ReceivedSpan
 from support.ray_serve_engine import RayServeApp, ray_python, ray_serve_app
@@ -66,27 +65,16 @@ class Stack:
     probes: list[dict[str, Any]]
 
 
-def start_exporter(work: Path, port: int, forward: str) -> subprocess.Popen[bytes]:
-    with (work / "exporter.log").open("wb") as log:
-        exporter = subprocess.Popen(
-            [
-                *("nice", sys.executable, "-m", "gpuscope", "exporter"),
-                *("--listen", f"127.0.0.1:{port}", "--gpu-source", "none"),
-                *("--forward-otlp", forward),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-                if answer.status == 200:
-                    return exporter
-        except OSError:
-            pass
-        assert exporter.poll() is None and time.monotonic() < deadline, "exporter did not start"
-        time.sleep(0.3)
+def start_exporter(children: Children, work: Path, port: int, forward: str) -> Child:
+    exporter = children.exporter(
+        port=port,
+        log=work / "exporter.log",
+        prefix=("nice",),
+        gpu_source="none",
+        forward_otlp=forward,
+    )
+    exporter.wait_ready_blocking()
+    return exporter
 
 
 def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
@@ -130,23 +118,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert python is not None
     work = tmp_path_factory.mktemp("r")  # short: Ray's socket paths live under it
     sink = OtlpSink()
-    with run_uvicorn(sink) as sink_url:
-        port = free_port()
-        exporter = start_exporter(work, port, sink_url + "/v1/traces")
-        try:
-            started = time.monotonic()
-            with ray_serve_app(
-                python,
-                work / "app",
-                (free_port(), free_port()),
-                f"http://127.0.0.1:{port}/v1/traces",
-            ) as app:
-                print(f"Ray Serve ready in {time.monotonic() - started:.1f} s")
-                served, lone_traces, probes = drive(app)
-                yield Stack(f"http://127.0.0.1:{port}", sink, app, served, lone_traces, probes)
-        finally:
-            exporter.terminate()
-            exporter.wait(timeout=30)
+    with run_uvicorn(sink) as sink_url, Children() as children:
+        exporter = start_exporter(children, work, free_port(), sink_url + "/v1/traces")
+        started = time.monotonic()
+        with ray_serve_app(
+            python, work / "app", (free_port(), free_port()), exporter.traces_url
+        ) as app:
+            print(f"Ray Serve ready in {time.monotonic() - started:.1f} s")
+            served, lone_traces, probes = drive(app)
+            yield Stack(exporter.url, sink, app, served, lone_traces, probes)
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -32,7 +32,7 @@ async def start(**overrides: Any) -> RunningExporter:
 
 @pytest.fixture
 async def short_timeouts() -> AsyncIterator[RunningExporter]:
-    exporter = await start(header_timeout=0.5, idle_timeout=0.5)
+    exporter = await start(header_timeout_s=0.5, idle_timeout_s=0.5)
     try:
         yield exporter
     finally:
@@ -109,7 +109,7 @@ async def open_quiet_connections(exporter: RunningExporter, count: int) -> list[
 
 
 async def test_at_the_cap_a_scraper_still_gets_metrics() -> None:
-    exporter = await start(max_connections=20, header_timeout=60, idle_timeout=60)
+    exporter = await start(max_connections=20, header_timeout_s=60, idle_timeout_s=60)
     connections = await open_quiet_connections(exporter, 20)
     try:
         async with aiohttp.ClientSession() as session:
@@ -128,7 +128,7 @@ async def test_at_the_cap_a_scraper_still_gets_metrics() -> None:
 async def test_at_the_cap_with_every_connection_busy_and_none_uploading_a_new_one_gets_503() -> (
     None
 ):
-    exporter = await start(max_connections=3, header_timeout=60, idle_timeout=60)
+    exporter = await start(max_connections=3, header_timeout_s=60, idle_timeout_s=60)
     state = exporter.app[STATE]
     scrapes = []
     try:

@@ -99,7 +99,7 @@ async def test_unreachable_backend_counts_failed_sends() -> None:
 
 async def test_an_export_in_flight_at_shutdown_is_counted_as_dropped(backend: Backend) -> None:
     exporter = await start_exporter(
-        loopback_config(forward_otlp=backend.url, forward_timeout=30.0, shutdown_timeout=0.2)
+        loopback_config(forward_otlp=backend.url, forward_timeout_s=30.0, shutdown_timeout_s=0.2)
     )
     body = encode([SpanFactory().server(0.01) for _ in range(3)]).SerializeToString()
     async with aiohttp.ClientSession() as session:
@@ -235,7 +235,7 @@ async def test_an_endless_backend_answer_is_read_a_little_then_dropped() -> None
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     backend.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
     exporter = await start_exporter(
-        loopback_config(forward_otlp=backend.url, forward_timeout=5.0, shutdown_timeout=10.0)
+        loopback_config(forward_otlp=backend.url, forward_timeout_s=5.0, shutdown_timeout_s=10.0)
     )
     try:
         body = encode([SpanFactory().server(0.01) for _ in range(2)]).SerializeToString()

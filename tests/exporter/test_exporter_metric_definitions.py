@@ -168,7 +168,7 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
     scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
-    config = loopback_config(gpu_interval=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
+    config = loopback_config(gpu_interval_s=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
     exporter = await start_exporter(config, gpu_source=SimulatedSource(1, scenario))
     try:
         body = encode(_spans()).SerializeToString()

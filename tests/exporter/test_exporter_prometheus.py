@@ -29,7 +29,9 @@ from support.prometheus_server import run_prometheus
 @pytest.fixture
 async def busy_exporter() -> AsyncIterator[RunningExporter]:
     """An exporter with a fake GPU and spans in every request metric."""
-    exporter = await start_exporter(loopback_config(gpu_interval=0.05), gpu_source=FakeGpuSource())
+    exporter = await start_exporter(
+        loopback_config(gpu_interval_s=0.05), gpu_source=FakeGpuSource()
+    )
     spans = SpanFactory()
     batch = []
     for i in range(10):

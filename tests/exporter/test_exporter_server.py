@@ -216,7 +216,7 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
 ) -> None:
     source = FakeGpuSource()
     exporter = await start_exporter(
-        loopback_config(gpu_interval=0.05), gpu_source=source, compute_observers=[source]
+        loopback_config(gpu_interval_s=0.05), gpu_source=source, compute_observers=[source]
     )
     try:
         async with exporter_http.get(exporter.url + "/healthz") as response:

@@ -35,7 +35,7 @@ async def scenario_exporter() -> AsyncIterator[tuple[RunningExporter, Clock]]:
     clock = Clock()
     source = SimulatedSource(2, load_scenario(FAULTS), clock=clock)
     running = await start_exporter(
-        loopback_config(gpu_interval=0.02), gpu_source=source, compute_observers=[source]
+        loopback_config(gpu_interval_s=0.02), gpu_source=source, compute_observers=[source]
     )
     try:
         yield running, clock

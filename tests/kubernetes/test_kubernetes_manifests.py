@@ -67,7 +67,7 @@ def test_the_prometheus_rule_holds_the_groups_alerts_build_writes() -> None:
     # ... which differs from the shipped rules in the host of a target only
     assert s.rules == Settings(host_from_instance=s.rules.host_from_instance)
     shipped = []
-    for name in ("recording.yml", "alerting.yml"):
+    for name in ("recording.yml", "alerting.yml", "engines.yml"):
         shipped += yaml.safe_load((REPO / "alerts" / "rules" / name).read_text())["groups"]
     assert [g["name"] for g in groups] == [g["name"] for g in shipped]
     assert [len(g["rules"]) for g in groups] == [len(g["rules"]) for g in shipped]
@@ -144,10 +144,10 @@ def test_the_daemonset_follows_the_exporters_flags_and_stays_unprivileged() -> N
     pod = daemonset["spec"]["template"]["spec"]
     container = pod["containers"][0]
     args = container["args"]
-    assert f"--shutdown-timeout-s={defaults.shutdown_timeout:g}" in args
+    assert f"--shutdown-timeout-s={defaults.shutdown_timeout_s:g}" in args
     # the kubelet waits out the in-flight bound and the forwarder's drain, each up to
     # the shutdown timeout, before it kills the exporter
-    assert pod["terminationGracePeriodSeconds"] > 2 * defaults.shutdown_timeout
+    assert pod["terminationGracePeriodSeconds"] > 2 * defaults.shutdown_timeout_s
     assert container["ports"][0]["containerPort"] == defaults.listen_address()[1]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"

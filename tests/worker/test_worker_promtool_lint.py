@@ -42,7 +42,7 @@ def test_the_workers_metrics_pass_promtool() -> None:
 async def test_the_exporters_metrics_pass_promtool() -> None:
     scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
     exporter = await start_exporter(
-        loopback_config(gpu_interval=0.05), gpu_source=SimulatedSource(1, scenario)
+        loopback_config(gpu_interval_s=0.05), gpu_source=SimulatedSource(1, scenario)
     )
     try:
         async with httpx.AsyncClient(base_url=exporter.url, timeout=30) as client:
