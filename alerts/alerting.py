@@ -215,8 +215,10 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             settings.for_("0m"),
             "warning",
             "A GPU reported XID errors.",
-            f"{on_gpu} reported {{{{ $value | humanize }}}} XID errors in {inc}; "
-            f"{series(gpu_rows.XID_ERRORS)} names the codes.",
+            # No count: increase() extrapolates to the window's edges, so one XID can
+            # read as 1.5; the counters themselves are exact.
+            f"{on_gpu} reported XID errors within {inc}; "
+            f"{series(gpu_rows.XID_ERRORS)} counts them by code.",
         ),
         _alert(
             settings,
@@ -225,7 +227,8 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             settings.for_("0m"),
             "critical",
             "A GPU reported uncorrectable ECC errors.",
-            f"{on_gpu} reported {{{{ $value | humanize }}}} uncorrectable ECC errors in {inc}.",
+            f"{on_gpu} reported uncorrectable ECC errors within {inc}; "
+            f"{series(gpu_rows.ECC_ERRORS)} counts them.",
         ),
         _alert(
             settings,
