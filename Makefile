@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards vllm-venv vllm-check ray-venv ray-check
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ lint: install
 # does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py tests/*.py tests/*/*.py \
+	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps
@@ -48,6 +48,12 @@ test: lint typecheck extras unit
 # Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
 dashboards: install
 	$(BIN)/python dashboards/build.py
+	$(BIN)/python deploy/kubernetes/build.py  # its ConfigMaps carry the boards
+
+# Regenerate the Kubernetes manifests (deploy/kubernetes/) after changing its settings.py,
+# the rules or the dashboards.
+kubernetes: install
+	$(BIN)/python deploy/kubernetes/build.py
 
 demo: install
 	$(BIN)/gpuscope demo
@@ -60,6 +66,7 @@ soak: install system-deps
 # Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
 rules: install
 	$(BIN)/python alerts/build.py
+	$(BIN)/python deploy/kubernetes/build.py  # its PrometheusRule carries the rules
 
 # Every benchmark with its defaults (several minutes); see docs/benchmarks.md.
 bench: install

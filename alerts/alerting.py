@@ -10,6 +10,7 @@ from alerts.recording import (
     BATCH_WAIT,
     ERRORS_RATIO,
     INSTANCE,
+    INSTANCE_GPU,
     KV_USAGE,
     MEMORY_USED_RATIO,
     PCIE_UTILIZATION,
@@ -25,10 +26,10 @@ from alerts.recording import (
     phase_is,
     slo_errors_ratio,
 )
-from alerts.settings import GPU, SMG, THROTTLE_REASONS, Settings, Slo
+from alerts.settings import SMG, THROTTLE_REASONS, Settings, Slo
 from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
 from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 # Where a request alert is about: its service and model, the GPU (or, for requests
 # that name none, the host) and the source the numbers came through.
@@ -185,7 +186,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             settings,
             "GpuscopeGpuClockThrottled",
             f"{series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling} == 1\n"
-            f"and on ({GPU}) (\n  {indent(gpu['throttled'])}\n)",
+            f"and on ({INSTANCE_GPU}) (\n  {indent(gpu['throttled'])}\n)",
             settings.for_(settings.for_gpu_hardware),
             "warning",
             "A GPU under load runs with its SM clock held down.",

@@ -46,6 +46,7 @@ from dashboards.engines import (
     REQUEST_HISTOGRAMS,
     SPANS,
     STAGE_HISTOGRAM,
+    TOKEN_HISTOGRAMS,
     VLLM,
     VLLM_ERROR_REASON,
     VLLM_FINISHED,
@@ -62,7 +63,7 @@ from dashboards.engines import (
     vllm_histograms_for,
 )
 from dashboards.pcie import LINK_GENERATIONS, lane_bytes_per_second
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -138,17 +139,20 @@ def histogram_rate_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
 
 def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list[dict[str, Any]]:
     """Mean and P99 per source, service, model, host, GPU and phase (or stage); for the
-    phases, also each one's share of their sum."""
+    phases, also each one's share of the mean and its P99 against the request's P99."""
     w = settings.window
     mean, p99 = stat_record(hist, "mean") + w, stat_record(hist, "p99_") + w
     total, count = rate_record(hist, "sum") + w, rate_record(hist, "count") + w
     rules = [
         # "> 0": an idle series has no mean (and no share or verdict), not a NaN one
         _rule(mean, f"{total}\n/\n({count} > 0)"),
-        _rule(p99, f"histogram_quantile(0.99, {rate_record(hist, 'bucket')}{w})"),
+        # ">= 0": an idle histogram's quantile is NaN (0/0); latencies are never
+        # negative, so this keeps every real P99 and drops only the NaN
+        _rule(p99, f"histogram_quantile(0.99, {rate_record(hist, 'bucket')}{w})\n>= 0"),
     ]
     if not shares:
         return rules
+    request_p99 = stat_record(DURATION_HISTOGRAM, "p99_") + w
     return [
         *rules,
         # Phases add up to the request, so each mean's share of their sum is its
@@ -158,12 +162,16 @@ def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list
             stat_record(hist, "share_mean") + w,
             f"{mean}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({mean})",
         ),
-        # Per-phase P99s do not add up to the request's P99 (the slowest requests
-        # differ per phase); their sum is an upper bound, so this is each phase's
-        # share of the tail.
+        # Each phase's P99 over the requests' own end-to-end P99 (same source,
+        # service, model, host and GPU): a phase near 1 is where the slowest requests
+        # spend their time. Not over the sum of the per-phase P99s: the slowest
+        # requests differ per phase, so that sum is longer than any request took and
+        # its shares describe no request. A phase is part of its request, so its P99
+        # is at most the request's (up to the buckets' interpolation); the ratios need
+        # not add up to 1.
         _rule(
             stat_record(hist, "share_p99_") + w,
-            f"{p99}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({p99})",
+            f"{p99}\n/ on ({SMG}) group_left ()\n({request_p99} > 0)",
         ),
     ]
 
@@ -171,10 +179,41 @@ def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list
 def phase_rules(settings: Settings) -> list[dict[str, Any]]:
     return [
         *(rule for hist in REQUEST_HISTOGRAMS for rule in histogram_rate_rules(settings, hist)),
+        # the requests' own P99, before the phases' share of it reads it
+        *histogram_stat_rules(settings, DURATION_HISTOGRAM, shares=False),
         *histogram_stat_rules(settings, PHASE_HISTOGRAM, shares=True),
         # the parts of compute: never shares of the phases' sum (they are in compute)
         *histogram_stat_rules(settings, STAGE_HISTOGRAM, shares=False),
     ]
+
+
+def engine_histogram_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
+    """The rates of ``hist``'s sum, count and buckets from the engines that report it
+    (``vllm``; gpuscope's exporter does not serve it), at the same level as the
+    request histograms', without a GPU (the engines name none)."""
+    w, rules = settings.window, []
+    for native in vllm_histograms_for(hist):
+        for suffix in ("sum", "count", "bucket"):
+            le = ", le" if suffix == "bucket" else ""
+            rate = f"rate({native.native}_{suffix}{settings.vllm_sel()}[{w}])"
+            expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
+            rules.append(_rule(rate_record(hist, suffix) + w, expr, source=VLLM))
+    return rules
+
+
+# Requests finished per second by why they ended (``reason``: stop, length, abort,
+# error, ...), per source, service, model and host: vLLM's finished_reason. gpuscope's
+# spans carry no finish reason as a metric label, so only engines that count them
+# feed it.
+FINISHED_RATE = "service_model_gpu:gpuscope_requests_finished:rate"
+
+
+def finished_rules(settings: Settings) -> list[dict[str, Any]]:
+    w = settings.window
+    rate = f"rate({VLLM_FINISHED}{settings.vllm_sel()}[{w}])"
+    reason = _copy_label(rate, "reason", "finished_reason")
+    expr = _vllm(settings, reason, f"{SERVICE_MODEL}, host, reason")
+    return [_rule(FINISHED_RATE + w, expr, source=VLLM)]
 
 
 # Per source, service and model (each name ends with its window): requests per second,
@@ -215,7 +254,8 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
 
 
 def _error_ratio(errors: str, total: str) -> str:
-    return f"(\n  {indent(errors)}\n  or\n  {indent(total)} * 0\n)\n/\n{total}"
+    # "> 0": a window without requests has no ratio (absent), not a NaN one (0/0)
+    return f"(\n  {indent(errors)}\n  or\n  {indent(total)} * 0\n)\n/\n({total} > 0)"
 
 
 def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
@@ -247,7 +287,8 @@ def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
 
 
 def _slo_ratio(good: str, total: str) -> str:
-    return f"1 - (\n  {indent(good)}\n  /\n  {indent(total)}\n)"
+    # "> 0": no requests in the window is no ratio (absent), not NaN
+    return f"1 - (\n  {indent(good)}\n  /\n  ({indent(total)} > 0)\n)"
 
 
 def _le_pattern(le: str) -> str:
@@ -260,21 +301,24 @@ def _sum_rate(selector: str, window: str) -> str:
     return f"sum by ({SERVICE_MODEL}) (rate({selector}[{window}]))"
 
 
-# Per-GPU series (labels gpu and uuid; instance_* also job and instance) the
-# conditions, the alerts and the verdict read; those with a window in their name end
-# with it.
-OCCUPANCY_AVG = f"gpu:{gpu_rows.SM_OCCUPANCY.name}:avg"
-UTILIZATION_AVG = f"gpu:{gpu_rows.UTILIZATION.name}:avg"
-SM_CLOCK_RATIO = "gpu:gpuscope_gpu_sm_clock:ratio"
-SM_CLOCK_RATIO_AVG = "gpu:gpuscope_gpu_sm_clock:ratio_avg"
-THROTTLE_ACTIVE = "gpu:gpuscope_gpu_clock_throttle_reasons:active"
-PCIE_CAPACITY = "gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
-# The two the alerts fire on keep the exporter's job and instance too (``instance_``),
-# so that a page says which host it is about.
+# Per-GPU series the conditions, the alerts and the verdict read; those with a window
+# in their name end with it. Each keeps the exporter's job and instance next to the
+# GPU's index and UUID (``instance_gpu``): GPU indexes repeat on every host, and so do
+# UUIDs where hosts run the simulated GPUs, so no rule adds up or averages GPUs of two
+# scrape targets, and a page says which host it is about.
+INSTANCE = "job, instance"
+INSTANCE_GPU = f"{INSTANCE}, {GPU}"
+OCCUPANCY_AVG = f"instance_gpu:{gpu_rows.SM_OCCUPANCY.name}:avg"
+UTILIZATION_AVG = f"instance_gpu:{gpu_rows.UTILIZATION.name}:avg"
+SM_CLOCK_RATIO = "instance_gpu:gpuscope_gpu_sm_clock:ratio"
+SM_CLOCK_RATIO_AVG = "instance_gpu:gpuscope_gpu_sm_clock:ratio_avg"
+THROTTLE_ACTIVE = "instance_gpu:gpuscope_gpu_clock_throttle_reasons:active"
+PCIE_CAPACITY = "instance_gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
 PCIE_UTILIZATION = "instance_gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
 MEMORY_USED_RATIO = "instance_gpu:gpuscope_gpu_memory_used:ratio"
-# 1 per GPU, labelled with its host; the best SM occupancy among a host's GPUs
-GPU_HOST = f"host_gpu:{gpu_rows.INFO.name}:max"
+# 1 per GPU, labelled with its host as well (the boards' GPU-to-host map); the best SM
+# occupancy among a host's GPUs
+GPU_HOST = f"instance_host_gpu:{gpu_rows.INFO.name}:max"
 HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
 
 
@@ -292,16 +336,16 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
     return [
         _rule(
             f"{OCCUPANCY_AVG}{w}",
-            f"avg by ({GPU}) (avg_over_time({occupancy}{settings.sel()}[{w}]))",
+            f"avg by ({INSTANCE_GPU}) (avg_over_time({occupancy}{settings.sel()}[{w}]))",
         ),
         _rule(
             f"{UTILIZATION_AVG}{w}",
-            f"avg by ({GPU}) (avg_over_time({utilization}{settings.sel()}[{w}]))",
+            f"avg by ({INSTANCE_GPU}) (avg_over_time({utilization}{settings.sel()}[{w}]))",
         ),
         _rule(
             SM_CLOCK_RATIO,
-            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.sel()})\n/\n"
-            f"avg by ({GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.sel()})",
+            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.sel()})\n/\n"
+            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.sel()})",
         ),
         _rule(
             f"{SM_CLOCK_RATIO_AVG}{w}",
@@ -310,35 +354,36 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
         # 1 per GPU while a thermal or power reason holds its clocks down
         _rule(
             THROTTLE_ACTIVE,
-            f"max by ({GPU}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling})",
+            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling})",
         ),
         # "> 0": a generation outside the table (or a width of 0) has no known capacity;
         # dividing by 0 would give +Inf, a saturated link, under any traffic
         _rule(
             PCIE_CAPACITY,
-            f"max by ({GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.sel()}\n"
-            f"  * on (job, instance, {GPU}) (\n    {capacity}\n  )\n)\n> 0",
+            f"max by ({INSTANCE_GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.sel()}\n"
+            f"  * on ({INSTANCE_GPU}) (\n    {capacity}\n  )\n)\n> 0",
         ),
         _rule(
             f"{PCIE_UTILIZATION}{w}",
             " or ".join(
                 f"label_replace(\n"
-                f"  sum by ({INSTANCE}, {GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
-                f"  / on ({GPU}) group_left () {PCIE_CAPACITY},\n"
+                f"  sum by ({INSTANCE_GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
+                f"  / on ({INSTANCE_GPU}) {PCIE_CAPACITY},\n"
                 f'  "direction", "{direction}", "", ""\n)'
                 for direction, row in pcie.items()
             ),
         ),
         _rule(
             MEMORY_USED_RATIO,
-            f"max by ({INSTANCE}, {GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
-            f"max by ({INSTANCE}, {GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
+            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
+            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
         ),
-        # The per-host join for requests that name no GPU: each GPU's host (the
-        # exporter's instance without the port), and the best-fed GPU of each host.
+        # Each GPU's host (the exporter's instance without the port), for the boards'
+        # GPU panels of a host; and the best-fed GPU of each host, for requests that
+        # name no GPU.
         _rule(
             GPU_HOST,
-            f"max by ({HOST_GPU}) (\n  {indent(with_host(settings, info))}\n)",
+            f"max by ({INSTANCE}, {HOST_GPU}) (\n  {indent(with_host(settings, info))}\n)",
         ),
         _rule(
             f"{HOST_OCCUPANCY}{w}",
@@ -352,16 +397,19 @@ def _max_by_host(expr: str) -> str:
 
 
 def gpu_conditions(settings: Settings) -> dict[str, str]:
-    """Per-GPU conditions (labels gpu, uuid) shared by the verdict and the alerts."""
+    """Per-GPU conditions (labels job, instance, gpu, uuid) shared by the verdict and
+    the alerts."""
     w = settings.window
     return {
         "throttled": (
             f"{SM_CLOCK_RATIO_AVG}{w} < {settings.throttle_clock_ratio:g}\n"
-            f"and on ({GPU}) {UTILIZATION_AVG}{w} > "
+            f"and on ({INSTANCE_GPU}) {UTILIZATION_AVG}{w} > "
             f"{settings.throttle_min_utilization:g}\n"
-            f"and on ({GPU}) {THROTTLE_ACTIVE} == 1"
+            f"and on ({INSTANCE_GPU}) {THROTTLE_ACTIVE} == 1"
         ),
-        "pcie": f"max by ({GPU}) ({PCIE_UTILIZATION}{w}) > {settings.pcie_utilization:g}",
+        "pcie": (
+            f"max by ({INSTANCE_GPU}) ({PCIE_UTILIZATION}{w}) > {settings.pcie_utilization:g}"
+        ),
         "underfed": f"{OCCUPANCY_AVG}{w} < {settings.underfed_occupancy:g}",
     }
 
@@ -373,10 +421,7 @@ def host_conditions(settings: Settings) -> dict[str, str]:
     underfed only when every one of its GPUs is."""
     gpu = gpu_conditions(settings)
     return {
-        **{
-            cause: f"max by (host) (\n  {GPU_HOST}\n  and on ({GPU}) ({indent(gpu[cause])})\n)"
-            for cause in ("throttled", "pcie")
-        },
+        **{cause: _max_by_host(with_host(settings, gpu[cause])) for cause in ("throttled", "pcie")},
         "underfed": f"{HOST_OCCUPANCY}{settings.window} < {settings.underfed_occupancy:g}",
     }
 
@@ -386,9 +431,14 @@ def on_request_gpu(settings: Settings, cause: str) -> str:
     share) whose GPU meets condition ``cause``: joined on the GPU's UUID, or, where the
     requests name no GPU (``uuid`` empty), on their host."""
     base = f"max by ({SMG}) ({PHASE_SHARE_MEAN}{settings.window})"
-    gpu, host = gpu_conditions(settings)[cause], host_conditions(settings)[cause]
+    # The GPU's series carry the host of the exporter that reads it, the requests'
+    # the host of the exporter (or engine) that counted them: one exporter per host
+    # reads its GPUs and receives its spans, so a GPU index or UUID that repeats on
+    # another host never meets these requests.
+    gpu = with_host(settings, gpu_conditions(settings)[cause])
+    host = host_conditions(settings)[cause]
     return (
-        f"{base}\n  and on ({GPU}) ({indent(indent(gpu))})\nor\n"
+        f"{base}\n  and on ({HOST_GPU}) ({indent(indent(gpu))})\nor\n"
         f"{base}\n  and on ({HOST_GPU}) ({indent(indent(host))})"
     )
 
@@ -446,7 +496,6 @@ def indent(text: str) -> str:
 # Per-instance series of the serving engine's own /metrics (the worker's
 # gpuscope_worker_*, or vLLM's, mapped onto the same names), and the configured batching
 # window per model. A scrape target is one engine, so these never mix sources.
-INSTANCE = "job, instance"
 KV_USAGE = f"instance:{WORKER_KV_USAGE}:avg"
 PREEMPTIONS = f"instance:{WORKER_PREEMPTIONS.removesuffix('_total')}:rate"
 WAITING = f"instance_endpoint:{WORKER_WAITING}:avg"
@@ -504,6 +553,8 @@ def recording_groups(settings: Settings) -> list[dict[str, Any]]:
         "gpuscope-bottleneck": [
             *phase_rules(settings),
             *request_rules(settings),
+            *(rule for hist in TOKEN_HISTOGRAMS for rule in engine_histogram_rules(settings, hist)),
+            *finished_rules(settings),
             *slo_rules(settings, settings.latency_slo),
             *slo_rules(settings, settings.ttft_slo),
             *gpu_rules(settings),

@@ -47,15 +47,15 @@ from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from gpuscope import spans as attr
-from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope import spans as contract
 from gpuscope.exporter.definitions import REQUEST_DURATION
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_chunks
-from gpuscope.exporter.series import LATENCY_BUCKETS, HistogramFamily
+from gpuscope.exporter.http.render import render_chunks
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.series import LATENCY_BUCKETS, HistogramFamily
+from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 
 # -- realistic requests: what setup_tracing() sends for the middleware and BatchRecorder.
 # Per request: one SERVER span with the HTTP, GenAI and phase attributes and its three
@@ -96,17 +96,17 @@ def realistic_spans(
             members.append(_request(tracer, rng, t, model, uuid, batch_size))
             t += 1_000_000
         batch = tracer.start_span(
-            attr.BATCH_SPAN_NAME,
+            contract.BATCH_SPAN_NAME,
             kind=SpanKind.INTERNAL,
             start_time=t,
             links=[Link(m) for m in members],
             attributes={
-                attr.BATCH_ID: f"{t:x}",
-                attr.BATCH_SIZE: batch_size,
-                attr.BATCH_MAX_SIZE: 32,
-                attr.BATCH_TRIGGER: attr.BatchTrigger.TIMEOUT,
-                attr.GPU_UUID: uuid,
-                attr.GEN_AI_REQUEST_MODEL: model,
+                contract.BATCH_ID: f"{t:x}",
+                contract.BATCH_SIZE: batch_size,
+                contract.BATCH_MAX_SIZE: 32,
+                contract.BATCH_TRIGGER: contract.BatchTrigger.TIMEOUT,
+                contract.GPU_UUID: uuid,
+                contract.GEN_AI_REQUEST_MODEL: model,
             },
         )
         batch.end(end_time=t + 20_000_000)
@@ -117,32 +117,32 @@ def realistic_spans(
 def _request(
     tracer: Tracer, rng: random.Random, t: int, model: str, uuid: str, size: int
 ) -> SpanContext:
-    phases = {p: rng.uniform(0.0001, 0.05) for p in attr.PHASES}
+    phases = {p: rng.uniform(0.0001, 0.05) for p in contract.PHASES}
     route = rng.choice(ROUTES)
     attributes: dict[str, AttributeValue] = {
-        attr.HTTP_REQUEST_METHOD: "POST",
-        attr.URL_PATH: route,
-        attr.URL_SCHEME: "http",
-        attr.HTTP_ROUTE: route,
-        attr.HTTP_RESPONSE_STATUS_CODE: 200,
-        attr.GEN_AI_REQUEST_MODEL: model,
-        attr.GEN_AI_OPERATION_NAME: "chat",
-        attr.GEN_AI_USAGE_INPUT_TOKENS: rng.randint(10, 500),
-        attr.GEN_AI_USAGE_OUTPUT_TOKENS: rng.randint(1, 200),
-        attr.BATCH_ID: f"{t:x}",
-        attr.BATCH_SIZE: size,
-        attr.GPU_UUID: uuid,
-        attr.TIME_TO_FIRST_TOKEN: rng.uniform(0.01, 0.2),
-        attr.TIME_PER_OUTPUT_TOKEN: rng.uniform(0.005, 0.05),
+        contract.HTTP_REQUEST_METHOD: "POST",
+        contract.URL_PATH: route,
+        contract.URL_SCHEME: "http",
+        contract.HTTP_ROUTE: route,
+        contract.HTTP_RESPONSE_STATUS_CODE: 200,
+        contract.GEN_AI_REQUEST_MODEL: model,
+        contract.GEN_AI_OPERATION_NAME: "chat",
+        contract.GEN_AI_USAGE_INPUT_TOKENS: rng.randint(10, 500),
+        contract.GEN_AI_USAGE_OUTPUT_TOKENS: rng.randint(1, 200),
+        contract.BATCH_ID: f"{t:x}",
+        contract.BATCH_SIZE: size,
+        contract.GPU_UUID: uuid,
+        contract.TIME_TO_FIRST_TOKEN: rng.uniform(0.01, 0.2),
+        contract.TIME_PER_OUTPUT_TOKEN: rng.uniform(0.005, 0.05),
     }
     for phase, seconds in phases.items():
-        attributes[attr.PHASE_DURATION[phase]] = seconds
+        attributes[contract.PHASE_DURATION[phase]] = seconds
     server = tracer.start_span(
         f"POST {route}", kind=SpanKind.SERVER, start_time=t, attributes=attributes
     )
     parent = set_span_in_context(server)
     offset = t
-    for phase, name in attr.PHASE_SPANS.items():
+    for phase, name in contract.PHASE_SPANS.items():
         child = tracer.start_span(name, parent, SpanKind.INTERNAL, start_time=offset)
         offset += int(phases[phase] * 1e9)
         child.end(end_time=offset)

@@ -33,13 +33,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from gpuscope import spans as attr
-from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope import spans as contract
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.render import render_chunks
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.render import render_chunks
+from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.state import STATE
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 T0 = 1_700_000_000_000_000_000
@@ -52,7 +52,7 @@ def requests_with_distinct_models(count: int, per_request: int = 500) -> list[An
         request = ExportTraceServiceRequest()
         scope_spans = request.resource_spans.add().scope_spans.add()
         # gpuscope's own scope: spans of any other go to the one-series stock family
-        scope_spans.scope.name = attr.INSTRUMENTATION_NAME
+        scope_spans.scope.name = contract.INSTRUMENTATION_NAME
         spans = scope_spans.spans
         for i in range(first, min(count, first + per_request)):
             span = Span(
@@ -64,15 +64,15 @@ def requests_with_distinct_models(count: int, per_request: int = 500) -> list[An
                 end_time_unix_nano=T0 + 50_000_000,
             )
             values: dict[str, AnyValue] = {
-                attr.HTTP_ROUTE: AnyValue(string_value="/v1/chat/completions"),
-                attr.HTTP_RESPONSE_STATUS_CODE: AnyValue(int_value=200),
-                attr.GEN_AI_REQUEST_MODEL: AnyValue(string_value=f"m{i}"),
-                attr.GPU_UUID: AnyValue(string_value="GPU-0"),
-                attr.GEN_AI_USAGE_INPUT_TOKENS: AnyValue(int_value=100),
-                attr.GEN_AI_USAGE_OUTPUT_TOKENS: AnyValue(int_value=20),
-                attr.TIME_TO_FIRST_TOKEN: AnyValue(double_value=0.02),
-                attr.TIME_PER_OUTPUT_TOKEN: AnyValue(double_value=0.01),
-            } | {key: AnyValue(double_value=0.005) for key in attr.PHASE_DURATION.values()}
+                contract.HTTP_ROUTE: AnyValue(string_value="/v1/chat/completions"),
+                contract.HTTP_RESPONSE_STATUS_CODE: AnyValue(int_value=200),
+                contract.GEN_AI_REQUEST_MODEL: AnyValue(string_value=f"m{i}"),
+                contract.GPU_UUID: AnyValue(string_value="GPU-0"),
+                contract.GEN_AI_USAGE_INPUT_TOKENS: AnyValue(int_value=100),
+                contract.GEN_AI_USAGE_OUTPUT_TOKENS: AnyValue(int_value=20),
+                contract.TIME_TO_FIRST_TOKEN: AnyValue(double_value=0.02),
+                contract.TIME_PER_OUTPUT_TOKEN: AnyValue(double_value=0.01),
+            } | {key: AnyValue(double_value=0.005) for key in contract.PHASE_DURATION.values()}
             span.attributes.extend(KeyValue(key=k, value=v) for k, v in values.items())
             spans.append(span)
         requests.append(request)

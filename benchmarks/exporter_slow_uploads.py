@@ -24,7 +24,7 @@ import aiohttp
 
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.server import start_exporter
 
 HEAD = (
     b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
@@ -76,7 +76,7 @@ async def run(args: argparse.Namespace) -> None:
         listen="127.0.0.1:0",
         gpu_source=GpuSourceKind.NONE,
         max_connections=args.connections,
-        body_timeout=args.body_timeout_s,
+        body_timeout_s=args.body_timeout_s,
     )
     exporter = await start_exporter(config)
     stop, answers = asyncio.Event(), Counter[int]()

@@ -36,9 +36,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.otlp_cases import capped_config, check_case, check_sums, random_case
 
 

@@ -202,11 +202,12 @@ def model_cost(setup: Setup, batch_sizes: list[int]) -> None:
 
 
 def _cost_child(batch_sizes: list[int]) -> None:
+    from gpuscope import flags
     from gpuscope.worker.backends import numpy_models
-    from gpuscope.worker.config import parse_config
+    from gpuscope.worker.config import WorkerConfig
 
     size, kind = os.environ["BENCH_SIZE"].split(), os.environ["BENCH_KIND"]
-    embedding, generator = numpy_models(parse_config(size, {}))
+    embedding, generator = numpy_models(flags.parse(WorkerConfig, size, {}, exit_on_error=False))
 
     def timed(fn: Callable[[], object], rounds: int) -> list[float]:
         times = []

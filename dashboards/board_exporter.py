@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from dashboards.contract import OVERFLOWED_METRIC, REASON, VERSION, series
+from dashboards.contract import CONNECTION_STATE, OVERFLOWED_METRIC, REASON, VERSION, series
 from dashboards.panels import (
     EXPORTER_CHAIN,
     HALF,
@@ -108,6 +108,40 @@ def build() -> Dashboard:
             [query(per_second(exporter_rows.OTLP_REQUESTS_REJECTED, REASON), "{{reason}}")],
             "reqps",
             THIRD,
+            stacked=True,
+        )
+    )
+    board.with_row(row("Connections"))
+    board.with_panel(
+        timeseries(
+            "Open connections",
+            "Client connections open now (busy: a request is being handled; idle: kept "
+            "alive between requests), against the cap --max-connections fitted to the "
+            "descriptor limit. At the cap, new connections are refused or idle ones shed.",
+            [
+                query(
+                    f"sum by (instance, {CONNECTION_STATE}) "
+                    f"({series(exporter_rows.HTTP_CONNECTIONS)}{EXPORTER})",
+                    "{{instance}} {{state}}",
+                ),
+                query(
+                    f"max by (instance) ({series(exporter_rows.HTTP_CONNECTIONS_MAX)}{EXPORTER})",
+                    "{{instance}} cap",
+                ),
+            ],
+            "short",
+            HALF,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Connections closed by the exporter",
+            "Connections per second the exporter closed, by reason (idle or header "
+            "timeouts, refused or shed at the cap, stalled writes): a rise means slow or "
+            "too many clients, and spans they carried may be lost.",
+            [query(per_second(exporter_rows.HTTP_CONNECTIONS_CLOSED, REASON), "{{reason}}")],
+            "ops",
+            HALF,
             stacked=True,
         )
     )

@@ -7,22 +7,27 @@ from grafana_foundation_sdk.builders.prometheus import Dataquery
 
 from dashboards.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, XID, series
 from dashboards.panels import (
+    FULL,
     GPU_CHAIN,
     HALF,
     QUARTER,
     RATE,
     THIRD,
+    Size,
+    gauge_panel,
     new_dashboard,
     query,
     row,
     selector,
     stat_panel,
     state_timeline,
+    table_panel,
+    thresholds,
     timeseries,
 )
 from dashboards.pcie import capacity_expr
 from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 UID = "gpuscope-gpu"
 GPU = selector("job", "instance", GPU_INDEX)
@@ -59,6 +64,7 @@ def build() -> Dashboard:
         "GPU busy, throttled, limited by PCIe, short of memory or failing?",
         GPU_CHAIN,
     )
+    _fleet(board)
     _health(board)
     _activity(board)
     _clocks(board)
@@ -66,6 +72,94 @@ def build() -> Dashboard:
     _memory_power(board)
     _errors(board)
     return board
+
+
+def _fleet(board: Dashboard) -> None:
+    """The selected GPUs as one fleet, as dcgm-exporter's board opens: how many answer,
+    how hot they run on average, what they draw in total and against their limits."""
+    board.with_row(row("Fleet"))
+    size = Size(6, 6)
+    board.with_panel(
+        stat_panel(
+            "GPUs up",
+            "GPUs that answered their last poll, of those the exporters know.",
+            [
+                query(f"sum ({series(gpu_rows.UP)}{GPU})", "up"),
+                query(f"count ({series(gpu_rows.UP)}{GPU})", "known"),
+            ],
+            "none",
+            size,
+            graph=False,
+        )
+    )
+    board.with_panel(
+        gauge_panel(
+            "Average temperature",
+            "Mean core temperature of the selected GPUs. Data-centre GPUs start slowing "
+            "their clocks in the mid-80s °C (see Clock event reasons).",
+            [query(f"avg ({series(gpu_rows.TEMPERATURE)}{GPU})", "average")],
+            "celsius",
+            thresholds("green", (75, "orange"), (85, "red")),
+            size,
+            low=0,
+            high=100,
+        )
+    )
+    board.with_panel(
+        stat_panel(
+            "Total power",
+            "Power the selected GPUs draw together, and their enforced limits added up.",
+            [
+                query(f"sum ({series(gpu_rows.POWER)}{GPU})", "drawn"),
+                query(f"sum ({series(gpu_rows.POWER_LIMIT)}{GPU})", "limit"),
+            ],
+            "watt",
+            size,
+        )
+    )
+    board.with_panel(
+        gauge_panel(
+            "Power against limit",
+            "Total power over the total enforced limit; near 100 % the GPUs cap their "
+            "clocks to stay under it (sw_power_cap).",
+            [
+                query(
+                    f"sum ({series(gpu_rows.POWER)}{GPU})\n/\n"
+                    f"(sum ({series(gpu_rows.POWER_LIMIT)}{GPU}) > 0)",
+                    "of limit",
+                )
+            ],
+            "percentunit",
+            thresholds("green", (0.8, "orange"), (0.95, "red")),
+            size,
+            low=0,
+            high=1,
+        )
+    )
+    info = series(gpu_rows.INFO)
+    board.with_panel(
+        table_panel(
+            "GPUs",
+            "Each GPU's model, driver, PCI bus and NUMA node (gpuscope_gpu_info), with its "
+            "PCIe link's current generation and width.",
+            [
+                query(
+                    f"max by ({PER_GPU}, uuid, name, driver_version, pci_bus_id, numa_node) "
+                    f"({info}{GPU})",
+                    LEGEND,
+                ),
+                query(
+                    f"max by ({PER_GPU}, uuid) ({series(gpu_rows.PCIE_LINK_GENERATION)}{GPU})",
+                    LEGEND,
+                ),
+                query(
+                    f"max by ({PER_GPU}, uuid) ({series(gpu_rows.PCIE_LINK_WIDTH)}{GPU})", LEGEND
+                ),
+            ],
+            {"Value #B": "PCIe generation", "Value #C": "PCIe lanes"},
+            Size(FULL.width, 6),
+        )
+    )
 
 
 def _health(board: Dashboard) -> None:

@@ -5,17 +5,25 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from dashboards import contract, serving
+from alerts.recording import FINISHED_RATE, slo_errors_ratio
+from alerts.settings import Settings, Slo
+from dashboards import contract, engines, serving
 from dashboards.contract import series
 from dashboards.engines import (
     DURATION_HISTOGRAM,
+    GENERATION_TOKENS_HISTOGRAM,
+    NO_TRAFFIC,
     PHASE_HISTOGRAM,
+    PROMPT_TOKENS_HISTOGRAM,
+    SPANS,
     STAGE_HISTOGRAM,
     TPOT_HISTOGRAM,
     TTFT_HISTOGRAM,
     WORKER_MAX_BATCH_SIZE,
     WORKER_MAX_QUEUE_DELAY,
+    not_reported,
     phases_note,
 )
 from dashboards.panels import (
@@ -33,15 +41,23 @@ from dashboards.panels import (
     ratio,
     row,
     selector,
+    stat_panel,
     text_panel,
+    thresholds,
     timeseries,
 )
+from dashboards.recorded import WINDOW
 from dashboards.recorded import rate as recorded_rate
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.definitions import MetricDef
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 UID = "gpuscope-inference-latency"
-QUANTILES = (0.5, 0.95, 0.99)
+# P50, P90 and P99 with the mean beside them, as engines' own boards draw them: a mean
+# far above P50 means a long tail, a P99 far above P90 a few outliers.
+QUANTILES = (0.5, 0.9, 0.99)
+# The thresholds of the headline row: the rules' objectives and limits (alerts/settings.py).
+SETTINGS = Settings()
 
 # Request histograms carry route; phase, token-timing and batch histograms do not.
 REQUEST_VARIABLES = [variable.name for variable in REQUEST_CHAIN]
@@ -63,13 +79,17 @@ def rate(metric: str, sel: str, by: str = "") -> str:
 
 
 def quantile_targets(histogram: MetricDef, sel: str) -> list[Dataquery]:
+    mean = ratio(rate(series(histogram, "sum"), sel), rate(series(histogram, "count"), sel))
     return [
-        query(
-            quantile(q, rate(series(histogram, "bucket"), sel, "le")),
-            f"P{round(q * 100)}",
-            exemplar=True,
-        )
-        for q in QUANTILES
+        *(
+            query(
+                quantile(q, rate(series(histogram, "bucket"), sel, "le")),
+                f"P{round(q * 100)}",
+                exemplar=True,
+            )
+            for q in QUANTILES
+        ),
+        query(mean, "mean", exemplar=True),
     ]
 
 
@@ -93,7 +113,8 @@ def build() -> Dashboard:
         (SOURCE,),
     )
     count = series(exporter_rows.REQUEST_DURATION, "count")
-    board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 5)))
+    board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 9)))
+    add_headline(board)
     board.with_row(row("Traffic (gpuscope spans)"))
     board.with_panel(
         timeseries(
@@ -116,6 +137,7 @@ def build() -> Dashboard:
             [query(ratio(f"({errors} or vector(0))", rate(count, REQUEST)), "5xx share")],
             "percentunit",
             THIRD,
+            no_value=NO_TRAFFIC,
         )
     )
     board.with_panel(
@@ -136,11 +158,13 @@ def build() -> Dashboard:
     board.with_panel(
         timeseries(
             "End-to-end latency",
-            "P50, P95 and P99 of the request duration, from arrival to the last body chunk. "
+            "P50, P90, P99 and mean of the request duration, from arrival to the last body "
+            "chunk. "
             "Exemplars link to the trace of a request in that bucket.",
             quantile_targets(exporter_rows.REQUEST_DURATION, REQUEST),
             "s",
             FULL,
+            no_value=NO_TRAFFIC,
         )
     )
     phase_sum = rate(series(exporter_rows.REQUEST_PHASE, "sum"), PHASE, contract.PHASE)
@@ -155,6 +179,7 @@ def build() -> Dashboard:
             "s",
             HALF,
             stacked=True,
+            no_value=NO_TRAFFIC,
         )
     )
     board.with_panel(
@@ -166,6 +191,7 @@ def build() -> Dashboard:
             [query(phase_p99(), "{{phase}}", exemplar=True)],
             "s",
             HALF,
+            no_value=NO_TRAFFIC,
         )
     )
     duration = series(exporter_rows.REQUEST_DURATION, "bucket")
@@ -188,24 +214,42 @@ def build() -> Dashboard:
                 )
             ],
             "percentunit",
-            FULL,
+            HALF,
+            no_value=NO_TRAFFIC,
+        )
+    )
+    stage_sum = rate(series(exporter_rows.REQUEST_COMPUTE_STAGE, "sum"), PHASE, contract.STAGE)
+    stage_count = rate(series(exporter_rows.REQUEST_COMPUTE_STAGE, "count"), PHASE, contract.STAGE)
+    board.with_panel(
+        timeseries(
+            "Compute: prefill and decode",
+            "Mean seconds in each part of compute, where the engine reports them (vLLM's "
+            "span: prefill, then decode); stacked, they add up to the mean compute time. "
+            "Prefill grows with prompt length, decode with the tokens generated.",
+            [query(ratio(stage_sum, stage_count), "{{stage}}", exemplar=True)],
+            "s",
+            HALF,
+            stacked=True,
+            no_value=not_reported(engines.COMPUTE_SPLIT, (SPANS,)),
         )
     )
     board.with_row(row("Streaming (gpuscope spans)"))
     board.with_panel(
         timeseries(
             "Time to first token",
-            "P50, P95 and P99 from arrival to the first streamed chunk (streaming requests).",
+            "P50, P90, P99 and mean from arrival to the first streamed chunk (streaming requests).",
             quantile_targets(exporter_rows.TIME_TO_FIRST_TOKEN, PHASE),
             "s",
+            no_value=NO_TRAFFIC,
         )
     )
     board.with_panel(
         timeseries(
             "Time per output token",
-            "P50, P95 and P99 of the time per generated token after the first one.",
+            "P50, P90, P99 and mean of the time per generated token after the first one.",
             quantile_targets(exporter_rows.TIME_PER_OUTPUT_TOKEN, PHASE),
             "s",
+            no_value=NO_TRAFFIC,
         )
     )
     board.with_row(row("Batching (gpuscope spans; not in continuous-batching engines)"))
@@ -216,6 +260,7 @@ def build() -> Dashboard:
             "Batch executions per batch-size bucket over time.",
             query(f"sum by (le) (increase({batch_bucket}{PHASE}[{RATE}]))"),
             "short",
+            no_value=not_reported(engines.BATCHING, (SPANS,)),
         )
     )
     batch_sum = rate(series(exporter_rows.BATCH_SIZE, "sum"), PHASE)
@@ -231,17 +276,14 @@ def build() -> Dashboard:
                 query(serving.configured(WORKER_MAX_BATCH_SIZE), "configured maximum"),
             ],
             "short",
+            no_value=not_reported(engines.BATCHING, (SPANS,)),
         )
     )
     board.with_panel(batch_wait_panel())
     serving.add_row(board)
     add_source_rows(board)
+    add_other_instrumentation(board)
     return board
-
-
-def _mean(histogram: str, key: str) -> str:
-    total = f"sum by ({key}) ({recorded_rate(histogram, 'sum')}{PER_SOURCE})"
-    return ratio(total, f"sum by ({key}) ({recorded_rate(histogram, 'count')}{PER_SOURCE})")
 
 
 def _quantile(q: float, histogram: str, key: str = "") -> str:
@@ -250,12 +292,57 @@ def _quantile(q: float, histogram: str, key: str = "") -> str:
 
 
 def _quantiles(histogram: str) -> list[Dataquery]:
-    return [query(_quantile(q, histogram), f"P{round(q * 100)}") for q in QUANTILES]
+    return [
+        *(query(_quantile(q, histogram), f"P{round(q * 100)}") for q in QUANTILES),
+        query(_mean(histogram), "mean"),
+    ]
+
+
+def _mean(histogram: str, key: str = "") -> str:
+    by = f" by ({key})" if key else ""
+    total = f"sum{by} ({recorded_rate(histogram, 'sum')}{PER_SOURCE})"
+    return ratio(total, f"sum{by} ({recorded_rate(histogram, 'count')}{PER_SOURCE})")
+
+
+def _burn(slo: Slo) -> list[Dataquery]:
+    """The SLO's share of requests over its bound per window, as a multiple of the
+    error budget (1 - objective): 1 spends the budget exactly over the SLO period."""
+    sel = selector("source", contract.SERVICE, contract.MODEL)
+    budget = 1 - slo.objective
+    return [
+        query(
+            f"{slo_errors_ratio(slo)}{window}{sel}\n/ {budget:.6g}",
+            f"{{{{service}}}} / {{{{model}}}} {window}",
+        )
+        for window in SETTINGS.slo_windows()
+    ]
+
+
+def _burn_panel(slo: Slo) -> timeseries_builders.Panel:
+    page = sorted(rate for _, _, rate in SETTINGS.page_burns)
+    return timeseries(
+        f"{slo.title}: error budget burn",
+        f"Requests over {slo.le} s (the objective: {slo.objective:.3g} within it), as a "
+        "multiple of the error budget, per window of the SLO rules. Over 1 the budget "
+        f"runs out before the SLO period ends; the pages fire at {' and '.join(map(str, page))} "
+        "over a long and a short window together. From the recording rules; vLLM's "
+        "where the bound is one of its histogram's buckets.",
+        _burn(slo),
+        "suffix:×",
+        HALF,
+        no_value=NO_TRAFFIC,
+        steps=thresholds(
+            "green", *((rate, "orange" if rate < page[-1] else "red") for rate in page)
+        ),
+    )
 
 
 def add_source_rows(board: Dashboard) -> None:
     """One row per source of request timings (the recording rules' series): the same
-    latencies as above, for gpuscope's spans and for an engine's own /metrics alike."""
+    latencies as above, for gpuscope's spans and for an engine's own /metrics alike,
+    with what only some sources report (prompt and generation lengths, finish reasons)
+    and the SLOs' error budget burn. A panel over something the source does not
+    report says so (the table in dashboards/engines.py)."""
     board.with_row(row("Per source: $source (recording rules)", repeat="source"))
     board.with_panel(
         timeseries(
@@ -268,18 +355,20 @@ def add_source_rows(board: Dashboard) -> None:
             "s",
             HALF,
             stacked=True,
+            no_value=not_reported(engines.PHASE_TIMES),
         )
     )
     board.with_panel(
         timeseries(
             "Compute: prefill and decode",
             "Mean seconds in each part of compute, where the engine reports them (vLLM: "
-            "prefill, then decode); stacked, they add up to the mean compute time. Empty "
-            "for engines that report compute whole (the reference worker).",
+            "prefill, then decode); stacked, they add up to the mean compute time. The "
+            "reference worker reports compute whole.",
             [query(_mean(STAGE_HISTOGRAM, contract.STAGE), "{{stage}}")],
             "s",
             HALF,
             stacked=True,
+            no_value=not_reported(engines.COMPUTE_SPLIT),
         )
     )
     board.with_panel(
@@ -293,16 +382,18 @@ def add_source_rows(board: Dashboard) -> None:
             ],
             "s",
             HALF,
+            no_value=not_reported(engines.PHASE_TIMES),
         )
     )
     board.with_panel(
         timeseries(
             "End-to-end latency",
-            "P50, P95 and P99 of the model requests' duration from this source (vLLM: from "
-            "its arrival in the engine's API server to the last token)." + VLLM_BUCKETS_NOTE,
+            "P50, P90, P99 and mean of the model requests' duration from this source (vLLM: "
+            "from its arrival in the engine's API server to the last token)." + VLLM_BUCKETS_NOTE,
             _quantiles(DURATION_HISTOGRAM),
             "s",
             HALF,
+            no_value=not_reported(engines.END_TO_END),
         )
     )
     board.with_panel(
@@ -312,25 +403,189 @@ def add_source_rows(board: Dashboard) -> None:
             [query(f"sum ({recorded_rate(DURATION_HISTOGRAM, 'count')}{PER_SOURCE})", "req/s")],
             "reqps",
             THIRD,
+            no_value=not_reported(engines.END_TO_END),
         )
     )
     board.with_panel(
         timeseries(
             "Time to first token",
-            "P50, P95 and P99 from arrival to the first token, from this source.",
+            "P50, P90, P99 and mean from arrival to the first token, from this source.",
             _quantiles(TTFT_HISTOGRAM),
             "s",
             THIRD,
+            no_value=not_reported(engines.TIME_TO_FIRST_TOKEN),
         )
     )
     board.with_panel(
         timeseries(
             "Time per output token",
-            "P50, P95 and P99 of each request's time per generated token after the first, "
-            "from this source.",
+            "P50, P90, P99 and mean of each request's time per generated token after the "
+            "first, from this source.",
             _quantiles(TPOT_HISTOGRAM),
             "s",
             THIRD,
+            no_value=not_reported(engines.TIME_PER_OUTPUT_TOKEN),
+        )
+    )
+    for title, histogram, capability, grows in (
+        ("Prompt length", PROMPT_TOKENS_HISTOGRAM, engines.PROMPT_LENGTH, "prefill"),
+        ("Generation length", GENERATION_TOKENS_HISTOGRAM, engines.GENERATION_LENGTH, "decode"),
+    ):
+        board.with_panel(
+            heatmap_panel(
+                title,
+                f"Requests per second by their {title.lower()} in tokens (bucket bounds of "
+                f"the engine's histogram), over the rules' window: longer requests mean "
+                f"more {grows} time for the same request rate.",
+                query(f"sum by (le) ({recorded_rate(histogram, 'bucket')}{PER_SOURCE})"),
+                "short",
+                THIRD,
+                no_value=not_reported(capability),
+            )
+        )
+    board.with_panel(
+        timeseries(
+            "Finish reasons",
+            "Requests finished per second by why they ended: stop (a stop token or string), "
+            "length (max_tokens reached), abort (the client went away), error. Many "
+            "length endings mean long generations; aborts, clients that gave up waiting.",
+            [query(f"sum by (reason) ({FINISHED_RATE}{WINDOW}{PER_SOURCE})", "{{reason}}")],
+            "reqps",
+            THIRD,
+            stacked=True,
+            no_value=not_reported(engines.FINISH_REASONS),
+        )
+    )
+    board.with_panel(_burn_panel(SETTINGS.latency_slo))
+    board.with_panel(_burn_panel(SETTINGS.ttft_slo))
+
+
+def add_headline(board: Dashboard) -> None:
+    """The numbers to read first, each against the limit the rules use: traffic,
+    failures, the tail, the phase that holds most of the time, and whether the GPUs are
+    busy. An idle window reads "No traffic", never NaN."""
+    board.with_row(row("Now (gpuscope spans)"))
+    count = series(exporter_rows.REQUEST_DURATION, "count")
+    errors = rate(count, selector(*REQUEST_VARIABLES, extra=[f'{contract.CODE}=~"5.."']))
+    duration = series(exporter_rows.REQUEST_DURATION, "bucket")
+    ttft = series(exporter_rows.TIME_TO_FIRST_TOKEN, "bucket")
+    phase_sum = rate(series(exporter_rows.REQUEST_PHASE, "sum"), PHASE, contract.PHASE)
+    occupancy = series(gpu_rows.SM_OCCUPANCY) + selector("job", "instance", contract.GPU_INDEX)
+    size = Size(4, 4)
+    latency, first_token = SETTINGS.latency_slo, SETTINGS.ttft_slo
+    for title, description, target, unit, steps in (
+        (
+            "Requests",
+            "Requests finished per second.",
+            query(rate(count, REQUEST), "req/s"),
+            "reqps",
+            thresholds("blue"),
+        ),
+        (
+            "Server errors",
+            "Share of requests answered 5xx; red from the ratio GpuscopeErrorRatioHigh fires at.",
+            query(ratio(f"({errors} or vector(0))", rate(count, REQUEST)), "5xx"),
+            "percentunit",
+            thresholds(
+                "green", (SETTINGS.error_ratio / 5, "orange"), (SETTINGS.error_ratio, "red")
+            ),
+        ),
+        (
+            "P99 latency",
+            f"End-to-end P99; red from the latency objective's bound ({latency.le} s).",
+            query(quantile(0.99, rate(duration, REQUEST, "le")), "P99", exemplar=True),
+            "s",
+            thresholds("green", (float(latency.le) / 2, "orange"), (float(latency.le), "red")),
+        ),
+        (
+            "P99 time to first token",
+            f"P99 from arrival to the first streamed chunk; red from the TTFT objective's "
+            f"bound ({first_token.le} s).",
+            query(quantile(0.99, rate(ttft, PHASE, "le")), "P99", exemplar=True),
+            "s",
+            thresholds(
+                "green", (float(first_token.le) / 2, "orange"), (float(first_token.le), "red")
+            ),
+        ),
+        (
+            "Where the time goes",
+            "The phase with the largest share of the mean request time, and that share; "
+            "orange from the share at which the verdict calls a phase dominant.",
+            query(
+                "topk(1,\n"
+                + ratio(
+                    phase_sum, f"sum({phase_sum})", f"ignoring ({contract.PHASE}) group_left ()"
+                )
+                + "\n)",
+                "{{phase}}",
+            ),
+            "percentunit",
+            thresholds("green", (SETTINGS.dominant_share, "orange")),
+        ),
+        (
+            "SM occupancy",
+            "Mean SM occupancy of the selected GPUs; red under the occupancy the verdict "
+            "calls underfed (while requests queue).",
+            query(f"avg ({occupancy})", "SM occupancy"),
+            "percentunit",
+            thresholds("red", (SETTINGS.underfed_occupancy, "green")),
+        ),
+    ):
+        board.with_panel(
+            stat_panel(
+                title,
+                description,
+                [target],
+                unit,
+                size,
+                steps=steps,
+                no_value=NO_TRAFFIC,
+                text_mode=BigValueTextMode.VALUE_AND_NAME
+                if title == "Where the time goes"
+                else BigValueTextMode.VALUE,
+            )
+        )
+
+
+def add_other_instrumentation(board: Dashboard) -> None:
+    """SERVER spans of other instrumentation (not gpuscope's), spanmetrics-shaped: other
+    services' requests beside the model servers'."""
+    board.with_row(row("Other instrumentation (SERVER spans of other scopes)"))
+    exporter = selector("job", "instance")
+    calls = series(exporter_rows.SPAN_CALLS)
+    bucket = series(exporter_rows.SPAN_DURATION, "bucket")
+    by = "service_name, span_name"
+    board.with_panel(
+        timeseries(
+            "Calls by status",
+            "SERVER spans per second from instrumentation other than gpuscope's (the stock "
+            "ASGI, FastAPI or gRPC instrumentation), by service, span and status code.",
+            [
+                query(
+                    f"sum by ({by}, status_code) (rate({calls}{exporter}[{RATE}]))",
+                    "{{service_name}} {{span_name}} {{status_code}}",
+                )
+            ],
+            "reqps",
+            HALF,
+            stacked=True,
+            no_value=NO_TRAFFIC,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Duration",
+            "P50, P90 and P99 of those spans' duration, per service and span name.",
+            [
+                query(
+                    quantile(q, f"sum by ({by}, le) (rate({bucket}{exporter}[{RATE}]))"),
+                    f"{{{{service_name}}}} {{{{span_name}}}} P{round(q * 100)}",
+                )
+                for q in QUANTILES
+            ],
+            "s",
+            HALF,
+            no_value=NO_TRAFFIC,
         )
     )
 
@@ -357,4 +612,5 @@ def batch_wait_panel() -> timeseries_builders.Panel:
         ],
         "s",
         FULL,
+        no_value=not_reported(engines.BATCHING, (SPANS,)),
     )

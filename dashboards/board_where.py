@@ -17,8 +17,17 @@ from grafana_foundation_sdk.models.common import BigValueTextMode
 
 from alerts.recording import BATCH_WAIT, COMPUTE, QUEUE
 from alerts.settings import GPU
-from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, series
-from dashboards.engines import DURATION_HISTOGRAM, PHASE_HISTOGRAM, STAGE_HISTOGRAM, phases_note
+from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
+from dashboards.engines import (
+    COMPUTE_SPLIT,
+    DURATION_HISTOGRAM,
+    NO_TRAFFIC,
+    PHASE_HISTOGRAM,
+    PHASE_TIMES,
+    STAGE_HISTOGRAM,
+    not_reported,
+    phases_note,
+)
 from dashboards.panels import (
     RATE,
     SOURCE_CHAIN,
@@ -37,7 +46,7 @@ from dashboards.panels import (
 )
 from dashboards.pcie import capacity_expr
 from dashboards.recorded import GPU_HOST, VERDICT, rate
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 UID = "gpuscope-where-did-the-time-go"
 # Written by the bottleneck rules in alerts/: 1 for the cause that holds now.
@@ -45,15 +54,21 @@ CAUSES = (QUEUE, BATCH_WAIT, COMPUTE, "underfed", "throttled", "pcie", "none")
 # The rules keep source, service, model, host, gpu and uuid.
 RULE = selector("source", "host", SERVICE, MODEL, GPU_INDEX)
 # GPU series of the row's host: the rules' GPU-to-host map, so the host is the one the
-# verdict joined on.
-ON_HOST = f"and on ({GPU}) {GPU_HOST}{selector('host', GPU_INDEX)}"
+# verdict joined on; matched on the exporter's instance too, as GPU indexes (and the
+# simulated GPUs' UUIDs) repeat on every host.
+ON_HOST = f"and on (instance, {GPU}) {GPU_HOST}{selector('host', GPU_INDEX)}"
 PER_GPU = f"instance, {GPU_INDEX}"
+# A verdict names its GPU's UUID too: two GPUs of one index on a host (two exporters)
+# are two rows.
+LEGEND = "{{service}} / {{model}} GPU {{gpu}} {{uuid}}: {{cause}}"
 
 
 def _verdict() -> str:
-    # requests that name no GPU are judged against every GPU of their host: "GPU all"
+    # requests that name no GPU are judged against every GPU of their host: "GPU all";
+    # by host and UUID too, so that two GPUs of one index (two exporters on a host, or
+    # "All" hosts) stay two verdicts
     verdict = f'label_replace({VERDICT}{RULE} == 1, "{GPU_INDEX}", "all", "{GPU_INDEX}", "")'
-    return f"max by ({SERVICE}, {MODEL}, {GPU_INDEX}, cause) (\n{verdict}\n)"
+    return f"max by (host, {SERVICE}, {MODEL}, {GPU_INDEX}, {UUID}, cause) (\n{verdict}\n)"
 
 
 def _share(histogram: str, key: str) -> str:
@@ -79,7 +94,7 @@ def build() -> Dashboard:
         "throttled, pcie), for one source of request timings at a time.",
         SOURCE_CHAIN,
     )
-    board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 5)))
+    board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 9)))
     board.with_row(row("Host $host ($source)", repeat="host"))
     board.with_panel(
         stat_panel(
@@ -88,18 +103,20 @@ def build() -> Dashboard:
             "host: " + ", ".join(CAUSES) + ". GPU all: requests that named no GPU, judged "
             "against every GPU of the host (throttled or pcie when one of them is, "
             "underfed when all are).",
-            [query(_verdict(), "{{service}} / {{model}} GPU {{gpu}}: {{cause}}")],
+            [query(_verdict(), LEGEND)],
             "none",
             Size(6, 8),
             text_mode=BigValueTextMode.NAME,
+            no_value=NO_TRAFFIC,
         )
     )
     board.with_panel(
         state_timeline(
             "Bottleneck over time",
             "When each cause held, per service, model and GPU.",
-            [query(_verdict(), "{{service}} / {{model}} GPU {{gpu}}: {{cause}}")],
+            [query(_verdict(), LEGEND)],
             Size(18, 8),
+            no_value=NO_TRAFFIC,
         )
     )
     board.with_panel(
@@ -113,6 +130,7 @@ def build() -> Dashboard:
             THIRD,
             stacked=True,
             max_value=1,
+            no_value=not_reported(PHASE_TIMES),
         )
     )
     board.with_panel(
@@ -125,19 +143,21 @@ def build() -> Dashboard:
             [query(_p99_against_request(), "{{phase}}")],
             "percentunit",
             THIRD,
+            no_value=not_reported(PHASE_TIMES),
         )
     )
     board.with_panel(
         timeseries(
             "Compute: prefill and decode",
             "The parts of compute where the engine reports them (vLLM: prefill, then "
-            "decode), as shares of their sum, which is compute; stacked to 100 %. Empty "
-            "for engines that report compute whole (the reference worker).",
+            "decode), as shares of their sum, which is compute; stacked to 100 %. The "
+            "reference worker reports compute whole.",
             [query(_share(STAGE_HISTOGRAM, STAGE), "{{stage}}")],
             "percentunit",
             THIRD,
             stacked=True,
             max_value=1,
+            no_value=not_reported(COMPUTE_SPLIT),
         )
     )
     gpu = selector(GPU_INDEX)

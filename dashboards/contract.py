@@ -2,7 +2,7 @@
 
 No metric name or phase is written in the builders as a string. Metric names are
 those of the rows the exporter serves from (``gpuscope.exporter.definitions`` and
-``gpuscope.exporter.gpu.metrics``, which the builders import as ``exporter_rows`` and
+``gpuscope.exporter.gpu.definitions``, which the builders import as ``exporter_rows`` and
 ``gpu_rows``), written into PromQL by ``series``; phases and compute stages are
 ``gpuscope.spans``'. So a renamed metric or a new phase changes the generated boards
 and rules (and the tests that compare them with the committed files fail until
@@ -18,7 +18,7 @@ from __future__ import annotations
 from gpuscope import spans
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.definitions import MetricDef, MetricType
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 PHASES = spans.PHASES
 COMPUTE_STAGES = spans.COMPUTE_STAGES
@@ -94,7 +94,9 @@ REASON = label(
     exporter_rows.SPANS_REJECTED,
     exporter_rows.OTLP_REQUESTS_REJECTED,
     exporter_rows.FORWARD_SPANS_DROPPED,
+    exporter_rows.HTTP_CONNECTIONS_CLOSED,
 )
+CONNECTION_STATE = label("state", exporter_rows.HTTP_CONNECTIONS)
 XID = label("xid", gpu_rows.XID_ERRORS)
 ECC_TYPE = label("type", gpu_rows.ECC_ERRORS)
 COLLECTOR = label("collector", gpu_rows.COLLECTOR_SUCCESS, gpu_rows.COLLECTOR_DURATION)

@@ -9,7 +9,10 @@ together:
 - ``spans``: gpuscope's exporter, from spans (the middleware, the reference worker, or
   vLLM's ``llm_request`` span through the middleware bridge);
 - ``vllm``: vLLM's own ``/metrics``, scraped by Prometheus; no gpuscope in the
-  request path.
+  request path;
+- ``triton``, ``tgi``, ``sglang``: Triton Inference Server's, Text Generation
+  Inference's and SGLang's own ``/metrics`` the same way (``ENGINES`` below, taken from
+  each engine's source at the release it names).
 
 vLLM's series carry ``model_name`` and ``engine`` (its data-parallel rank); the rules
 sum the engines, take ``model`` from ``model_name``, ``service`` from the scrape's
@@ -26,7 +29,10 @@ from gpuscope.exporter import definitions as exporter_rows
 
 SPANS = "spans"
 VLLM = "vllm"
-SOURCES = (SPANS, VLLM)
+TRITON = "triton"
+TGI = "tgi"
+SGLANG = "sglang"
+SOURCES = (SPANS, VLLM, TRITON, TGI, SGLANG)
 
 PHASE_HISTOGRAM = exporter_rows.REQUEST_PHASE.name
 STAGE_HISTOGRAM = exporter_rows.REQUEST_COMPUTE_STAGE.name
@@ -102,6 +108,24 @@ VLLM_HISTOGRAMS = (
     ),
 )
 
+# Per request, the tokens of its prompt and of its generation: histograms gpuscope's
+# exporter does not serve (its spans give token counts, summed in gpuscope_tokens_total),
+# recorded per source from the engines that do, under these names.
+PROMPT_TOKENS_HISTOGRAM = "gpuscope_request_prompt_tokens"
+GENERATION_TOKENS_HISTOGRAM = "gpuscope_request_generation_tokens"
+TOKEN_HISTOGRAMS = (PROMPT_TOKENS_HISTOGRAM, GENERATION_TOKENS_HISTOGRAM)
+RECORDED_ONLY = TOKEN_HISTOGRAMS
+# vLLM's token-count buckets (1, 2, 5 times powers of ten up to its max_model_len).
+_VLLM_TOKEN_BUCKETS = (
+    "1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0",
+)  # fmt: skip
+VLLM_TOKEN_HISTOGRAMS = (
+    EngineHistogram("vllm:request_prompt_tokens", PROMPT_TOKENS_HISTOGRAM, "", _VLLM_TOKEN_BUCKETS),
+    EngineHistogram(
+        "vllm:request_generation_tokens", GENERATION_TOKENS_HISTOGRAM, "", _VLLM_TOKEN_BUCKETS
+    ),
+)
+
 # The reference worker's own /metrics (``gpuscope.worker.metrics``, which has no table of
 # rows; a test checks every name here against what the worker serves).
 WORKER_INFO = "gpuscope_worker_info"
@@ -125,19 +149,608 @@ VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
 VLLM_FINISHED = "vllm:request_success_total"
 VLLM_ERROR_REASON = 'finished_reason="error"'
 
+# --- Triton, TGI, SGLang: their own /metrics ------------------------------------------
+# Every name, type, unit, label and bucket below is taken from the engine's source at
+# the release its ``Release`` names (read there, not from docs or examples), and the
+# promtool cases of alerts/tests/<engine>_test.yml feed series of exactly that shape
+# (tests/alerts/test_alerts_engines.py checks them against ``Exposition``).
+
+
+@dataclass(frozen=True)
+class Release:
+    """Where an engine's metric names were read: its release and the files."""
+
+    engine: str
+    version: str
+    repository: str
+    ref: str  # the tag (or release branch) and its commit
+    files: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.engine} {self.version}"
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """One sample name as the engine exposes it: its type, label names, bucket bounds."""
+
+    type: str  # counter, gauge, histogram (the _bucket sample), summary
+    labels: tuple[str, ...]  # always present (besides job and instance)
+    optional: tuple[str, ...] = ()  # present in some deployments only
+    bounds: tuple[str, ...] = ()  # finite ``le`` values as the engine writes them
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    """An engine's measurement standing for one gpuscope histogram (and phase or stage).
+
+    ``sums`` are native samples whose rates add up to the rate of the histogram's
+    ``_sum`` (in the engine's unit, ``per_second`` of them a second); ``minus_sums`` are
+    taken off it (SGLang's compute: end to end minus queue). ``count`` is the native
+    sample counting the requests measured, less ``minus_count`` where that exists
+    (Triton's cache hits, which have no compute). ``bucket`` and ``bounds``, where the
+    engine has a histogram, give quantiles; ``bounds`` are its ``le`` as written, and
+    ``seconds`` the same bounds in seconds."""
+
+    gpuscope: str
+    key_value: str  # the phase or stage it is; "" for histograms without a key
+    sums: tuple[str, ...]
+    count: str
+    per_second: float = 1.0  # native units in a second: 1e6 for µs, 1e3 for ms
+    minus_sums: tuple[str, ...] = ()
+    minus_count: str = ""
+    bucket: str = ""
+    bounds: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> tuple[float, ...]:
+        return tuple(float(bound) / self.per_second for bound in self.bounds)
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What one source gives the boards: the phases and compute stages, TTFT and TPOT,
+    the batch size, the KV cache and how requests are joined to their GPU. A note says
+    how, or why not (``""``: not reported by this engine)."""
+
+    phases: tuple[str, ...]
+    stages: tuple[str, ...]
+    ttft: str
+    tpot: str
+    batch_size: str
+    kv_cache: str
+    gpu_join: str
+    quantiles: str  # which of the request timings have quantiles (P99), and why not
+
+    def reports(self, what: str) -> bool:
+        """Whether the source gives ``what``: a phase, a stage, or one of ``ttft``,
+        ``tpot``, ``batch_size``, ``kv_cache``, ``gpu_join``."""
+        if what in PHASES:
+            return what in self.phases
+        if what in COMPUTE_STAGES:
+            return what in self.stages
+        return bool(getattr(self, what))
+
+
+NOT_REPORTED = "not reported by this engine"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine's ``/metrics`` mapped onto the series the boards and the verdict read."""
+
+    source: str
+    release: Release
+    job_selector: str  # its scrape job, by default
+    model_label: str  # the engine's label naming the model; "" when it has none
+    exposition: dict[str, Exposition]
+    timings: tuple[EngineTiming, ...]
+    requests: tuple[str, ...]  # counters that add up to every request the engine finished
+    errors: tuple[str, str]  # (counter, matcher): the finished requests that failed
+    running: str  # gauges per scrape target; "" when the engine has none
+    waiting: str
+    kv_usage: str  # 0-1
+    capability: Capability
+
+    def timings_for(self, gpuscope: str) -> tuple[EngineTiming, ...]:
+        return tuple(t for t in self.timings if t.gpuscope == gpuscope)
+
+
+# Triton Inference Server: src/metrics.cc registers the families (counters without a
+# _total suffix, durations in microseconds), src/metric_model_reporter.cc gives every
+# per-model series the labels model and version (plus gpu_uuid for a model instance on
+# a GPU, namespace where model namespacing is on) and creates the latency counters by
+# default, the first-response histogram with --metrics-config histogram_latencies=true
+# and the summaries with summary_latencies=true; src/infer_stats.cc adds each request's
+# durations to the counters when it succeeds (nv_inference_count by the request's batch
+# size, nv_inference_exec_count once per model execution).
+TRITON_RELEASE = Release(
+    "Triton Inference Server",
+    "26.05",
+    "triton-inference-server/core",
+    "release branch r26.05, commit e6fcb0c78e072672beab614384fd4f763c302134",
+    (
+        "src/metrics.cc",
+        "src/metric_model_reporter.cc",
+        "src/metric_model_reporter.h",
+        "src/infer_stats.cc",
+        "src/constants.h",
+    ),
+)
+_TRITON_LABELS = ("model", "version")
+_TRITON_OPTIONAL = ("gpu_uuid", "namespace")
+TRITON_SUCCESS = "nv_inference_request_success"
+TRITON_FAILURE = "nv_inference_request_failure"  # label reason
+TRITON_INFERENCES = "nv_inference_count"  # + the request's batch size, per request
+TRITON_EXECUTIONS = "nv_inference_exec_count"  # + 1 per model execution
+TRITON_REQUEST_US = "nv_inference_request_duration_us"
+TRITON_QUEUE_US = "nv_inference_queue_duration_us"
+TRITON_COMPUTE_US = (
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+TRITON_PENDING = "nv_inference_pending_request_count"
+TRITON_CACHE_HITS = "nv_cache_num_hits_per_model"  # only with the response cache on
+TRITON_FIRST_RESPONSE_MS = "nv_inference_first_response_histogram_ms"  # optional
+TRITON_SUMMARIES_US = (  # optional; quantiles over prometheus-cpp's sliding window
+    "nv_inference_request_summary_us",
+    "nv_inference_queue_summary_us",
+    "nv_inference_compute_input_summary_us",
+    "nv_inference_compute_infer_summary_us",
+    "nv_inference_compute_output_summary_us",
+)
+# the default bounds of the first-response histogram, in ms (metric_model_reporter.h;
+# a model's config may set others, which these rules cannot convert)
+_TRITON_FIRST_RESPONSE_BOUNDS = ("100", "500", "2000", "5000")
+# reasons of failure that are the server's (CANCELED is the client's)
+TRITON_ERROR_REASONS = 'reason=~"REJECTED|BACKEND|OTHER"'
+
+_triton_counter = Exposition("counter", _TRITON_LABELS, _TRITON_OPTIONAL)
+TRITON_ENGINE = Engine(
+    source=TRITON,
+    release=TRITON_RELEASE,
+    job_selector='job="triton"',
+    model_label="model",
+    exposition={
+        **{
+            name: _triton_counter
+            for name in (
+                TRITON_SUCCESS,
+                TRITON_INFERENCES,
+                TRITON_EXECUTIONS,
+                TRITON_REQUEST_US,
+                TRITON_QUEUE_US,
+                *TRITON_COMPUTE_US,
+                TRITON_CACHE_HITS,
+            )
+        },
+        TRITON_FAILURE: Exposition("counter", (*_TRITON_LABELS, "reason"), _TRITON_OPTIONAL),
+        TRITON_PENDING: Exposition("gauge", _TRITON_LABELS, _TRITON_OPTIONAL),
+        TRITON_FIRST_RESPONSE_MS + "_bucket": Exposition(
+            "histogram", (*_TRITON_LABELS, "le"), _TRITON_OPTIONAL, _TRITON_FIRST_RESPONSE_BOUNDS
+        ),
+        TRITON_FIRST_RESPONSE_MS + "_sum": _triton_counter,
+        TRITON_FIRST_RESPONSE_MS + "_count": _triton_counter,
+        **{
+            name: Exposition("summary", (*_TRITON_LABELS, "quantile"), _TRITON_OPTIONAL)
+            for name in TRITON_SUMMARIES_US
+        },
+    },
+    timings=(
+        # queue and request durations include requests answered from the response
+        # cache, as nv_inference_request_success counts them
+        EngineTiming(PHASE_HISTOGRAM, phase("queue"), (TRITON_QUEUE_US,), TRITON_SUCCESS, 1e6),
+        # compute = input + infer + output; cache hits have none, so they are not counted
+        EngineTiming(
+            PHASE_HISTOGRAM,
+            phase("compute"),
+            TRITON_COMPUTE_US,
+            TRITON_SUCCESS,
+            1e6,
+            minus_count=TRITON_CACHE_HITS,
+        ),
+        EngineTiming(DURATION_HISTOGRAM, "", (TRITON_REQUEST_US,), TRITON_SUCCESS, 1e6),
+        # from the request's start to its first response (the first token of a
+        # decoupled model); only with histogram_latencies=true
+        EngineTiming(
+            TTFT_HISTOGRAM,
+            "",
+            (TRITON_FIRST_RESPONSE_MS + "_sum",),
+            TRITON_FIRST_RESPONSE_MS + "_count",
+            1e3,
+            bucket=TRITON_FIRST_RESPONSE_MS + "_bucket",
+            bounds=_TRITON_FIRST_RESPONSE_BOUNDS,
+        ),
+    ),
+    requests=(TRITON_SUCCESS, TRITON_FAILURE),
+    errors=(TRITON_FAILURE, TRITON_ERROR_REASONS),
+    running="",
+    waiting=TRITON_PENDING,
+    kv_usage="",
+    capability=Capability(
+        phases=(phase("queue"), phase("compute")),
+        stages=(),
+        ttft="first response, with --metrics-config histogram_latencies=true",
+        tpot="",
+        batch_size="mean: nv_inference_count / nv_inference_exec_count",
+        kv_cache="",
+        gpu_join="per host",
+        quantiles="means only from the counters; TTFT quantiles from the optional "
+        "histogram; the optional summaries give per-phase quantiles of Triton's own "
+        "(not mapped: compute's P99 is not the sum of its parts' P99s)",
+    ),
+)
+
+# Text Generation Inference: the router records per-request histograms in seconds
+# (router/src/server.rs), all with the bounds of its duration matcher (every name
+# ending in "duration": 0.0001 * 1.5^n, n = 1..35, written by metrics-exporter-prometheus
+# 0.15.3 with Rust's shortest float formatting) and no labels; counters have no _total
+# suffix; the backend (backends/v3/src/backend.rs, queue.rs) sets the batch and queue
+# gauges. TGI's series name no model.
+TGI_RELEASE = Release(
+    "Text Generation Inference",
+    "v3.3.7",
+    "huggingface/text-generation-inference",
+    "tag v3.3.7, commit dfb3fbe78e0d1d69251bd33065591c61bafdfaa8",
+    (
+        "router/src/server.rs",
+        "router/src/infer/mod.rs",
+        "backends/v3/src/backend.rs",
+        "backends/v3/src/queue.rs",
+    ),
+)
+_TGI_DURATION_BOUNDS = (
+    "0.00015000000000000001", "0.00022500000000000002", "0.0003375", "0.00050625",
+    "0.000759375", "0.0011390624999999999", "0.0017085937499999998",
+    "0.0025628906249999996", "0.0038443359374999994", "0.00576650390625",
+    "0.008649755859375", "0.0129746337890625", "0.01946195068359375",
+    "0.029192926025390625", "0.043789389038085935", "0.0656840835571289",
+    "0.09852612533569335", "0.14778918800354002", "0.22168378200531003",
+    "0.33252567300796504", "0.49878850951194753", "0.7481827642679213",
+    "1.122274146401882", "1.683411219602823", "2.5251168294042348", "3.787675244106352",
+    "5.681512866159528", "8.52226929923929", "12.783403948858936", "19.175105923288406",
+    "28.76265888493261", "43.143988327398915", "64.71598249109837", "97.07397373664756",
+    "145.61096060497135",
+)  # fmt: skip
+# request start to the queue (parsing, validation, tokenising)
+TGI_VALIDATION = "tgi_request_validation_duration"
+TGI_QUEUE = "tgi_request_queue_duration"  # queued to the batch it starts in
+TGI_INFERENCE = "tgi_request_inference_duration"  # that batch's start to the response
+TGI_DURATION = "tgi_request_duration"  # the three together
+# inference ÷ generated tokens (prefill included): TGI's time per token, not gpuscope's
+# (first token to last ÷ tokens − 1)
+TGI_TIME_PER_TOKEN = "tgi_request_mean_time_per_token_duration"
+TGI_BATCH_INFERENCE = "tgi_batch_inference_duration"  # per batch forward, label method
+TGI_SUCCESS = "tgi_request_success"
+TGI_FAILURE = "tgi_request_failure"  # label err
+TGI_QUEUE_SIZE = "tgi_queue_size"
+TGI_BATCH_SIZE = "tgi_batch_current_size"
+# generation (424) and incomplete (500) are the engine's failures; validation, template
+# (422) and overloaded (429) are the client's or admission's, dropped a disconnect
+TGI_ERRORS = 'err=~"generation|incomplete"'
+
+
+def _tgi_timing(native: str, gpuscope: str, key_value: str = "") -> EngineTiming:
+    return EngineTiming(
+        gpuscope,
+        key_value,
+        (native + "_sum",),
+        native + "_count",
+        bucket=native + "_bucket",
+        bounds=_TGI_DURATION_BOUNDS,
+    )
+
+
+def _histogram_samples(
+    native: str, labels: tuple[str, ...], bounds: tuple[str, ...]
+) -> dict[str, Exposition]:
+    return {
+        native + "_bucket": Exposition("histogram", (*labels, "le"), bounds=bounds),
+        native + "_sum": Exposition("counter", labels),
+        native + "_count": Exposition("counter", labels),
+    }
+
+
+TGI_ENGINE = Engine(
+    source=TGI,
+    release=TGI_RELEASE,
+    job_selector='job="tgi"',
+    model_label="",
+    exposition={
+        **{
+            sample: shape
+            for native in (TGI_VALIDATION, TGI_QUEUE, TGI_INFERENCE, TGI_DURATION)
+            for sample, shape in _histogram_samples(native, (), _TGI_DURATION_BOUNDS).items()
+        },
+        **_histogram_samples(TGI_TIME_PER_TOKEN, (), _TGI_DURATION_BOUNDS),
+        **_histogram_samples(TGI_BATCH_INFERENCE, ("method",), _TGI_DURATION_BOUNDS),
+        TGI_SUCCESS: Exposition("counter", ()),
+        TGI_FAILURE: Exposition("counter", ("err",)),
+        TGI_QUEUE_SIZE: Exposition("gauge", ()),
+        TGI_BATCH_SIZE: Exposition("gauge", ()),
+    },
+    timings=(
+        _tgi_timing(TGI_VALIDATION, PHASE_HISTOGRAM, phase("preprocess")),
+        _tgi_timing(TGI_QUEUE, PHASE_HISTOGRAM, phase("queue")),
+        _tgi_timing(TGI_INFERENCE, PHASE_HISTOGRAM, phase("compute")),
+        _tgi_timing(TGI_DURATION, DURATION_HISTOGRAM),
+    ),
+    requests=(TGI_SUCCESS, TGI_FAILURE),
+    errors=(TGI_FAILURE, TGI_ERRORS),
+    running="",
+    waiting=TGI_QUEUE_SIZE,
+    kv_usage="",
+    capability=Capability(
+        phases=(phase("preprocess"), phase("queue"), phase("compute")),
+        stages=(),
+        ttft="",
+        tpot="",
+        batch_size="running batch: tgi_batch_current_size while a batch runs",
+        kv_cache="",
+        gpu_join="per host",
+        quantiles="every phase and the request duration (buckets from 0.15 ms, ×1.5)",
+    ),
+)
+
+# SGLang: python/sglang/srt/observability/metrics_collector.py (prometheus_client, so
+# counters end in _total and bounds are written like 1.0). The tokenizer's histograms
+# (TTFT, time per output token, end to end) and request counter carry model_name and
+# engine_type (and is_streaming); the scheduler's queue time and gauges carry
+# model_name, engine_type, tp_rank, pp_rank and moe_ep_rank (dp_rank under data
+# parallelism, priority under priority scheduling), reported by the first rank of each
+# attention tensor-parallel group.
+SGLANG_RELEASE = Release(
+    "SGLang",
+    "0.5.23",
+    "sgl-project/sglang",
+    "release 0.5.23 (the PyPI wheel sglang==0.5.23)",
+    ("python/sglang/srt/observability/metrics_collector.py",),
+)
+_SGLANG_TOKENIZER = ("model_name", "engine_type")
+_SGLANG_SCHEDULER = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+_SGLANG_OPTIONAL = ("dp_rank", "priority")
+SGLANG_QUEUE = "sglang:queue_time_seconds"  # waiting queue to the first forward
+SGLANG_E2E = "sglang:e2e_request_latency_seconds"
+SGLANG_TTFT = "sglang:time_to_first_token_seconds"
+# (finished − first token) ÷ (completion tokens − 1): gpuscope's own definition
+SGLANG_TPOT = "sglang:request_time_per_output_token_seconds"
+SGLANG_REQUESTS = "sglang:num_requests_total"
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_WAITING = "sglang:num_queue_reqs"
+SGLANG_TOKEN_USAGE = "sglang:token_usage"  # KV-cache pool tokens in use, 0-1
+_SGLANG_QUEUE_BOUNDS = (
+    "0.0", "0.001", "0.005", "0.01", "0.05", "0.1", "0.2", "0.5", "1.0", "2.0", "3.0",
+    "4.0", "5.0", "10.0", "15.0", "20.0", "30.0", "40.0", "50.0", "60.0", "70.0", "80.0",
+    "90.0", "100.0", "200.0", "300.0", "400.0", "500.0", "600.0", "700.0", "800.0",
+    "900.0", "1000.0", "1200.0", "1400.0", "1600.0", "1800.0", "2000.0", "2500.0",
+    "3000.0",
+)  # fmt: skip
+_SGLANG_E2E_BOUNDS = (
+    "0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0", "8.0", "10.0", "20.0",
+    "40.0", "60.0", "80.0", "100.0", "200.0", "400.0", "600.0", "1200.0", "1800.0",
+    "2400.0",
+)  # fmt: skip
+_SGLANG_TTFT_BOUNDS = _SGLANG_E2E_BOUNDS[:18]  # 0.1 to 400
+_SGLANG_TPOT_BOUNDS = (
+    "0.002", "0.004", "0.006", "0.008", "0.01", "0.015", "0.02", "0.025", "0.03", "0.035",
+    "0.04", "0.06", "0.08", "0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0",
+    "8.0",
+)  # fmt: skip
+_STREAMING = (*_SGLANG_TOKENIZER, "is_streaming")
+
+SGLANG_ENGINE = Engine(
+    source=SGLANG,
+    release=SGLANG_RELEASE,
+    job_selector='job="sglang"',
+    model_label="model_name",
+    exposition={
+        **_histogram_samples(SGLANG_QUEUE, _SGLANG_SCHEDULER, _SGLANG_QUEUE_BOUNDS),
+        **_histogram_samples(SGLANG_E2E, _STREAMING, _SGLANG_E2E_BOUNDS),
+        **_histogram_samples(SGLANG_TTFT, _STREAMING, _SGLANG_TTFT_BOUNDS),
+        **_histogram_samples(SGLANG_TPOT, _STREAMING, _SGLANG_TPOT_BOUNDS),
+        SGLANG_REQUESTS: Exposition("counter", _STREAMING),
+        **{
+            gauge: Exposition("gauge", _SGLANG_SCHEDULER, _SGLANG_OPTIONAL)
+            for gauge in (SGLANG_RUNNING, SGLANG_WAITING, SGLANG_TOKEN_USAGE)
+        },
+    },
+    timings=(
+        # SGLang's queue histogram is the only phase it measures per request; its bounds
+        # are not mapped: with no buckets for the rest of the request, queue would be
+        # the whole of the phases' P99 sum
+        EngineTiming(
+            PHASE_HISTOGRAM, phase("queue"), (SGLANG_QUEUE + "_sum",), SGLANG_QUEUE + "_count"
+        ),
+        # everything after the queue, end to end minus queue (means only): SGLang has no
+        # per-request inference time; this includes tokenising and detokenising
+        EngineTiming(
+            PHASE_HISTOGRAM,
+            phase("compute"),
+            (SGLANG_E2E + "_sum",),
+            SGLANG_E2E + "_count",
+            minus_sums=(SGLANG_QUEUE + "_sum",),
+        ),
+        EngineTiming(
+            DURATION_HISTOGRAM,
+            "",
+            (SGLANG_E2E + "_sum",),
+            SGLANG_E2E + "_count",
+            bucket=SGLANG_E2E + "_bucket",
+            bounds=_SGLANG_E2E_BOUNDS,
+        ),
+        EngineTiming(
+            TTFT_HISTOGRAM,
+            "",
+            (SGLANG_TTFT + "_sum",),
+            SGLANG_TTFT + "_count",
+            bucket=SGLANG_TTFT + "_bucket",
+            bounds=_SGLANG_TTFT_BOUNDS,
+        ),
+        EngineTiming(
+            TPOT_HISTOGRAM,
+            "",
+            (SGLANG_TPOT + "_sum",),
+            SGLANG_TPOT + "_count",
+            bucket=SGLANG_TPOT + "_bucket",
+            bounds=_SGLANG_TPOT_BOUNDS,
+        ),
+    ),
+    requests=(SGLANG_REQUESTS,),
+    errors=("", ""),
+    running=SGLANG_RUNNING,
+    waiting=SGLANG_WAITING,
+    kv_usage=SGLANG_TOKEN_USAGE,
+    capability=Capability(
+        phases=(phase("queue"), phase("compute")),
+        stages=(),
+        ttft="yes",
+        tpot="yes",
+        batch_size="",
+        kv_cache="sglang:token_usage",
+        gpu_join="per host",
+        quantiles="request duration, TTFT and TPOT; phases means only",
+    ),
+)
+
+ENGINES = (TRITON_ENGINE, TGI_ENGINE, SGLANG_ENGINE)
+
+# What each source gives, in the words of docs/engines/README.md's table (a test compares
+# them): phases, TTFT, TPOT, batch size, KV cache, GPU join (``reports`` says whether it
+# does). ``spans`` is what gpuscope's spans can carry: the reference worker marks every
+# phase; an application or engine behind the middleware gives what it marks.
+SOURCE_DETAILS = {
+    SPANS: Capability(
+        phases=PHASES,
+        stages=COMPUTE_STAGES,
+        ttft="streams",
+        tpot="streams",
+        batch_size="gpuscope.batch spans",
+        kv_cache="the worker's /metrics",
+        gpu_join="by GPU UUID",
+        quantiles="every timing, with exemplars",
+    ),
+    VLLM: Capability(
+        phases=(phase("queue"), phase("compute")),
+        stages=COMPUTE_STAGES,
+        ttft="yes",
+        tpot="yes",
+        batch_size="",
+        kv_cache="vllm:kv_cache_usage_perc",
+        gpu_join="per host",
+        quantiles="every timing, at vLLM's bucket resolution (from 0.3 s)",
+    ),
+    **{engine.source: engine.capability for engine in ENGINES},
+}
+
 # What each engine reports of gpuscope's phases, for the boards' notes.
 ENGINE_PHASES = {
     "reference worker (spans)": PHASES,
     "vLLM (spans or /metrics)": (phase("queue"), phase("compute")),
+    **{f"{engine.release} (/metrics)": engine.capability.phases for engine in ENGINES},
 }
 ENGINE_STAGES = {
     "reference worker (spans)": (),
     "vLLM (spans or /metrics)": COMPUTE_STAGES,
+    **{f"{engine.release} (/metrics)": engine.capability.stages for engine in ENGINES},
 }
 
 
 def vllm_histograms_for(gpuscope: str) -> tuple[EngineHistogram, ...]:
-    return tuple(h for h in VLLM_HISTOGRAMS if h.gpuscope == gpuscope)
+    return tuple(h for h in (*VLLM_HISTOGRAMS, *VLLM_TOKEN_HISTOGRAMS) if h.gpuscope == gpuscope)
+
+
+# What each source can report, one row per source: the boards read it so that a panel
+# over something a source lacks says "not reported by this engine" instead of drawing
+# nothing, and a new source adds a row here. ``REPORTS`` holds what every engine behind
+# the source gives; ``SOMETIMES`` what only some do (spans: the reference worker
+# reports compute whole, vLLM's span splits it into prefill and decode).
+PHASE_TIMES = "phase times"
+COMPUTE_SPLIT = "prefill and decode"
+BATCHING = "batch size and batch wait"
+END_TO_END = "end-to-end latency"
+TIME_TO_FIRST_TOKEN = "time to first token"
+TIME_PER_OUTPUT_TOKEN = "time per output token"
+PROMPT_LENGTH = "prompt length"
+GENERATION_LENGTH = "generation length"
+FINISH_REASONS = "finish reasons"
+ERRORS = "server errors"
+CAPABILITIES = (
+    PHASE_TIMES,
+    COMPUTE_SPLIT,
+    BATCHING,
+    END_TO_END,
+    TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN,
+    PROMPT_LENGTH,
+    GENERATION_LENGTH,
+    FINISH_REASONS,
+    ERRORS,
+)
+_COMMON = frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, ERRORS})
+
+
+@dataclass(frozen=True)
+class SourceCapabilities:
+    reports: frozenset[str]
+    sometimes: frozenset[str] = frozenset()
+
+
+SOURCE_CAPABILITIES = {
+    # no per-request token histograms and no finish reasons: spans give token counts
+    # (gpuscope_tokens_total) and no finish reason as a metric label
+    # (the reference worker batches and reports compute whole; vLLM's span splits
+    # compute and has no batch of its own)
+    SPANS: SourceCapabilities(_COMMON, frozenset({COMPUTE_SPLIT, BATCHING})),
+    # no batch wait or batch size: continuous batching admits into the running batch
+    VLLM: SourceCapabilities(
+        _COMMON | {COMPUTE_SPLIT, PROMPT_LENGTH, GENERATION_LENGTH, FINISH_REASONS}
+    ),
+    # Triton's counters: phase and end-to-end means; TTFT only where the first-response
+    # histogram is on (histogram_latencies=true); a mean batch size of its own series,
+    # but no batch wait (its dynamic batcher's delay is inside queue)
+    TRITON: SourceCapabilities(
+        frozenset({PHASE_TIMES, END_TO_END, ERRORS}), frozenset({TIME_TO_FIRST_TOKEN})
+    ),
+    # no first-token histogram; its time per token is not gpuscope's TPOT
+    TGI: SourceCapabilities(frozenset({PHASE_TIMES, END_TO_END, ERRORS})),
+    # no failures counted (aborts are mostly clients going away)
+    SGLANG: SourceCapabilities(
+        frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN})
+    ),
+}
+NO_TRAFFIC = "No traffic"
+
+
+def reported_by(capability: str, source: str) -> bool:
+    """Whether every engine behind ``source`` reports ``capability``."""
+    if capability not in CAPABILITIES:
+        raise LookupError(f"the boards name capability {capability!r}, not in {CAPABILITIES}")
+    return capability in SOURCE_CAPABILITIES[source].reports
+
+
+def not_reported(capability: str, sources: tuple[str, ...] = SOURCES) -> str:
+    """What a panel over ``capability`` says when it has no data: "No traffic" where
+    every one of ``sources`` reports it, else that this engine may not report it,
+    naming the sources that do not (or not always)."""
+    lacking = [source for source in sources if not reported_by(capability, source)]
+    if not lacking:
+        return NO_TRAFFIC
+    return f"Not reported by this engine ({', '.join(lacking)}), or no traffic"
+
+
+def capabilities_note() -> str:
+    """Markdown: what each source reports, from the table."""
+    lines = []
+    for source, row in SOURCE_CAPABILITIES.items():
+        sometimes = [c for c in CAPABILITIES if c in row.sometimes]
+        lacking = [c for c in CAPABILITIES if c not in row.reports | row.sometimes]
+        lines.append(
+            f"- `{source}`: {', '.join(c for c in CAPABILITIES if c in row.reports)}"
+            + (f"; by some engines: {', '.join(sometimes)}" if sometimes else "")
+            + (f"; not reported: {', '.join(lacking)}" if lacking else "")
+        )
+    return "\n".join(lines)
 
 
 def missing_phases(engine: str) -> tuple[str, ...]:
@@ -148,8 +761,9 @@ def phases_note() -> str:
     """Markdown for the boards: the sources, and which phases each engine reports."""
     lines = [
         "Request timings per **source**: `spans` (gpuscope's exporter: the middleware, "
-        "the reference worker, or vLLM's `llm_request` span) or `vllm` (vLLM's own "
-        "`/metrics`, no gpuscope in the request path). Panels over the recording rules "
+        "the reference worker, or vLLM's `llm_request` span), or an engine's own "
+        "`/metrics` with no gpuscope in the request path: `vllm`, `triton`, `tgi`, "
+        "`sglang`. Panels over the recording rules "
         "show one source at a time, so the same requests seen both ways are never "
         "added up. A phase an engine does not report is absent, never zero:",
         "",
@@ -162,9 +776,10 @@ def phases_note() -> str:
             + (f"; compute split into {' and '.join(stages)}" if stages else "")
             + (f"; no {', '.join(missing)}" if missing else "")
         )
+    lines += ["", "What each source reports (a panel it lacks says so):", capabilities_note()]
     lines += [
         "",
-        "Requests that name no GPU (vLLM's `/metrics` never does) are judged against "
-        "every GPU of their host (GPU `all`).",
+        "Requests seen through an engine's own `/metrics` name no GPU: they are judged "
+        "against every GPU of their host (GPU `all`).",
     ]
     return "\n".join(lines)

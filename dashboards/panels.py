@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import (
     dashboard,
+    gauge,
     heatmap,
     prometheus,
     stat,
     statetimeline,
+    table,
     text,
 )
 from grafana_foundation_sdk.builders import timeseries as timeseries_builders
@@ -27,7 +29,14 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DashboardLinkType,
+    DashboardSpecialValueMapOptions,
     DataSourceRef,
+    DataTransformerConfig,
+    SpecialValueMap,
+    SpecialValueMatch,
+    Threshold,
+    ThresholdsMode,
+    ValueMappingResult,
     VariableRefresh,
     VariableSort,
 )
@@ -35,9 +44,10 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
 
 from dashboards.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
+from dashboards.engines import NO_TRAFFIC
 from dashboards.recorded import SOURCE_SERIES
 from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 
 TAGS = ["gpuscope"]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -152,7 +162,28 @@ def new_dashboard(
     )
     for variable in variables(chain, *also):
         board.with_variable(variable)
-    return board
+    return board.annotation(firing_alerts())
+
+
+# Alerts Prometheus evaluates as firing (its ALERTS series, from the rules of alerts/):
+# marked on every board's time axis, so a latency step and the alert that explains it
+# (a lost GPU, an XID, throttling) are read together.
+FIRING_ALERTS = 'ALERTS{alertstate="firing"}'
+
+
+def firing_alerts() -> dashboard.AnnotationQuery:
+    return (
+        dashboard.AnnotationQuery()
+        .name("Firing alerts")
+        .datasource(DATASOURCE)
+        .enable(True)
+        .icon_color("red")
+        .expr(FIRING_ALERTS)
+        .title_format("{{alertname}}")
+        .text_format("{{severity}}: {{job}} {{instance}} {{service}} {{model}} GPU {{gpu}}")
+        .tag_keys("alertname,severity")
+        .step("60s")
+    )
 
 
 def ratio(numerator: str, denominator: str, matching: str = "") -> str:
@@ -198,6 +229,8 @@ def timeseries(
     stacked: bool = False,
     max_value: float | None = None,
     decimals: int | None = None,
+    no_value: str | None = None,
+    steps: dashboard.ThresholdsConfig | None = None,
 ) -> timeseries_builders.Panel:
     panel = (
         timeseries_builders.Panel()
@@ -228,9 +261,35 @@ def timeseries(
         panel.max(max_value)
     if decimals is not None:
         panel.decimals(decimals)
+    if no_value is not None:
+        panel.no_value(no_value)
+    if steps is not None:  # drawn as lines: the limits a rule compares the series with
+        panel.thresholds(steps).thresholds_style(
+            common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE)
+        )
     for target in targets:
         panel.with_target(target)
     return panel
+
+
+def thresholds(base: str, *steps: tuple[float, str]) -> dashboard.ThresholdsConfig:
+    """Absolute thresholds: ``base`` colour from the bottom, then each (value, colour)."""
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(ThresholdsMode.ABSOLUTE)
+        .steps([Threshold(None, base), *(Threshold(value, color) for value, color in steps)])
+    )
+
+
+# A stat over an idle window reads "No traffic": its query returns nothing (every ratio
+# and quantile drops the 0/0), and a NaN that still arrives is written the same way.
+NO_TRAFFIC_MAPPINGS = [
+    SpecialValueMap(
+        DashboardSpecialValueMapOptions(
+            SpecialValueMatch.NULL_AND_NAN, ValueMappingResult(text=NO_TRAFFIC)
+        )
+    )
+]
 
 
 def stat_panel(
@@ -241,6 +300,9 @@ def stat_panel(
     size: Size = QUARTER,
     *,
     text_mode: common.BigValueTextMode = common.BigValueTextMode.VALUE_AND_NAME,
+    steps: dashboard.ThresholdsConfig | None = None,
+    no_value: str | None = None,
+    graph: bool = True,
 ) -> stat.Panel:
     panel = (
         stat.Panel()
@@ -252,7 +314,41 @@ def stat_panel(
         .height(size.height)
         .text_mode(text_mode)
         .color_mode(common.BigValueColorMode.BACKGROUND)
-        .graph_mode(common.BigValueGraphMode.AREA)
+        .graph_mode(common.BigValueGraphMode.AREA if graph else common.BigValueGraphMode.NONE)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    if steps is not None:
+        panel.thresholds(steps)
+    if no_value is not None:
+        panel.no_value(no_value).mappings(list(NO_TRAFFIC_MAPPINGS))
+    for target in targets:
+        panel.with_target(target.instant())
+    return panel
+
+
+def gauge_panel(
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    unit: str,
+    steps: dashboard.ThresholdsConfig,
+    size: Size,
+    *,
+    low: float,
+    high: float,
+) -> gauge.Panel:
+    panel = (
+        gauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .min(low)
+        .max(high)
+        .span(size.width)
+        .height(size.height)
+        .thresholds(steps)
+        .show_threshold_markers(True)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
     for target in targets:
@@ -260,8 +356,47 @@ def stat_panel(
     return panel
 
 
+def table_panel(
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    columns: dict[str, str],
+    size: Size = FULL,
+) -> table.Panel:
+    """Instant queries in table form, merged into one row per label set; ``columns``
+    renames the merged fields (``Value #B`` ...) and drops every field it does not name
+    but the labels."""
+    panel = (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit("none")
+        .span(size.width)
+        .height(size.height)
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True, "Value #A": True},
+                    "renameByName": columns,
+                },
+            )
+        )
+    )
+    for target in targets:
+        panel.with_target(target.instant().format(PromQueryFormat.TABLE))
+    return panel
+
+
 def state_timeline(
-    title: str, description: str, targets: Sequence[prometheus.Dataquery], size: Size = HALF
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    size: Size = HALF,
+    *,
+    no_value: str | None = None,
 ) -> statetimeline.Panel:
     panel = (
         statetimeline.Panel()
@@ -274,16 +409,25 @@ def state_timeline(
         .show_value(common.VisibilityMode.NEVER)
         .merge_values(True)
     )
+    if no_value is not None:
+        panel.no_value(no_value)
     for target in targets:
         panel.with_target(target)
     return panel
 
 
 def heatmap_panel(
-    title: str, description: str, target: prometheus.Dataquery, unit: str, size: Size = HALF
+    title: str,
+    description: str,
+    target: prometheus.Dataquery,
+    unit: str,
+    size: Size = HALF,
+    *,
+    no_value: str = NO_TRAFFIC,
 ) -> heatmap.Panel:
     return (
         heatmap.Panel()
+        .no_value(no_value)
         .title(title)
         .description(description)
         .datasource(DATASOURCE)

@@ -7,17 +7,18 @@ import logging
 import os
 import sys
 
-from gpuscope.exporter.config import ConfigError, parse_config
+from gpuscope import flags
+from gpuscope.exporter.config import ConfigError, ExporterConfig
 from gpuscope.exporter.gpu.source import ComputeObserver
-from gpuscope.exporter.security import load_web_config, read_bearer_token
-from gpuscope.exporter.server import serve
+from gpuscope.exporter.http.security import load_web_config, read_bearer_token
+from gpuscope.exporter.http.server import serve
 
 log = logging.getLogger("gpuscope.exporter")
 
 
 def main(argv: list[str]) -> int:
+    config = flags.parse(ExporterConfig, argv)
     try:
-        config = parse_config(argv)
         # Read before the GPU is opened, so that a bad file costs nothing to undo.
         web_config = load_web_config(config.web_config_file) if config.web_config_file else None
         token = read_bearer_token(config.bearer_token_file) if config.bearer_token_file else None

@@ -5,7 +5,7 @@ Registration and rendering follow from the rows: the hot-path families
 prometheus_client families of a scrape (``MetricDef.family``), and the OpenMetrics
 ``# UNIT`` of a family is the unit its name ends with (``unit_of``). The rows of the
 request side and the exporter's own metrics are ``EXPORTER_METRICS`` below; the GPU
-side's are ``gpuscope.exporter.gpu.metrics.GPU_METRICS``. docs/exporter.md and
+side's are ``gpuscope.exporter.gpu.definitions.GPU_METRICS``. docs/exporter.md and
 docs/gpu.md list the same families, and a test checks both against a golden list.
 """
 
@@ -18,7 +18,7 @@ from typing import Final
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuscope.exporter.series import (
+from gpuscope.exporter.ingest.series import (
     BATCH_SIZE_BUCKETS,
     LATENCY_BUCKETS,
     CounterFamily,
@@ -222,7 +222,7 @@ HTTP_CONNECTIONS_CLOSED = MetricDef(
 # The tables, grouped by what fills them and each in the order a scrape shows it:
 # ``ExporterCollector`` yields the span counters and the self metrics, then
 # ``connections.ConnectionCollector`` the connection families, then the GPU families
-# (``gpu.metrics.GPU_METRICS``) and last the span histograms, which ``render`` writes.
+# (``gpu.definitions.GPU_METRICS``) and last the span histograms, which ``render`` writes.
 
 # Fed from spans by ``SpanAggregator``: one capped family per row.
 SPAN_COUNTERS: Final[Sequence[MetricDef]] = (TOKENS, SPAN_CALLS)

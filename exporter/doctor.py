@@ -22,47 +22,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuscope import flags
-from gpuscope.exporter.config import gpu_source_kind
 from gpuscope.exporter.gpu import factory
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
+from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
-from gpuscope.exporter.gpu.metrics import METRIC_GROUPS
 from gpuscope.exporter.gpu.processes import FALLBACK, PROC, ProcessGpuMap, ProcessJoin
 from gpuscope.exporter.gpu.scenario import ScenarioError
 from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind
+from gpuscope.flags import Settings, at_least, option
 
 SAMPLE_GAP_S = 0.15  # GPM needs two samples at least 100 ms apart
 
 
 @dataclass(frozen=True)
-class DoctorConfig:
-    gpu_source: GpuSourceKind = GpuSourceKind.AUTO
-    gpu_scenario: Path | None = None
-    simulated_gpus: int = 1
-    json: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "gpu_source", gpu_source_kind(self.gpu_source))
-        flags.check_range("--simulated-gpus", self.simulated_gpus, 1)
-
-
-_HELP = {
-    "gpu_source": "GPU backend to examine: " + ", ".join(GpuSourceKind),
-    "gpu_scenario": "scenario file for the simulated GPU source",
-    "simulated_gpus": "number of simulated GPUs (with --gpu-source simulated)",
-    "json": "print JSON instead of a table",
-}
-
-
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> DoctorConfig:
-    parser = flags.build_parser(
-        DoctorConfig,
-        prog="gpuscope doctor",
-        description="Show which GPU metrics this machine supports, and why the others are "
-        "absent. Every flag has a GPUSCOPE_* environment twin.",
-        help=_HELP,
+class DoctorConfig(
+    Settings,
+    prog="gpuscope doctor",
+    description="Show which GPU metrics this machine supports, and why the others are absent.",
+):
+    gpu_source: GpuSourceKind = option(GpuSourceKind.AUTO, help="GPU backend to examine")
+    gpu_scenario: Path | None = option(None, help="scenario file for the simulated GPU source")
+    simulated_gpus: int = option(
+        1, help="number of simulated GPUs (with --gpu-source simulated)", check=at_least(1)
     )
-    return flags.parse_or_exit(DoctorConfig, parser, argv, environ)
+    json: bool = option(False, help="print JSON instead of a table")
 
 
 def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
@@ -224,7 +207,7 @@ def no_source_report(config: DoctorConfig, errors: Sequence[str]) -> dict[str, A
 
 
 def main(argv: list[str]) -> int:
-    config = parse_args(argv)
+    config = flags.parse(DoctorConfig, argv)
     try:
         source, errors = _open(config)
     except (ValueError, ScenarioError) as exc:

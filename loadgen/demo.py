@@ -15,70 +15,58 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpuscope import flags
+from gpuscope.children import (
+    ChildFailed,
+    Children,
+    free_port,
+    port_taken,
+    run_until_stopped,
+    simulated_gpu_uuid,
+)
+from gpuscope.flags import Settings, at_least, between, option, positive
 from gpuscope.loadgen import record
-from gpuscope.loadgen.cli import run_with_ctrl_c
 from gpuscope.loadgen.output import table
-from gpuscope.loadgen.processes import ChildFailed, Children, free_port, port_taken, wait_ready
 from gpuscope.loadgen.results import Load, StepResult
 from gpuscope.loadgen.runner import Plan, Runner, Target
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
-from gpuscope.worker.config import BatchingMode, batching_mode
+from gpuscope.worker.config import BatchingMode
 
-ENV_PREFIX = "GPUSCOPE_DEMO_"
 MIX = {"embeddings": 1.0, "completions-stream": 1.0}
+_PORT = between(0, 65535)
 
 
 @dataclass(frozen=True)
-class DemoOptions:
-    duration_s: float = 10.0
-    concurrency: int = 16
-    batching: BatchingMode = BatchingMode.DYNAMIC
-    exporter_port: int = 9420
-    worker_port: int = 8000
-    exit: bool = False
-
-    def __post_init__(self) -> None:
-        flags.check_positive("--duration-s", self.duration_s)
-        flags.check_range("--concurrency", self.concurrency, 1)
-        object.__setattr__(self, "batching", batching_mode(self.batching))
-        flags.check_range("--exporter-port", self.exporter_port, 0, 65535)
-        flags.check_range("--worker-port", self.worker_port, 0, 65535)
+class DemoOptions(
+    Settings,
+    prog="gpuscope demo",
+    description="Start the exporter (simulated GPU) and the worker on 127.0.0.1, put a short "
+    "load on them and report where the time went.",
+    env_prefix="GPUSCOPE_DEMO_",
+):
+    duration_s: float = option(10.0, help="how long the load lasts", check=positive)
+    concurrency: int = option(16, help="concurrent clients", unit="clients", check=at_least(1))
+    batching: BatchingMode = option(BatchingMode.DYNAMIC, help="the worker's batching strategy")
+    exporter_port: int = option(
+        9420, help="exporter port on 127.0.0.1 (0: any free port)", check=_PORT
+    )
+    worker_port: int = option(8000, help="worker port on 127.0.0.1 (0: any free port)", check=_PORT)
+    exit: bool = option(False, help="stop both processes after the report instead of serving on")
 
     @property
     def keep_running(self) -> bool:
         return not self.exit
 
 
-_HELP = {
-    "duration_s": "seconds of load",
-    "concurrency": "concurrent clients",
-    "batching": "the worker's batching strategy: " + ", ".join(BatchingMode),
-    "exporter_port": "exporter port on 127.0.0.1 (0: any free port)",
-    "worker_port": "worker port on 127.0.0.1 (0: any free port)",
-    "exit": "stop both processes after the report instead of serving on",
-}
-
-
 class DemoFailed(RuntimeError):
     pass
 
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> DemoOptions:
-    parser = flags.build_parser(
-        DemoOptions,
-        prog="gpuscope demo",
-        description="Start the exporter (simulated GPU) and the worker on 127.0.0.1, put a "
-        "short load on them and report where the time went. Every flag has a "
-        f"{ENV_PREFIX}* environment twin.",
-        help=_HELP,
-        env_prefix=ENV_PREFIX,
-    )
-    options = flags.parse_or_exit(DemoOptions, parser, argv, environ, ENV_PREFIX)
-    # Port 0 means any free port: pick it here, the child processes need to be told.
+def with_ports(options: DemoOptions) -> DemoOptions:
+    """Port 0 means any free port: pick it here, the child processes need to be told."""
     return replace(
         options,
         exporter_port=options.exporter_port or free_port(),
@@ -87,10 +75,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 
 
 def check_ports(options: DemoOptions) -> None:
-    for name, flag, port in (
-        ("exporter", "--exporter-port", options.exporter_port),
-        ("worker", "--worker-port", options.worker_port),
-    ):
+    for name, field in (("exporter", "exporter_port"), ("worker", "worker_port")):
+        port, flag = getattr(options, field), flags.spelling(DemoOptions, field)
         if port_taken(port):
             raise DemoFailed(
                 f"127.0.0.1:{port} is already in use, so the {name} cannot listen there "
@@ -98,26 +84,18 @@ def check_ports(options: DemoOptions) -> None:
             )
 
 
-def _child_args(options: DemoOptions) -> tuple[list[str], list[str]]:
-    from gpuscope.exporter.gpu.simulated import simulated_uuid
-
-    exporter = ["exporter", "--listen", f"127.0.0.1:{options.exporter_port}"]
-    exporter += ["--gpu-source", "simulated", "--gpu-interval-s", "0.5", "--log-level", "warning"]
-    worker = ["worker", "--host", "127.0.0.1", "--port", str(options.worker_port)]
-    worker += ["--batching", options.batching, "--gpu-uuid", simulated_uuid(0)]
-    worker += ["--otlp-endpoint", f"http://127.0.0.1:{options.exporter_port}/v1/traces"]
-    return exporter, [*worker, "--log-level", "warning"]
-
-
 async def _demo(options: DemoOptions, children: Children, stop: asyncio.Event) -> StepResult:
-    exporter_url = f"http://127.0.0.1:{options.exporter_port}"
-    worker_url = f"http://127.0.0.1:{options.worker_port}"
-    exporter_args, worker_args = _child_args(options)
-    exporter = children.start("exporter", exporter_args)
-    worker = children.start("worker", worker_args)
-    await wait_ready("exporter", f"{exporter_url}/readyz", exporter, stop)
-    await wait_ready("worker", f"{worker_url}/readyz", worker, stop)
-    print(f"exporter: {exporter_url}/metrics   worker: {worker_url}/v1 (OpenAI-compatible)")
+    exporter = children.simulated_exporter(port=options.exporter_port)
+    worker = children.worker(
+        port=options.worker_port,
+        batching=options.batching,
+        gpu_uuid=simulated_gpu_uuid(0),
+        otlp_endpoint=exporter.traces_url,
+        log_level="warning",
+    )
+    await exporter.wait_ready(stop)
+    await worker.wait_ready(stop)
+    print(f"exporter: {exporter.url}/metrics   worker: {worker.url}/v1 (OpenAI-compatible)")
     print(
         f"load: {options.concurrency} clients for {options.duration_s:g} s, "
         f"batching={options.batching} ...",
@@ -125,7 +103,7 @@ async def _demo(options: DemoOptions, children: Children, stop: asyncio.Event) -
     )
     plan = Plan((Load("concurrency", options.concurrency),), options.duration_s, warmup_s=0.5)
     specs = synthetic_requests(MIX, Lengths("uniform", (4, 16)), Lengths("fixed", (16,)), 0)
-    results = await Runner(plan, Target(f"{worker_url}/v1", exporter_url), specs, stop).run()
+    results = await Runner(plan, Target(f"{worker.url}/v1", exporter.url), specs, stop).run()
     if not results:
         raise DemoFailed("stopped before the load ran")
     return results[0]
@@ -164,16 +142,16 @@ async def _demo_then_serve(
 def run_demo(options: DemoOptions) -> StepResult:
     """Run the demo; raises ``DemoFailed`` (or ``ChildFailed``) on any failure.
 
-    One ``run_with_ctrl_c`` from the first child's start to the end, so that no moment
+    One ``run_until_stopped`` from the first child's start to the end, so that no moment
     is left when a stop signal would end the demo without stopping its children."""
     check_ports(options)
     with Children(quiet=False) as children:
-        result, _ = run_with_ctrl_c(lambda stop: _demo_then_serve(options, children, stop))
+        result, _ = run_until_stopped(lambda stop: _demo_then_serve(options, children, stop))
     return result
 
 
 def main(argv: Sequence[str]) -> int:
-    options = parse_args(argv)
+    options = with_ports(flags.parse(DemoOptions, argv))
     try:
         run_demo(options)
     except (DemoFailed, ChildFailed, RuntimeError) as exc:

@@ -8,7 +8,6 @@ prefix (``GPUSCOPE_LOADGEN_CONCURRENCY``, ``GPUSCOPE_TUNE_SWEEP``).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,14 @@ from typing import Final
 
 from gpuscope.flags import (
     ConfigError,
-    check_choice,
-    check_http_url,
-    check_positive,
-    check_range,
+    Settings,
+    at_least,
+    http_url,
+    one_of,
+    option,
+    positive,
+    spelling,
+    writable_file,
 )
 from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES
 from gpuscope.loadgen.probe import DEFAULT_MAX_METRICS_BYTES
@@ -36,49 +39,104 @@ from gpuscope.loadgen.workload import (
 )
 
 DEFAULT_CONCURRENCY: Final = ("1", "4", "16")
+# Where the exporter of a local stack listens, as the examples of --exporter-url say.
+EXPORTER_URL_EXAMPLE: Final = "http://127.0.0.1:9420"
+LENGTHS: Final = "N, uniform:LO:HI, normal:MEAN:SD or exp:MEAN"
 
 
 @dataclass(frozen=True)
-class LoadOptions:
-    concurrency: tuple[str, ...] = ()
-    rate: tuple[str, ...] = ()
-    arrival: str = "poisson"
-    duration_s: float = 10.0
-    requests: int = 0
-    warmup_s: float = 1.0
-    seed: int = 0
-    mix: tuple[str, ...] = ("embeddings=1", "completions-stream=1")
-    prompt_words: str = "uniform:4:16"
-    output_tokens: str = "16"
-    requests_file: Path | None = None
-    model: str | None = None
-    timeout_s: float = 30.0
-    max_in_flight: int = 512
-    late_ms: float = 10.0
-    max_response_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_metrics_bytes: int = DEFAULT_MAX_METRICS_BYTES
-    record: Path | None = None
-    json: str | None = None
-    csv: str | None = None
-    plot: Path | None = None
+class LoadOptions(Settings):
+    concurrency: tuple[str, ...] = option(
+        (),
+        help="closed loop: comma-separated client counts, one step each (default 1,4,16)",
+        metavar="N,...",
+    )
+    rate: tuple[str, ...] = option(
+        (),
+        help="open loop: comma-separated arrival rates per second, one step each",
+        metavar="RATE,...",
+    )
+    arrival: str = option(
+        "poisson", help="open-loop arrivals: " + " or ".join(ARRIVALS), check=one_of(ARRIVALS)
+    )
+    duration_s: float = option(10.0, help="how long each step lasts", check=positive)
+    requests: int = option(
+        0,
+        help="requests per step (0: no bound; the step ends at whichever comes first)",
+        check=at_least(0),
+    )
+    warmup_s: float = option(
+        1.0,
+        help="how long to load at the first step's level, unmeasured, before measuring",
+        check=at_least(0),
+    )
+    seed: int = option(0, help="seed of the request stream and the arrival times")
+    mix: tuple[str, ...] = option(
+        ("embeddings=1", "completions-stream=1"),
+        help="request kinds and weights: embeddings, completions, completions-stream, chat, "
+        "chat-stream (e.g. embeddings=1,chat-stream=2)",
+        metavar="KIND=WEIGHT,...",
+    )
+    prompt_words: str = option(
+        "uniform:4:16", help="prompt length in words: " + LENGTHS, metavar="LENGTH"
+    )
+    output_tokens: str = option(
+        "16", help="max_tokens of completions and chat: " + LENGTHS, metavar="LENGTH"
+    )
+    requests_file: Path | None = option(
+        None,
+        help="JSONL file of requests ({'endpoint': 'chat', 'stream': true, ...}), sent in "
+        "order, instead of --mix",
+    )
+    model: str | None = option(
+        None, help="model name to send (default: the first one /models lists)", metavar="NAME"
+    )
+    timeout_s: float = option(
+        30.0, help="how long one request may take before it counts as a timeout", check=positive
+    )
+    max_in_flight: int = option(
+        512,
+        help="open loop: requests open at once beyond which a send counts as missed",
+        unit="requests",
+        check=at_least(1),
+    )
+    late_ms: float = option(
+        10.0, help="open loop: a send this late on its schedule counts as missed", check=at_least(0)
+    )
+    max_response_bytes: int = option(
+        DEFAULT_MAX_BODY_BYTES,
+        help="largest non-streamed answer read; a larger one counts as a too_large error "
+        "(every open request may hold this much)",
+        check=at_least(1),
+    )
+    max_metrics_bytes: int = option(
+        DEFAULT_MAX_METRICS_BYTES,
+        help="largest /metrics read from the exporter; past it a step has no exporter view "
+        "(about 1.9 MiB per 1,000 request series)",
+        check=at_least(1),
+    )
+    record: Path | None = option(
+        None, help="Markdown record file to append one row per step to", check=writable_file
+    )
+    json: str | None = option(
+        None,
+        help="write the results as JSON to this file ('-': standard output)",
+        metavar="PATH",
+        check=writable_file,
+    )
+    csv: str | None = option(
+        None,
+        help="write the results as CSV to this file ('-': standard output)",
+        metavar="PATH",
+        check=writable_file,
+    )
+    plot: Path | None = option(
+        None,
+        help="PNG of latency against load and the phase breakdown (needs matplotlib)",
+        check=writable_file,
+    )
 
-    def __post_init__(self) -> None:
-        check_choice("--arrival", self.arrival, ARRIVALS)
-        for flag, seconds in (("--duration-s", self.duration_s), ("--timeout-s", self.timeout_s)):
-            check_positive(flag, seconds)
-        check_range("--requests", self.requests, 0)
-        check_range("--warmup-s", self.warmup_s, 0)
-        check_range("--max-in-flight", self.max_in_flight, 1)
-        check_range("--late-ms", self.late_ms, 0)
-        check_range("--max-response-bytes", self.max_response_bytes, 1)
-        check_range("--max-metrics-bytes", self.max_metrics_bytes, 1)
-        for flag, path in (
-            ("--record", self.record),
-            ("--json", self.json),
-            ("--csv", self.csv),
-            ("--plot", self.plot),
-        ):
-            check_writable(flag, path)
+    def check(self) -> None:
         self.loads()  # raise on a bad ladder now, naming the flag
         try:
             self.request_stream()
@@ -86,20 +144,21 @@ class LoadOptions:
             raise ConfigError(str(exc)) from None
 
     def loads(self) -> tuple[Load, ...]:
+        concurrency, rate = _flag("concurrency"), _flag("rate")
         if self.concurrency and self.rate:
-            raise ConfigError("--concurrency and --rate: give one ladder, not both")
+            raise ConfigError(f"{concurrency} and {rate}: give one ladder, not both")
         if self.rate:
-            return tuple(Load("rate", _number("--rate", v, float)) for v in self.rate)
+            return tuple(Load("rate", _number(rate, v, float)) for v in self.rate)
         levels = self.concurrency or DEFAULT_CONCURRENCY
-        return tuple(Load("concurrency", _number("--concurrency", v, int)) for v in levels)
+        return tuple(Load("concurrency", _number(concurrency, v, int)) for v in levels)
 
     def request_stream(self) -> Iterator[RequestSpec]:
         if self.requests_file is not None:
             return cycle(read_request_file(self.requests_file))
         return synthetic_requests(
             parse_mix(self.mix),
-            Lengths.parse("--prompt-words", self.prompt_words),
-            Lengths.parse("--output-tokens", self.output_tokens),
+            Lengths.parse(_flag("prompt_words"), self.prompt_words),
+            Lengths.parse(_flag("output_tokens"), self.output_tokens),
             self.seed,
         )
 
@@ -120,6 +179,10 @@ class LoadOptions:
         )
 
 
+def _flag(field: str) -> str:
+    return spelling(LoadOptions, field)
+
+
 # Steps beyond what one Python client can drive: each client is a coroutine with its
 # connection, each arrival a prompt drawn on the event loop.
 MAX_STEP: Final = 100_000
@@ -137,72 +200,26 @@ def _number(flag: str, text: str, kind: type[int] | type[float]) -> float:
     return float(value)
 
 
-def check_writable(flag: str, path: str | Path | None) -> None:
-    """Refuse an output file that cannot be written now, before minutes of load are
-    spent and lost on it (``-`` is standard output)."""
-    if path is None or str(path) == "-":
-        return
-    target = Path(path)
-    folder = target.parent
-    if target.is_dir():
-        raise ConfigError(f"{flag}: {str(path)!r} is a folder; name a file")
-    if not folder.is_dir():
-        raise ConfigError(f"{flag}: the folder {str(folder)!r} does not exist")
-    writable = os.access(target, os.W_OK) if target.exists() else os.access(folder, os.W_OK)
-    if not writable:
-        raise ConfigError(f"{flag}: cannot write {str(path)!r}")
-
-
-def check_url(flag: str, url: str | None, example: str) -> None:
-    if url is not None:
-        check_http_url(flag, url, example)
-
-
 @dataclass(frozen=True)
-class LoadgenOptions(LoadOptions):
-    url: str = "http://127.0.0.1:8000/v1"
-    exporter_url: str | None = None
-    label: str = ""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_url("--url", self.url, "http://127.0.0.1:8000/v1")
-        check_url("--exporter-url", self.exporter_url, "http://127.0.0.1:9420")
-
-
-LOAD_HELP: Final = {
-    "concurrency": "closed loop: comma-separated client counts, one step each (default 1,4,16)",
-    "rate": "open loop: comma-separated arrival rates per second, one step each",
-    "arrival": "open-loop arrivals: poisson or constant",
-    "duration_s": "seconds of load per step",
-    "requests": "requests per step (0: no bound; the step ends at whichever comes first)",
-    "warmup_s": "seconds of unmeasured load at the first step's level before measuring",
-    "seed": "seed of the request stream and the arrival times",
-    "mix": "request kinds and weights: embeddings, completions, completions-stream, chat, "
-    "chat-stream (e.g. embeddings=1,chat-stream=2)",
-    "prompt_words": "prompt length in words: N, uniform:LO:HI, normal:MEAN:SD or exp:MEAN",
-    "output_tokens": "max_tokens of completions and chat: N, uniform:LO:HI, normal:MEAN:SD "
-    "or exp:MEAN",
-    "requests_file": "JSONL file of requests ({'endpoint': 'chat', 'stream': true, ...}), "
-    "sent in order, instead of --mix",
-    "model": "model name to send (default: the first one /models lists)",
-    "timeout_s": "seconds one request may take before it counts as a timeout",
-    "max_in_flight": "open loop: requests open at once beyond which a send counts as missed",
-    "late_ms": "open loop: a send this late on its schedule counts as missed",
-    "max_response_bytes": "largest non-streamed answer read; a larger one counts as a "
-    "too_large error (every open request may hold this much)",
-    "max_metrics_bytes": "largest /metrics read from the exporter; past it a step has no "
-    "exporter view (about 1.9 MiB per 1,000 request series)",
-    "record": "Markdown record file to append one row per step to",
-    "json": "write the results as JSON to this file ('-': standard output)",
-    "csv": "write the results as CSV to this file ('-': standard output)",
-    "plot": "PNG of latency against load and the phase breakdown (needs matplotlib)",
-}
-
-LOADGEN_HELP: Final = {
-    **LOAD_HELP,
-    "url": "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1",
-    "exporter_url": "gpuscope exporter to read /metrics from around each step, "
-    "e.g. http://127.0.0.1:9420",
-    "label": "what the record calls this configuration (e.g. 'max-queue-delay-ms=1')",
-}
+class LoadgenOptions(
+    LoadOptions,
+    prog="gpuscope loadgen",
+    description="Put a ladder of load steps on an OpenAI-compatible endpoint and report "
+    "latency percentiles, TTFT, throughput and errors per step; with --exporter-url, also "
+    "where the time went.",
+    env_prefix="GPUSCOPE_LOADGEN_",
+):
+    url: str = option(
+        "http://127.0.0.1:8000/v1",
+        help="OpenAI-compatible base URL",
+        check=http_url("http://127.0.0.1:8000/v1"),
+    )
+    exporter_url: str | None = option(
+        None,
+        help=f"gpuscope exporter to read /metrics from around each step, e.g. "
+        f"{EXPORTER_URL_EXAMPLE}",
+        check=http_url(EXPORTER_URL_EXAMPLE),
+    )
+    label: str = option(
+        "", help="what the record calls this configuration (e.g. 'max-queue-delay-ms=1')"
+    )

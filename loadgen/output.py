@@ -1,16 +1,22 @@
-"""What a person sees: the live progress line and the end-of-run tables."""
+"""What a run shows and leaves: the live progress line, the end-of-run tables, and the
+record, JSON, CSV and plot files its options ask for (``gpuscope loadgen`` and
+``gpuscope tune`` alike)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from gpuscope.loadgen import record
 from gpuscope.loadgen.record import PHASE_COLUMNS, step_row
 from gpuscope.loadgen.results import StepResult
 from gpuscope.loadgen.runner import Live
 from gpuscope.loadgen.stats import percentile
+
+if TYPE_CHECKING:
+    from gpuscope.loadgen.options import LoadOptions
 
 CLIENT_COLUMNS = (
     "config", "load", "ok", "errors", "missed", "req/s", "tok/s",
@@ -96,3 +102,37 @@ def _columns(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> str:
     lines = ["  ".join(c.rjust(widths[c]) for c in shown)]
     lines += ["  ".join(r[c].rjust(widths[c]) for c in shown) for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def write_outputs(
+    options: LoadOptions, results: Sequence[StepResult], env: str, *, with_record: bool = True
+) -> None:
+    """The record, JSON, CSV and plot files the options ask for."""
+    rows = [record.step_row(result, env) for result in results]
+    if with_record and options.record is not None and rows:
+        record.append_record(options.record, rows)
+    if options.json is not None:
+        record.write_output(options.json, record.json_text(results, env))
+    if options.csv is not None:
+        record.write_output(options.csv, record.csv_text(rows))
+    if options.plot is not None and results:
+        from gpuscope.loadgen.plot import plot_results
+
+        plot_results(results, options.plot)
+
+
+def table_stream(options: LoadOptions) -> TextIO:
+    """Standard error when JSON or CSV go to standard output, so that it stays parseable."""
+    return sys.stderr if "-" in (options.json, options.csv) else sys.stdout
+
+
+def plot_unavailable(options: LoadOptions, prog: str) -> bool:
+    """Say so (before any load runs) when --plot is asked for without matplotlib."""
+    if options.plot is None:
+        return False
+    from gpuscope.loadgen.plot import require_matplotlib
+
+    problem = require_matplotlib()
+    if problem is not None:
+        print(f"{prog}: --plot: {problem}", file=sys.stderr)
+    return problem is not None

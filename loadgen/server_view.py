@@ -8,8 +8,10 @@ load generator to 6 GB), and anything that is not the text format, or a histogra
 bucket without a numeric ``le``, is ``MalformedMetrics`` naming the line.
 ``step_view`` subtracts the scrape taken before a step from the one taken after it,
 so the histograms describe only that step's requests: mean time per phase, each
-phase's share of the mean, and its share of the P99 (each phase's P99 over the sum of
-the phases' P99s, interpolated from the bucket deltas as Prometheus does).
+phase's share of the mean, and its share of the P99: each phase's P99 over the
+end-to-end P99 of the same requests, both interpolated from the bucket deltas as
+Prometheus does. (Over the sum of the phases' P99s it would divide by a time no request
+took: the slowest queue waits and the slowest computes are rarely the same requests.)
 Gauges (SM occupancy, clock ratio) are averaged over the scrapes taken during the step.
 """
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import metrics as gpu_rows
+from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.loadgen.stats import histogram_quantile, mean
 from gpuscope.spans import PHASES
 
@@ -56,6 +58,7 @@ class Snapshot:
 
     taken_s: float
     requests: float = 0.0
+    duration: Histogram = field(default_factory=Histogram)
     phases: dict[str, Histogram] = field(default_factory=dict)
     batch_size: Histogram = field(default_factory=Histogram)
     pcie_bytes: float | None = None
@@ -160,9 +163,11 @@ class SnapshotBuilder:
             _add(snapshot.phases.setdefault(phase, Histogram()), PHASE_METRIC, name, labels, value)
         elif name.startswith(BATCH_METRIC):
             _add(snapshot.batch_size, BATCH_METRIC, name, labels, value)
-        elif name == DURATION_METRIC + "_count":
+        elif name.startswith(DURATION_METRIC):
             if _is_load_route(labels):
-                snapshot.requests += _count(name, value)
+                _add(snapshot.duration, DURATION_METRIC, name, labels, value)
+                if name == DURATION_METRIC + "_count":
+                    snapshot.requests += value
         elif name in PCIE_COUNTERS:  # the family may or may not end in _total
             snapshot.pcie_bytes = (snapshot.pcie_bytes or 0.0) + _count(name, value)
         elif name in GAUGES and math.isfinite(value):
@@ -226,6 +231,12 @@ def step_view(before: Snapshot, after: Snapshot, during: Sequence[Snapshot] = ()
         p99 = histogram_quantile(0.99, delta.buckets) if math.inf in delta.buckets else None
         if p99 is not None:
             p99s[phase] = p99 * 1000
+    end_to_end = after.duration.minus(before.duration)
+    end_to_end_p99 = (
+        histogram_quantile(0.99, end_to_end.buckets)
+        if end_to_end.count > 0 and math.inf in end_to_end.buckets
+        else None
+    )
     batch = after.batch_size.minus(before.batch_size)
     gauges = list(during) or [after]
     elapsed = after.taken_s - before.taken_s
@@ -236,7 +247,11 @@ def step_view(before: Snapshot, after: Snapshot, during: Sequence[Snapshot] = ()
         requests=round(after.requests - before.requests),
         phase_mean_ms=means,
         phase_mean_share=shares(means),
-        phase_p99_share=shares(p99s),
+        phase_p99_share=(
+            {phase: p99 / (end_to_end_p99 * 1000) for phase, p99 in p99s.items()}
+            if end_to_end_p99
+            else {}
+        ),
         batch_size_mean=(
             batch.sum / batch.count if batch.count > 0 and math.isfinite(batch.sum) else None
         ),

@@ -13,70 +13,102 @@ from __future__ import annotations
 import asyncio
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from gpuscope import flags
-from gpuscope.flags import ConfigError
-from gpuscope.loadgen import record
-from gpuscope.loadgen.cli import plot_unavailable, run_with_ctrl_c, table_stream, write_outputs
+from gpuscope.children import (
+    TRACES_PATH,
+    ChildFailed,
+    Children,
+    free_port,
+    run_until_stopped,
+    simulated_gpu_uuid,
+    worker_args,
+)
+from gpuscope.flags import ConfigError, http_url, option
+from gpuscope.loadgen import batching_equivalents, record
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose
-from gpuscope.loadgen.options import LOAD_HELP, LoadOptions, check_url
-from gpuscope.loadgen.output import Progress, table
-from gpuscope.loadgen.processes import ChildFailed, Children, free_port, wait_ready
+from gpuscope.loadgen.options import EXPORTER_URL_EXAMPLE, LoadOptions
+from gpuscope.loadgen.output import Progress, plot_unavailable, table, table_stream, write_outputs
 from gpuscope.loadgen.results import StepResult
 from gpuscope.loadgen.runner import Runner, Target
 
-ENV_PREFIX = "GPUSCOPE_TUNE_"
 DEFAULT_SWEEP: Final = "max-queue-delay-ms=0.1,0.25,0.5,1,2,5"
-# Flags the tuner sets itself; a sweep or --worker-args must leave them alone.
-OWN_WORKER_FLAGS: Final = ("host", "port", "otlp_endpoint", "gpu_uuid", "no_tracing")
+# Worker fields the tuner sets itself; a sweep or --worker-args must leave them alone.
+OWN_WORKER_FIELDS: Final = ("host", "port", "otlp_endpoint", "gpu_uuid", "no_tracing")
 
 
 @dataclass(frozen=True)
-class TuneOptions(LoadOptions):
-    sweep: str = DEFAULT_SWEEP
-    objective: str = "max throughput with p99 <= 100 ms"
-    exporter_url: str | None = None
-    worker_args: str = ""
+class TuneOptions(
+    LoadOptions,
+    prog="gpuscope tune",
+    description="Sweep one flag of the reference worker: start it at each value on a free "
+    "loopback port, run the same load ladder, and name the best value under an objective.",
+    env_prefix="GPUSCOPE_TUNE_",
+):
+    sweep: str = option(
+        DEFAULT_SWEEP,
+        help="the worker flag to sweep and its values: max-queue-delay-ms=0.1,0.5,1, "
+        "max-batch-size=4,8,16 or batching=none,dynamic,continuous",
+        metavar="FLAG=V1,V2,...",
+    )
+    objective: str = option(
+        "max throughput with p99 <= 100 ms",
+        help="'max throughput with p99 <= X ms' or 'min p99 at rate R' (R one of --rate)",
+        metavar="OBJECTIVE",
+    )
+    exporter_url: str | None = option(
+        None,
+        help="an exporter the worker should send spans to (default: start one)",
+        check=http_url(EXPORTER_URL_EXAMPLE),
+    )
+    worker_args: str = option(
+        "", help="further worker flags for every run, e.g. '--hidden-size 128'", metavar="FLAGS"
+    )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_url("--exporter-url", self.exporter_url, "http://127.0.0.1:9420")
+    def check(self) -> None:
+        super().check()
         try:
             objective = Objective.parse(self.objective)
         except ObjectiveError as exc:
             raise ConfigError(str(exc)) from None
         if objective.kind == "min-p99" and objective.bound not in [x.value for x in self.loads()]:
-            raise ConfigError(f"--objective: '{objective}' needs that rate in --rate")
+            raise ConfigError(
+                f"{_flag('objective')}: '{objective}' needs that rate in {_flag('rate')}"
+            )
         for value in self.values():
             self.worker_argv(value, port=0, otlp="http://127.0.0.1:1/v1/traces")  # validates
 
     @property
     def flag(self) -> str:
-        name, sep, _ = self.sweep.partition("=")
+        """The swept worker flag, as the sweep names it (without its dashes)."""
         from gpuscope.worker.config import WorkerConfig
 
-        field = name.strip().replace("-", "_")
+        name, sep, _ = self.sweep.partition("=")
+        name = name.strip()
         if not sep:
             raise ConfigError(
-                f"--sweep: expected WORKER-FLAG=V1,V2,... such as {DEFAULT_SWEEP}, "
+                f"{_flag('sweep')}: expected WORKER-FLAG=V1,V2,... such as {DEFAULT_SWEEP}, "
                 f"got {self.sweep!r}"
             )
-        if field in OWN_WORKER_FLAGS:
-            raise ConfigError(f"--sweep: --{name.strip()} is set by the tuner, not swept")
-        if field not in {f.name for f in fields(WorkerConfig)}:
+        field = flags.field_of(WorkerConfig, f"--{name}")
+        if field in OWN_WORKER_FIELDS:
+            raise ConfigError(f"{_flag('sweep')}: --{name} is set by the tuner, not swept")
+        if field is None:
             raise ConfigError(
-                f"--sweep: the worker has no flag --{name.strip()} (see 'gpuscope worker --help')"
+                f"{_flag('sweep')}: the worker has no flag --{name} (see 'gpuscope worker --help')"
             )
-        return name.strip()
+        return name
 
     def values(self) -> list[str]:
         self.flag  # noqa: B018 - validates the name first
         values = [v.strip() for v in self.sweep.partition("=")[2].split(",") if v.strip()]
         if len(values) < 2:
-            raise ConfigError(f"--sweep: give at least two values to compare, got {self.sweep!r}")
+            raise ConfigError(
+                f"{_flag('sweep')}: give at least two values to compare, got {self.sweep!r}"
+            )
         return values
 
     def label(self, value: str) -> str:
@@ -85,75 +117,59 @@ class TuneOptions(LoadOptions):
     def worker_argv(
         self, value: str, port: int, otlp: str, gpu_uuid: str | None = None
     ) -> list[str]:
-        """The worker's arguments for one value; checked by the worker's own parser."""
-        from gpuscope.worker.config import parse_config
+        """The worker's command line for one value, checked by the worker's own parser.
+
+        The tuner's settings come first, so that ``--worker-args`` can change the log
+        level; the swept value and the GPU come last, so that they win."""
+        from gpuscope.worker.config import WorkerConfig
 
         own = {"host": "127.0.0.1", "port": port, "otlp_endpoint": otlp, "gpu_uuid": gpu_uuid}
-        args = ["--host", "127.0.0.1", "--port", str(port), "--otlp-endpoint", otlp]
-        args += ["--log-level", "warning", *shlex.split(self.worker_args)]
-        args += [f"--{self.flag}", value] + (["--gpu-uuid", gpu_uuid] if gpu_uuid else [])
+        args = worker_args(port, otlp_endpoint=otlp, log_level="warning")
+        args += [*shlex.split(self.worker_args), f"--{self.flag}", value]
+        if gpu_uuid is not None:
+            args += flags.to_argv(WorkerConfig, gpu_uuid=gpu_uuid)
         try:
-            config = parse_config(args, environ={})
-        except SystemExit:
-            raise ConfigError(f"--worker-args: the worker refuses {shlex.join(args)!r}") from None
+            config = flags.parse(WorkerConfig, args[1:], {}, exit_on_error=False)
         except ConfigError as exc:
-            raise ConfigError(f"--sweep / --worker-args: {exc}") from None
+            raise ConfigError(f"{_flag('sweep')} / {_flag('worker_args')}: {exc}") from None
         # Checked on the parsed flags, not the words: argparse also takes --port=N and
         # abbreviations such as --po N, which would move the worker where nobody waits.
-        for flag in OWN_WORKER_FLAGS:
-            if getattr(config, flag) != own.get(flag, False):
-                raise ConfigError(f"--worker-args: {flags.flag_name(flag)} is set by the tuner")
-        return ["worker", *args]
+        for field in OWN_WORKER_FIELDS:
+            if getattr(config, field) != own.get(field, False):
+                flag = flags.spelling(WorkerConfig, field)
+                raise ConfigError(f"{_flag('worker_args')}: {flag} is set by the tuner")
+        return args
 
 
-TUNE_HELP: Final = {
-    **LOAD_HELP,
-    "sweep": "the worker flag to sweep and its values: max-queue-delay-ms=0.1,0.5,1, "
-    "max-batch-size=4,8,16 or batching=none,dynamic,continuous",
-    "objective": "'max throughput with p99 <= X ms' or 'min p99 at rate R' (R one of --rate)",
-    "exporter_url": "an exporter the worker should send spans to (default: start one)",
-    "worker_args": "further worker flags for every run, e.g. '--hidden-size 128'",
-}
-
-
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> TuneOptions:
-    parser = flags.build_parser(
-        TuneOptions,
-        prog="gpuscope tune",
-        description="Sweep one flag of the reference worker: start it at each value on a "
-        "free loopback port, run the same load ladder, and name the best value under an "
-        f"objective. Every flag has a {ENV_PREFIX}* environment twin.",
-        help=TUNE_HELP,
-        env_prefix=ENV_PREFIX,
-    )
-    return flags.parse_or_exit(TuneOptions, parser, argv, environ, ENV_PREFIX)
+def _flag(field: str) -> str:
+    return flags.spelling(TuneOptions, field)
 
 
 async def run_sweep(
     options: TuneOptions, stop: asyncio.Event, progress: Progress, env: str
 ) -> dict[str, list[StepResult]]:
     """Each value's steps, in sweep order; stops early (keeping what ran) when ``stop`` is set."""
-    from gpuscope.exporter.gpu.simulated import simulated_uuid
-
     sweep: dict[str, list[StepResult]] = {}
     with Children() as children:
         exporter_url, gpu_uuid = options.exporter_url, None
         if exporter_url is None:
-            exporter_url, gpu_uuid = await _start_exporter(children, stop), simulated_uuid(0)
+            exporter = children.simulated_exporter()
+            await exporter.wait_ready(stop)
+            exporter_url, gpu_uuid = exporter.url, simulated_gpu_uuid(0)
         for value in options.values():
             if stop.is_set():
                 break
             port = free_port()
             name = f"worker {options.label(value)}"
-            argv = options.worker_argv(value, port, f"{exporter_url}/v1/traces", gpu_uuid)
-            worker = children.start(name, argv)
+            argv = options.worker_argv(value, port, exporter_url + TRACES_PATH, gpu_uuid)
+            worker = children.adopt(name, argv, port)
             try:
-                await wait_ready(name, f"http://127.0.0.1:{port}/readyz", worker, stop)
+                await worker.wait_ready(stop)
             except ChildFailed:
                 if stop.is_set():
                     break
                 raise
-            target = Target(f"http://127.0.0.1:{port}/v1", exporter_url, options.model)
+            target = Target(f"{worker.url}/v1", exporter_url, options.model)
             runner = Runner(
                 options.plan(options.label(value)), target, options.request_stream(), stop,
                 tick=progress, on_step=progress.step_done,
@@ -165,31 +181,23 @@ async def run_sweep(
     return sweep
 
 
-async def _start_exporter(children: Children, stop: asyncio.Event) -> str:
-    port = free_port()
-    args = ["exporter", "--listen", f"127.0.0.1:{port}", "--gpu-source", "simulated"]
-    args += ["--gpu-interval-s", "0.5", "--log-level", "warning"]
-    exporter = children.start("exporter", args)
-    url = f"http://127.0.0.1:{port}"
-    await wait_ready("exporter", f"{url}/readyz", exporter, stop)
-    return url
-
-
 def main(argv: Sequence[str]) -> int:
-    options = parse_args(argv)
+    options = flags.parse(TuneOptions, argv)
     if plot_unavailable(options, "gpuscope tune"):
         return 2
     progress = Progress()
     env = record.environment()
     try:
-        sweep, stopped = run_with_ctrl_c(lambda stop: run_sweep(options, stop, progress, env))
+        sweep, stopped = run_until_stopped(lambda stop: run_sweep(options, stop, progress, env))
     except (ChildFailed, RuntimeError) as exc:
         print(f"gpuscope tune: {exc}", file=sys.stderr)
         return 1
     steps = [step for config_steps in sweep.values() for step in config_steps]
     verdict = choose(Objective.parse(options.objective), sweep)
     stream = table_stream(options)
-    print(table(steps, env) + "\n".join(verdict.lines), file=stream, flush=True)
+    # the best value as Triton's and Ray Serve's batching settings
+    lines = [*verdict.lines, *batching_equivalents.for_tune(options, verdict.best)]
+    print(table(steps, env) + "\n".join(lines), file=stream, flush=True)
     write_outputs(options, steps, env, with_record=False)  # the record grew value by value
     if stopped:
         print(

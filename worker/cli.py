@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from gpuscope import flags
 from gpuscope.connections import AcceptErrorLog
-from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.config import ConfigError, WorkerConfig
 from gpuscope.worker.connections import http_protocol
 
 if TYPE_CHECKING:
@@ -113,11 +114,7 @@ def why_unbindable(host: str, port: int) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        config = parse_config(argv)
-    except ConfigError as exc:
-        print(f"gpuscope worker: {exc}", file=sys.stderr)
-        return 2
+    config = flags.parse(WorkerConfig, argv)
     problem = why_unbindable(config.host, config.port)
     if problem is not None:
         print(

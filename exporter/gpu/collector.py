@@ -1,6 +1,6 @@
 """The prometheus_client collector for GPU metrics, built fresh from the poller's snapshot.
 
-The families are the rows of ``gpu.metrics``, in its order; the plain per-GPU rows (those
+The families are the rows of ``gpu.definitions``, in its order; the plain per-GPU rows (those
 with a ``field``) need no code here.
 
 Every scrape builds new metric families, so a GPU that went away (lost, MIG
@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import metrics as rows
+from gpuscope.exporter.gpu import definitions as rows
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import ProcessJoin
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
@@ -30,7 +30,7 @@ Sample = tuple[Sequence[str], float]
 class GpuCollector(Collector):
     """Register with a ``CollectorRegistry``; reads only the poller's cached snapshot.
 
-    Yields one family per row of ``gpu.metrics.GPU_METRICS``, in that order.
+    Yields one family per row of ``gpu.definitions.GPU_METRICS``, in that order.
     """
 
     def __init__(self, poller: GpuPoller) -> None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
-from gpuscope.exporter.gpu.nvml import load_pynvml
-from gpuscope.exporter.gpu.nvml_processes import NvmlProcessSession
+from gpuscope.exporter.gpu.nvml.processes import NvmlProcessSession
+from gpuscope.exporter.gpu.nvml.source import load_pynvml
 from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
 
@@ -33,7 +33,7 @@ BINDING_DIRS = (
 )
 MIB = 2**20
 
-# field id -> (``field`` of its row in gpu.metrics, scale to base units)
+# field id -> (``field`` of its row in gpu.definitions, scale to base units)
 SCALAR_FIELDS: dict[int, tuple[str, float]] = {
     100: ("sm_clock_hz", 1e6),  # DCGM_FI_DEV_SM_CLOCK, MHz
     101: ("memory_clock_hz", 1e6),  # DCGM_FI_DEV_MEM_CLOCK

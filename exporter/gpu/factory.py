@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscope.exporter.gpu.dcgm import DcgmSource, DcgmUnavailable
-from gpuscope.exporter.gpu.nvml import NvmlSource, NvmlUnavailable
+from gpuscope.exporter.gpu.nvml.source import NvmlSource, NvmlUnavailable
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.gpu.source import GpuSource, GpuSourceKind

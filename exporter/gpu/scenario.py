@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASONS
-from gpuscope.exporter.gpu.metrics import PER_GPU
+from gpuscope.exporter.gpu.definitions import PER_GPU
 
 FAULTS = frozenset(
     {

@@ -39,6 +39,7 @@ def test_committed_rules_regenerate_byte_identically(tmp_path: Path) -> None:
     build_rules(tmp_path)
     generated = sorted(p.name for p in tmp_path.iterdir())
     assert generated == [p.name for p in RULES]
+    assert "engines.yml" in generated  # Triton's, TGI's and SGLang's (engine_rules.py)
     for path in RULES:
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), (
             f"{path} is stale: run 'make rules'"
@@ -192,3 +193,18 @@ def test_every_recorded_series_is_recorded_before_a_rule_of_its_group_reads_it()
                 assert group_of[name] == group["name"], f"{rule['record']} reads {name}"
                 assert name in seen, f"{rule['record']} reads {name} before it is recorded"
             seen.add(rule["record"])
+
+
+def test_every_recorded_series_a_promtool_case_reads_is_recorded() -> None:
+    """A case over a series no rule records passes vacuously (expecting nothing, it
+    gets nothing): after a rename, every case must still read a recorded name."""
+    # recording.yml's and engines.yml's (Triton's, TGI's and SGLang's series)
+    recorded = {rule["record"] for path in RULES for rule in rules_of(path) if "record" in rule}
+    window = re.compile(r"(\d+[smhd])$")
+    for path in UNIT_TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for check in test.get("promql_expr_test", []):
+                for name in re.findall(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b", check["expr"]):
+                    assert name in recorded or window.sub("", name) in recorded, (
+                        f"{path.name}: {check['expr']} reads {name}, which no rule records"
+                    )

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuscope.loadgen.processes import free_port
+from gpuscope.children import free_port
 from support.prometheus_server import (
     instant_query,
     run_alertmanager,

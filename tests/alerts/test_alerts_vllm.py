@@ -43,7 +43,9 @@ def _bounds(native: str) -> set[str]:
     return CAPTURED[native + "_bucket"][1] - {"+Inf"}
 
 
-@pytest.mark.parametrize("histogram", engines.VLLM_HISTOGRAMS, ids=lambda h: h.native)
+@pytest.mark.parametrize(
+    "histogram", [*engines.VLLM_HISTOGRAMS, *engines.VLLM_TOKEN_HISTOGRAMS], ids=lambda h: h.native
+)
 def test_the_engines_table_has_vllms_histograms_and_buckets(histogram: EngineHistogram) -> None:
     for suffix in ("_bucket", "_sum", "_count"):
         assert histogram.native + suffix in CAPTURED, histogram.native + suffix

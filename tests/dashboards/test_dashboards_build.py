@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from alerts.settings import Settings
 from dashboards import engines, pcie
 from support.dashboards_json import (
     DASHBOARD_DIR,
@@ -98,7 +102,7 @@ CHAINS = {
 }
 # One value at a time: its panels stack or add up what a value counts.
 SINGLE = {("where-did-the-time-go.json", "source")}
-RECORDED_REQUEST_SERIES = re.compile(r"\bservice_model_gpu:[\w:]+(\{[^}]*\})?")
+RECORDED_REQUEST_SERIES = re.compile(r"\bservice_model(_gpu)?:[\w:]+(\{[^}]*\})?")
 
 
 def chain_order(board: dict[str, Any]) -> list[str]:
@@ -136,7 +140,7 @@ def test_request_boards_filter_every_per_source_query_by_one_source() -> None:
             for target in panel["targets"]:
                 for match in RECORDED_REQUEST_SERIES.finditer(target["expr"]):
                     checked += 1
-                    assert 'source=~"$source"' in (match.group(1) or ""), target["expr"]
+                    assert 'source=~"$source"' in (match.group(2) or ""), target["expr"]
                     repeated = row is not None and row.get("repeat") == "source"
                     assert single or repeated, f"{name}: {panel['title']} mixes sources"
     assert checked >= 15
@@ -198,14 +202,28 @@ def test_no_panel_stacks_quantiles() -> None:
                 assert not quantile or "/" in target["expr"], f"{name}: {panel['title']}"
 
 
+# A whole-fleet figure: one aggregation over every selected GPU, no grouping.
+FLEET = re.compile(r"^\(?(sum|avg|count) \(")
+
+
 def test_gpu_board_keeps_hosts_apart() -> None:
-    """GPU indexes repeat on every host: "All" instances must not merge GPU 0s into one."""
+    """GPU indexes repeat on every host: "All" instances must not merge GPU 0s into one.
+    A query either keeps each host's GPUs apart and names the host, or adds up the
+    whole fleet into one figure that names no GPU."""
+    fleet = 0
     for panel in panels(BOARDS["gpu.json"]):
         for target in panel["targets"]:
-            for grouping in re.findall(r"\bby \(([^)]*)\)", target["expr"]):
+            groupings = re.findall(r"\bby \(([^)]*)\)", target["expr"])
+            if not groupings:
+                assert FLEET.match(target["expr"]), f"{panel['title']}: {target['expr']}"
+                assert "{{" not in target["legendFormat"], panel["title"]
+                fleet += 1
+                continue
+            for grouping in groupings:
                 labels = {label.strip() for label in grouping.split(",")}
                 assert "instance" in labels, f"{panel['title']}: {target['expr']}"
             assert "{{instance}}" in target["legendFormat"], panel["title"]
+    assert fleet >= 4  # GPUs up, temperature, power
 
 
 @pytest.mark.parametrize(
@@ -235,3 +253,113 @@ def test_per_second_rates_have_a_per_second_unit() -> None:
             if plain_rates and panel["type"] == "timeseries":
                 unit = panel["fieldConfig"]["defaults"].get("unit")
                 assert unit in RATE_UNITS, f"{name}: {panel['title']} draws rates as {unit}"
+
+
+@pytest.mark.parametrize("name", sorted(UIDS))
+def test_every_board_marks_firing_alerts(name: str) -> None:
+    """Alerts Prometheus holds as firing, on every board's time axis, from the board's
+    data source."""
+    (annotation,) = BOARDS[name]["annotations"]["list"]
+    assert annotation["expr"] == 'ALERTS{alertstate="firing"}'
+    assert annotation["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert annotation["enable"] and annotation["titleFormat"] == "{{alertname}}"
+
+
+def _capability_panels() -> dict[str, list[str]]:
+    """Panel title -> its noValue texts, over the request boards."""
+    found: dict[str, list[str]] = {}
+    for name in ("inference-latency.json", "where-did-the-time-go.json"):
+        for panel in panels(BOARDS[name]):
+            text = panel["fieldConfig"]["defaults"].get("noValue")
+            if text:
+                found.setdefault(panel["title"], []).append(text)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("title", "capability"),
+    [
+        ("Compute: prefill and decode", engines.COMPUTE_SPLIT),
+        ("Prompt length", engines.PROMPT_LENGTH),
+        ("Generation length", engines.GENERATION_LENGTH),
+        ("Finish reasons", engines.FINISH_REASONS),
+        ("Batch wait against the configured window", engines.BATCHING),
+    ],
+)
+def test_panels_a_source_lacks_say_not_reported(title: str, capability: str) -> None:
+    """Where the engines' table says a source lacks what a panel shows, the panel says
+    "not reported by this engine", naming the sources, rather than drawing nothing."""
+    lacking = [
+        source
+        for source, row in engines.SOURCE_CAPABILITIES.items()
+        if capability not in row.reports
+    ]
+    assert lacking, f"every source reports {capability}: pick another panel"
+    texts = _capability_panels()[title]
+    for text in texts:
+        assert text.startswith("Not reported by this engine"), text
+        assert any(source in text for source in lacking), text
+
+
+def test_panels_every_source_has_say_no_traffic() -> None:
+    """A panel over what every source reports reads "No traffic" when idle."""
+    everywhere = _capability_panels()["Mean time per phase"]
+    assert everywhere and set(everywhere) == {engines.NO_TRAFFIC}
+
+
+# The headline row: each stat with thresholds and "No traffic" for an idle window.
+HEADLINE = {
+    "Requests",
+    "Server errors",
+    "P99 latency",
+    "P99 time to first token",
+    "Where the time goes",
+    "SM occupancy",
+}
+
+
+def test_the_latency_board_opens_with_a_headline_row() -> None:
+    rows = [p for p in BOARDS["inference-latency.json"]["panels"] if p["type"] == "row"]
+    assert rows[0]["title"].startswith("Now")
+    headline = {
+        panel["title"]: panel
+        for row, panel in panels_by_row(BOARDS["inference-latency.json"])
+        if row is rows[0]
+    }
+    assert set(headline) == HEADLINE
+    for panel in headline.values():
+        defaults = panel["fieldConfig"]["defaults"]
+        assert panel["type"] == "stat"
+        assert defaults["noValue"] == engines.NO_TRAFFIC
+        nan = [m for m in defaults["mappings"] if m["options"]["match"] == "null+nan"]
+        assert nan and nan[0]["options"]["result"]["text"] == engines.NO_TRAFFIC
+        assert defaults["thresholds"]["steps"], panel["title"]
+    # the limits are the rules': the latency objective's bound turns P99 red
+    steps = headline["P99 latency"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1] == {"color": "red", "value": float(Settings().latency_slo.le)}
+
+
+def _read_back(board: dict[str, Any]) -> Any:
+    """``board`` through the SDK's typed dashboard model and back to JSON: a field the
+    model does not know (a misspelt option, a panel option of another plugin) is lost."""
+    with warnings.catch_warnings():
+        # The SDK warns, as it defines its v1 model, that new code should prefer its v2
+        # model; the boards are the v1 JSON model (schemaVersion 42) that Grafana 12 reads.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from grafana_foundation_sdk.cog import plugins
+        from grafana_foundation_sdk.cog.encoder import JSONEncoder
+        from grafana_foundation_sdk.models import dashboard as dashboard_model
+    plugins.register_default_plugins()
+    model = dashboard_model.Dashboard.from_json(copy.deepcopy(board))
+    return json.loads(json.dumps(model, cls=JSONEncoder, sort_keys=True))
+
+
+@pytest.mark.parametrize("name", sorted(UIDS))
+def test_every_board_reads_back_through_the_sdk_model(name: str) -> None:
+    assert _read_back(BOARDS[name]) == BOARDS[name]
+
+
+def test_read_back_loses_an_unknown_option() -> None:
+    board = copy.deepcopy(BOARDS["gpu.json"])
+    next(panels(board))["fieldConfig"]["defaults"]["noValu"] = "No traffic"
+    assert _read_back(board) != board

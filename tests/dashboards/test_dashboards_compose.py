@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuscope.exporter.config import parse_config as parse_exporter_config
+from dashboards.engines import ENGINES
+from gpuscope import flags
+from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.simulated import simulated_uuid
-from gpuscope.worker.config import parse_config as parse_worker_config
+from gpuscope.worker.config import WorkerConfig
 from support.binaries import require_binary
 from support.dashboards_json import REPO
 
@@ -307,8 +309,8 @@ def test_gpuscope_services_pass_valid_flags(name: str) -> None:
     environment = {
         key: host_path(service, value) for key, value in service.get("environment", {}).items()
     }
-    parse = {"exporter": parse_exporter_config, "worker": parse_worker_config}[command]
-    parse(argv, environment)
+    config_type = {"exporter": ExporterConfig, "worker": WorkerConfig}[command]
+    flags.parse(config_type, argv, environment, exit_on_error=False)
 
 
 def scrape_jobs() -> dict[str, list[str]]:
@@ -322,12 +324,14 @@ def scrape_jobs() -> dict[str, list[str]]:
 
 def test_scrape_jobs_are_the_ones_the_rules_select() -> None:
     """The exporter's job and the worker's, each selected by name in the rules; the
-    rules' vLLM job (vLLM's own /metrics) is not part of the stack."""
+    rules' engine jobs (vLLM's, Triton's, TGI's and SGLang's own /metrics) are not part
+    of the stack."""
     jobs = set(scrape_jobs())
     rules = "".join(path.read_text() for path in (REPO / "alerts" / "rules").glob("*.yml"))
     selected = set(re.findall(r'\bjob="([^"]*)"', rules))
+    engine_jobs = {e.job_selector.removeprefix('job="').removesuffix('"') for e in ENGINES}
     assert jobs == {"gpuscope", "gpuscope-worker"}
-    assert selected == jobs | {"vllm"}
+    assert selected == jobs | {"vllm"} | engine_jobs
 
 
 def test_scrape_targets_are_services_on_their_ports() -> None:

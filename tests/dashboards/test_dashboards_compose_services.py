@@ -30,7 +30,7 @@ import httpx
 import pytest
 import yaml
 
-from gpuscope.loadgen.processes import free_port
+from gpuscope.children import free_port
 from support.binaries import require_binary
 from support.dashboards_json import REPO
 

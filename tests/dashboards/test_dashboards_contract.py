@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from dashboards import contract, engines
 from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
-from gpuscope.exporter.gpu.metrics import GPU_METRICS
+from gpuscope.exporter.gpu.definitions import GPU_METRICS
 from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.metrics import WorkerCollector
@@ -149,13 +149,23 @@ def test_series_names_samples_by_the_row_type() -> None:
 
 
 def test_no_builder_writes_a_gpuscope_metric_name() -> None:
-    """Outside the worker's names (engines.py, which has no table to read them from) and
-    the names the rules give what they record, a builder reads names from the tables."""
+    """Outside the worker's names (engines.py, which has no table to read them from),
+    the names the rules give what they record, and the histograms only engines report
+    (recorded under a gpuscope name, engines.RECORDED_ONLY), a builder reads names from
+    the tables."""
     literal = re.compile(r"[\"'](gpuscope_(?!worker_)\w+)")
     found = [
         f"{path.relative_to(REPO)}: {name}"
         for folder in ("dashboards", "alerts")
         for path in sorted((REPO / folder).glob("*.py"))
         for name in literal.findall(Path(path).read_text())
+        if name not in engines.RECORDED_ONLY
     ]
     assert found == []
+
+
+def test_recorded_only_names_are_no_exporter_metric() -> None:
+    """A name recorded from the engines' histograms alone must not shadow a metric the
+    exporter serves (its series would then be added up with the engines')."""
+    served = {row.name for row in (*EXPORTER_METRICS, *GPU_METRICS)}
+    assert engines.RECORDED_ONLY and not set(engines.RECORDED_ONLY) & served

@@ -3,6 +3,8 @@
 Prometheus scrapes the exporter, the worker's own /metrics (the serving-engine
 panels) and a replay of vLLM's /metrics as the real engine served it (the
 metrics-only source), so every metric a panel names must be served by one of them.
+The exporter also receives the spans vLLM's own tracing sent (prefill and decode
+through spans) and another instrumentation's SERVER spans.
 
 The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
 the error panels have series too. Grafana's variables are resolved the way Grafana
@@ -45,6 +47,7 @@ from support.prometheus_server import instant_query, wait_for_result
 RULES_DIR = REPO / "alerts" / "rules"
 RULES_BUILD = REPO / "alerts" / "build.py"
 VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+FIRING = 'ALERTS{alertstate="firing"}'
 XID_AT_S = 120  # faults.yaml: XID 48 on GPU 1; GPU 1 falls off the bus at 150 s
 # Every gpuscope metric name in an expression, with or without a selector (not the
 # middle part of a recording rule's name).
@@ -181,12 +184,16 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
     """Every metric and label a dashboard names is served; every query returns data."""
     rules = fast_rules(tmp_path / "rules")
     async with (
-        run_pack_stack(tmp_path, scenario="faults", start_at_s=95, rules_dir=rules) as stack,
+        run_pack_stack(
+            tmp_path, scenario="faults", start_at_s=95, rules_dir=rules, vllm_spans=True
+        ) as stack,
         aiohttp.ClientSession() as session,
     ):
         await wait_for_xid(session, stack)
         await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
         await wait_for_result(session, stack.prometheus_url, f'{VERDICT}{{source="vllm"}}', 30)
+        # the boards' annotations: the XID alert fires as the XID is counted (for: 0m)
+        await wait_for_result(session, stack.prometheus_url, FIRING, 30)
         served = served_labels(
             await scrape(session, stack.exporter_url),
             await scrape(session, stack.worker_url),

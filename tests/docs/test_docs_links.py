@@ -18,6 +18,7 @@ PAGES = sorted(
         *(REPO / "docs").glob("*.md"),
         REPO / "dashboards" / "README.md",
         *(REPO / "alerts").glob("*.md"),
+        REPO / "deploy" / "kubernetes" / "README.md",
     ]
 )
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from gpuscope.middleware import (
     BatchRecorder,
     GpuscopeMiddleware,
@@ -121,7 +121,7 @@ async def fed_exporter() -> AsyncIterator[RunningExporter]:
     source = SimulatedSource(2, faults, clock=clock)
     clock.now = 45.0  # GPU 0 is thermally throttled from 30 s to 90 s
     exporter = await start_exporter(
-        loopback_config(gpu_interval=0.1), gpu_source=source, compute_observers=[source]
+        loopback_config(gpu_interval_s=0.1), gpu_source=source, compute_observers=[source]
     )
     try:
         yield exporter

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -16,23 +17,25 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope import engine_spans
+from gpuscope import engine_spans, flags
 from gpuscope.exporter import definitions as defs
 from gpuscope.exporter import doctor
-from gpuscope.exporter.aggregator import SpanAggregator
 from gpuscope.exporter.definitions import MetricDef, MetricType
+from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.exporter.gpu import factory
-from gpuscope.exporter.gpu import metrics as gpu_rows
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.factory import open_gpu_source
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource, GpuSourceKind
-from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.series import LATENCY_BUCKETS
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.series import LATENCY_BUCKETS
+from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
+from gpuscope.flags import ConfigError, option, positive
 from gpuscope.spans import COMPUTE_STAGES, PHASES
 from gpuscope.worker.app import UNTRACED_PATHS
+from gpuscope.worker.config import WorkerConfig
 from support.span_recorder import SpanRecorder
 from support.worker_servers import serve_worker
 
@@ -57,6 +60,7 @@ def recipe(title: str) -> str:
         "A GPU source",
         "A worker endpoint",
         "An engine adapter",
+        "A flag",
     ],
 )
 def test_each_recipe_names_its_test(title: str) -> None:
@@ -97,9 +101,9 @@ for index in range(1, len(MARKS)):  # every mark, the new one too, 1 ms apart
     timeline.mark_at(index, now + index * 1_000_000)
 found["timeline"] = sorted(timeline.phase_seconds())
 
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.series import LATENCY_BUCKETS
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.ingest.series import LATENCY_BUCKETS
 from support.exporter_fixtures import SpanFactory, encode
 aggregator = SpanAggregator()
 span = SpanFactory().server(0.05, phases={"detokenize": 0.002, "compute": 0.01})
@@ -371,6 +375,50 @@ def test_an_engine_adapter_declares_every_attribute_it_reads() -> None:
     assert set(report.stages) <= set(COMPUTE_STAGES)
 
 
+# --- a flag -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WorkerWithAFlag(WorkerConfig):
+    warm_up_s: float = option(2.0, help="time spent warming the models up", check=positive)
+
+
+@dataclass(frozen=True)
+class _WorkerWithAUnitlessTime(WorkerConfig):
+    warm_up_delay: float = option(2.0, help="time spent warming the models up")
+
+
+def test_a_new_flag_is_one_field_with_its_help_twin_and_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One field with its option: the flag, its twin, --help, the check (from flags and
+    in code) and a child's command line follow; a time without its unit is refused."""
+    text = " ".join(flags.build_parser(_WorkerWithAFlag).format_help().split())
+    assert (
+        "--warm-up-s SECONDS time spent warming the models up [GPUSCOPE_WARM_UP_S] "
+        "(default 2.0 s)" in text
+    )
+
+    def parse(argv: list[str], environ: dict[str, str]) -> _WorkerWithAFlag:
+        return flags.parse(_WorkerWithAFlag, argv, environ, exit_on_error=False)
+
+    assert parse(["--warm-up-s", "3"], {}).warm_up_s == 3.0
+    assert parse([], {"GPUSCOPE_WARM_UP_S": "4"}).warm_up_s == 4.0
+    with pytest.raises(ConfigError, match=r"^--warm-up-s: must be greater than 0, got 0.0$"):
+        parse(["--warm-up-s", "0"], {})
+    with pytest.raises(ConfigError, match=r"^--warm-up-s: "):
+        _WorkerWithAFlag(warm_up_s=-1)
+    argv = flags.to_argv(_WorkerWithAFlag, warm_up_s=5.0)
+    assert argv == ["--warm-up-s", "5.0"] and parse(argv, {}).warm_up_s == 5.0
+    with pytest.raises(SystemExit):  # the command's own parse: one line, status 2
+        flags.parse(_WorkerWithAFlag, ["--warm-up-s", "soon"], {})
+    assert capsys.readouterr().err == (
+        "gpuscope worker: --warm-up-s: cannot read 'soon' as float (see 'gpuscope worker --help')\n"
+    )
+    with pytest.raises(TypeError, match="--warm-up-delay holds a time; name its unit"):
+        flags.build_parser(_WorkerWithAUnitlessTime)
+
+
 _TESTS = {
     "A phase": test_a_new_phase_reaches_the_timeline_aggregator_boards_rules_and_loadgen.__name__,
     "A request metric": test_a_new_request_metric_row_is_created_rendered_and_capped.__name__,
@@ -382,4 +430,5 @@ _TESTS = {
         test_worker_endpoints_are_served_and_only_untraced_ones_make_no_span.__name__
     ),
     "An engine adapter": test_an_engine_adapter_declares_every_attribute_it_reads.__name__,
+    "A flag": test_a_new_flag_is_one_field_with_its_help_twin_and_check.__name__,
 }

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -33,7 +31,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope import spans as attr
+from gpuscope import spans as contract
+from gpuscope.children import Child, Children
 from support.exporter_fixtures import samples
 from support.otlp_sink import OtlpSink, ReceivedSpan
 from support.ray_serve_engine import RayServeApp, ray_python, ray_serve_app
@@ -66,27 +65,16 @@ class Stack:
     probes: list[dict[str, Any]]
 
 
-def start_exporter(work: Path, port: int, forward: str) -> subprocess.Popen[bytes]:
-    with (work / "exporter.log").open("wb") as log:
-        exporter = subprocess.Popen(
-            [
-                *("nice", sys.executable, "-m", "gpuscope", "exporter"),
-                *("--listen", f"127.0.0.1:{port}", "--gpu-source", "none"),
-                *("--forward-otlp", forward),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-                if answer.status == 200:
-                    return exporter
-        except OSError:
-            pass
-        assert exporter.poll() is None and time.monotonic() < deadline, "exporter did not start"
-        time.sleep(0.3)
+def start_exporter(children: Children, work: Path, port: int, forward: str) -> Child:
+    exporter = children.exporter(
+        port=port,
+        log=work / "exporter.log",
+        prefix=("nice",),
+        gpu_source="none",
+        forward_otlp=forward,
+    )
+    exporter.wait_ready_blocking()
+    return exporter
 
 
 def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
@@ -130,23 +118,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert python is not None
     work = tmp_path_factory.mktemp("r")  # short: Ray's socket paths live under it
     sink = OtlpSink()
-    with run_uvicorn(sink) as sink_url:
-        port = free_port()
-        exporter = start_exporter(work, port, sink_url + "/v1/traces")
-        try:
-            started = time.monotonic()
-            with ray_serve_app(
-                python,
-                work / "app",
-                (free_port(), free_port()),
-                f"http://127.0.0.1:{port}/v1/traces",
-            ) as app:
-                print(f"Ray Serve ready in {time.monotonic() - started:.1f} s")
-                served, lone_traces, probes = drive(app)
-                yield Stack(f"http://127.0.0.1:{port}", sink, app, served, lone_traces, probes)
-        finally:
-            exporter.terminate()
-            exporter.wait(timeout=30)
+    with run_uvicorn(sink) as sink_url, Children() as children:
+        exporter = start_exporter(children, work, free_port(), sink_url + "/v1/traces")
+        started = time.monotonic()
+        with ray_serve_app(
+            python, work / "app", (free_port(), free_port()), exporter.traces_url
+        ) as app:
+            print(f"Ray Serve ready in {time.monotonic() - started:.1f} s")
+            served, lone_traces, probes = drive(app)
+            yield Stack(exporter.url, sink, app, served, lone_traces, probes)
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -191,10 +171,12 @@ def embed_spans(stack: Stack) -> tuple[list[ReceivedSpan], list[ReceivedSpan]]:
     while True:
         spans = stack.sink.of_service(SERVICE)
         servers = [
-            s for s in spans if s.kind == SERVER and s.attributes.get(attr.HTTP_ROUTE) == "/embed"
+            s
+            for s in spans
+            if s.kind == SERVER and s.attributes.get(contract.HTTP_ROUTE) == "/embed"
         ]
-        batches = [s for s in spans if s.name == attr.BATCH_SPAN_NAME]
-        sizes = sum(b.attributes[attr.BATCH_SIZE] for b in batches)
+        batches = [s for s in spans if s.name == contract.BATCH_SPAN_NAME]
+        sizes = sum(b.attributes[contract.BATCH_SIZE] for b in batches)
         if (len(servers) >= want and sizes >= want) or time.monotonic() > deadline:
             return servers, batches
         time.sleep(0.5)
@@ -211,7 +193,7 @@ def test_each_request_counted_once_and_once_per_phase(stack: Stack) -> None:
     embed = {"service": SERVICE, "route": "/embed"}
     assert total(values, "gpuscope_request_duration_seconds_count", **embed) == served
     assert total(values, "gpuscope_request_duration_seconds_count", **embed, code="200") == served
-    for phase in attr.PHASES:  # queue, batch_wait and compute, and the two around them
+    for phase in contract.PHASES:  # queue, batch_wait and compute, and the two around them
         assert (
             total(
                 values,
@@ -232,9 +214,9 @@ def test_triggers_follow_the_batch_size(stack: Stack) -> None:
     _, batches = embed_spans(stack)
     triggers: Counter[str] = Counter()
     for batch in batches:
-        size = batch.attributes[attr.BATCH_SIZE]
-        trigger = batch.attributes[attr.BATCH_TRIGGER]
-        assert batch.attributes[attr.BATCH_MAX_SIZE] == MAX_BATCH_SIZE
+        size = batch.attributes[contract.BATCH_SIZE]
+        trigger = batch.attributes[contract.BATCH_TRIGGER]
+        assert batch.attributes[contract.BATCH_MAX_SIZE] == MAX_BATCH_SIZE
         assert 1 <= size <= MAX_BATCH_SIZE
         assert trigger == ("full" if size == MAX_BATCH_SIZE else "timeout"), batch
         triggers[trigger] += 1
@@ -245,16 +227,16 @@ def test_triggers_follow_the_batch_size(stack: Stack) -> None:
 def test_a_lone_request_waits_the_window_in_batch_wait(stack: Stack) -> None:
     servers, batches = embed_spans(stack)
     by_trace = {server.trace_id: server for server in servers}
-    batch_by_id = {batch.attributes[attr.BATCH_ID]: batch for batch in batches}
+    batch_by_id = {batch.attributes[contract.BATCH_ID]: batch for batch in batches}
     for trace_id in stack.lone_traces:
         server = by_trace[trace_id]  # the caller's traceparent was continued
         values = server.attributes
         # Ray's batcher took it at once (idle), then held it for the whole window.
-        assert values[attr.PHASE_DURATION["batch_wait"]] >= WINDOW_S * 0.98
-        assert values[attr.PHASE_DURATION["queue"]] < WINDOW_S / 5
-        batch = batch_by_id[values[attr.BATCH_ID]]
-        assert batch.attributes[attr.BATCH_SIZE] == 1
-        assert batch.attributes[attr.BATCH_TRIGGER] == "timeout"
+        assert values[contract.PHASE_DURATION["batch_wait"]] >= WINDOW_S * 0.98
+        assert values[contract.PHASE_DURATION["queue"]] < WINDOW_S / 5
+        batch = batch_by_id[values[contract.BATCH_ID]]
+        assert batch.attributes[contract.BATCH_SIZE] == 1
+        assert batch.attributes[contract.BATCH_TRIGGER] == "timeout"
         assert batch.links == ((server.trace_id, server.span_id),)
 
 
@@ -273,16 +255,16 @@ def test_spans_of_both_replicas_and_batches_link_their_own_requests(stack: Stack
         linked.update(batch.links)
     # every request rode in exactly one batch, and says which
     assert set(linked) == set(instance_of) and set(linked.values()) == {1}
-    batch_ids = {batch.attributes[attr.BATCH_ID] for batch in batches}
+    batch_ids = {batch.attributes[contract.BATCH_ID] for batch in batches}
     assert len(batch_ids) == len(batches)
     for server in servers:
-        assert server.attributes[attr.BATCH_ID] in batch_ids
+        assert server.attributes[contract.BATCH_ID] in batch_ids
         children = {
             s.name
             for s in stack.sink.of_service(SERVICE)
             if s.parent_span_id == server.span_id and s.trace_id == server.trace_id
         }
-        assert children == set(attr.PHASE_SPANS.values())
+        assert children == set(contract.PHASE_SPANS.values())
 
 
 def test_exemplars_open_the_traces(stack: Stack) -> None:
@@ -358,21 +340,21 @@ def test_report(stack: Stack) -> None:
     handler = {"function_name": "embed_batch"}
     served = len(servers)
     lone = set(stack.lone_traces)
-    triggers = Counter(str(batch.attributes[attr.BATCH_TRIGGER]) for batch in batches)
+    triggers = Counter(str(batch.attributes[contract.BATCH_TRIGGER]) for batch in batches)
     lines = [
         f"{served} requests ({len(lone)} alone), 2 replicas, {len(batches)} batches: "
         f"{triggers['full']} full, {triggers['timeout']} timeout"
     ]
-    for phase in attr.PHASES:
+    for phase in contract.PHASES:
         labels = {"service": SERVICE, "phase": phase}
         mean = total(values, "gpuscope_request_phase_seconds_sum", **labels) / served
         lone_mean = sum(
-            s.attributes[attr.PHASE_DURATION[phase]] for s in servers if s.trace_id in lone
+            s.attributes[contract.PHASE_DURATION[phase]] for s in servers if s.trace_id in lone
         ) / len(lone)
         lines.append(
             f"gpuscope {phase:<11} mean {mean * 1e3:7.2f} ms  alone {lone_mean * 1e3:7.2f} ms"
         )
-    sizes = sum(batch.attributes[attr.BATCH_SIZE] for batch in batches)
+    sizes = sum(batch.attributes[contract.BATCH_SIZE] for batch in batches)
     executed = sum(batch.end_ns - batch.start_ns for batch in batches) / len(batches) / 1e6
     ray_sizes = total(ray, "ray_serve_actual_batch_size_sum", **handler)
     ray_wait = total(ray, "ray_serve_batch_wait_time_ms_sum", **handler) / len(batches)

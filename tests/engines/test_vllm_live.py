@@ -29,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from gpuscope import engine_spans
+from gpuscope.children import Child, Children
 from support.dashboard_queries import failing_targets, sources
 from support.otlp_sink import OtlpSink
 from support.prometheus_server import run_prometheus, wait_for_result
@@ -141,17 +141,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 name="middleware",
             ),
         )
-        exporter: subprocess.Popen[bytes] | None = None
-        try:
-            with vllm_servers(*launched) as (both, traces_only, middleware_only):
-                # Started once vLLM's process tree exists: its scenario lists the model
-                # process on GPU 0 (vLLM's spans were refused until then: loading only).
-                exporter = start_exporter(work, port, sink_url, model_process(both))
-                yield Stack(exporter_url, sink, both, traces_only, middleware_only)
-        finally:
-            if exporter is not None:
-                exporter.terminate()
-                exporter.wait(timeout=30)
+        with (
+            Children() as children,
+            vllm_servers(*launched) as (both, traces_only, middleware_only),
+        ):
+            # Started once vLLM's process tree exists: its scenario lists the model
+            # process on GPU 0 (vLLM's spans were refused until then: loading only).
+            exporter = start_exporter(children, work, port, sink_url, model_process(both))
+            yield Stack(exporter.url, sink, both, traces_only, middleware_only)
 
 
 def model_process(server: VllmServer) -> int:
@@ -165,41 +162,20 @@ def model_process(server: VllmServer) -> int:
     return children[0]
 
 
-def start_exporter(work: Path, port: int, sink_url: str, gpu_pid: int) -> subprocess.Popen[bytes]:
+def start_exporter(children: Children, work: Path, port: int, sink_url: str, gpu_pid: int) -> Child:
     scenario = work / "scenario.yaml"
     scenario.write_text(
         f"events:\n  - {{at: 0, duration: 86400, gpu: 0, fault: process, pid: {gpu_pid}}}\n"
     )
-    log = (work / "exporter.log").open("wb")
-    exporter = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuscope",
-            "exporter",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--gpu-source",
-            "simulated",
-            "--gpu-scenario",
-            str(scenario),
-            "--forward-otlp",
-            sink_url + "/v1/traces",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    exporter = children.exporter(
+        port=port,
+        log=work / "exporter.log",
+        gpu_source="simulated",
+        gpu_scenario=scenario,
+        forward_otlp=sink_url + "/v1/traces",
     )
-    log.close()
-    deadline = time.monotonic() + 60
-    while True:  # ready once its first GPU poll (with the process list) is in
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
-                if response.status == 200:
-                    return exporter
-        except OSError:
-            pass
-        assert exporter.poll() is None and time.monotonic() < deadline, "exporter did not start"
-        time.sleep(0.5)
+    exporter.wait_ready_blocking()  # ready once its first GPU poll (with the process list) is in
+    return exporter
 
 
 def loadgen(server: VllmServer, clients: int, requests: int, out: Path) -> dict[str, Any]:
@@ -362,6 +338,8 @@ NOT_FROM_VLLM = (
     "gpuscope_gpu_up == 0",
     "gpuscope_span_",
     'code=~"5.."',
+    # the boards' annotation of firing alerts: a healthy engine fires none
+    'ALERTS{alertstate="firing"}',
 )
 
 

@@ -10,11 +10,11 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry
 
-from gpuscope import spans as attr
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.metrics import ExporterCollector, SelfMetrics
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.series import OVERFLOW
+from gpuscope import spans as contract
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.series import OVERFLOW
+from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 from support.exporter_fixtures import T0, FakeGpuSource, SpanFactory, encode, samples, value
 
 
@@ -42,10 +42,10 @@ def test_server_span_feeds_duration_phases_streaming_and_tokens() -> None:
         0.05,
         phases=phases,
         attrs={
-            attr.TIME_TO_FIRST_TOKEN: 0.02,
-            attr.TIME_PER_OUTPUT_TOKEN: 0.004,
-            attr.GEN_AI_USAGE_INPUT_TOKENS: 12,
-            attr.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
+            contract.TIME_TO_FIRST_TOKEN: 0.02,
+            contract.TIME_PER_OUTPUT_TOKEN: 0.004,
+            contract.GEN_AI_USAGE_INPUT_TOKENS: 12,
+            contract.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
         },
     )
     aggregator = SpanAggregator()
@@ -93,7 +93,7 @@ def test_server_span_feeds_duration_phases_streaming_and_tokens() -> None:
 def test_child_spans_are_received_but_not_counted_twice() -> None:
     spans = SpanFactory()
     batch = [spans.server(0.01, phases={"queue": 0.002})]
-    batch += [spans.internal(name) for name in attr.PHASE_SPANS.values()]
+    batch += [spans.internal(name) for name in contract.PHASE_SPANS.values()]
     aggregator = SpanAggregator()
     result = aggregator.ingest(encode(batch))
     assert (result.received, result.aggregated, result.rejected_total) == (4, 1, 0)
@@ -121,7 +121,7 @@ def test_batch_span_feeds_batch_size_and_the_compute_observers() -> None:
 
 def test_span_service_attribute_overrides_the_resource() -> None:
     spans = SpanFactory(service="from-resource")
-    span = spans.server(0.01, attrs={attr.SERVICE_NAME: "from-span"})
+    span = spans.server(0.01, attrs={contract.SERVICE_NAME: "from-span"})
     aggregator = SpanAggregator()
     aggregator.ingest(encode([span]))
     reg = registry_of(aggregator)
@@ -132,19 +132,19 @@ def test_span_service_attribute_overrides_the_resource() -> None:
 @pytest.mark.parametrize(
     ("attributes", "reason"),
     [
-        ({attr.PHASE_DURATION["queue"]: "fast"}, "wrong_attribute_type"),
-        ({attr.PHASE_DURATION["queue"]: math.nan}, "invalid_duration"),
-        ({attr.PHASE_DURATION["compute"]: -0.5}, "invalid_duration"),
-        ({attr.TIME_TO_FIRST_TOKEN: math.inf}, "invalid_duration"),
-        ({attr.TIME_TO_FIRST_TOKEN: 1.7e308}, "invalid_duration"),
-        ({attr.PHASE_DURATION["compute"]: 86_400.5}, "invalid_duration"),
-        ({attr.TIME_PER_OUTPUT_TOKEN: 2**62}, "invalid_duration"),
-        ({attr.HTTP_RESPONSE_STATUS_CODE: "200"}, "wrong_attribute_type"),
-        ({attr.HTTP_RESPONSE_STATUS_CODE: 1200}, "invalid_attribute_value"),
-        ({attr.GEN_AI_USAGE_OUTPUT_TOKENS: -3}, "invalid_attribute_value"),
-        ({attr.GEN_AI_REQUEST_MODEL: "m" * 500}, "invalid_label"),
-        ({attr.GEN_AI_REQUEST_MODEL: "bad\nmodel"}, "invalid_label"),
-        ({attr.GPU_UUID: 7}, "wrong_attribute_type"),
+        ({contract.PHASE_DURATION["queue"]: "fast"}, "wrong_attribute_type"),
+        ({contract.PHASE_DURATION["queue"]: math.nan}, "invalid_duration"),
+        ({contract.PHASE_DURATION["compute"]: -0.5}, "invalid_duration"),
+        ({contract.TIME_TO_FIRST_TOKEN: math.inf}, "invalid_duration"),
+        ({contract.TIME_TO_FIRST_TOKEN: 1.7e308}, "invalid_duration"),
+        ({contract.PHASE_DURATION["compute"]: 86_400.5}, "invalid_duration"),
+        ({contract.TIME_PER_OUTPUT_TOKEN: 2**62}, "invalid_duration"),
+        ({contract.HTTP_RESPONSE_STATUS_CODE: "200"}, "wrong_attribute_type"),
+        ({contract.HTTP_RESPONSE_STATUS_CODE: 1200}, "invalid_attribute_value"),
+        ({contract.GEN_AI_USAGE_OUTPUT_TOKENS: -3}, "invalid_attribute_value"),
+        ({contract.GEN_AI_REQUEST_MODEL: "m" * 500}, "invalid_label"),
+        ({contract.GEN_AI_REQUEST_MODEL: "bad\nmodel"}, "invalid_label"),
+        ({contract.GPU_UUID: 7}, "wrong_attribute_type"),
     ],
 )
 def test_bad_span_is_rejected_alone_with_its_reason(
@@ -180,7 +180,7 @@ def test_batch_span_without_size_is_rejected() -> None:
     spans = SpanFactory()
     request = encode([spans.batch(4)])
     span = request.resource_spans[0].scope_spans[0].spans[0]
-    keep = [kv for kv in span.attributes if kv.key != attr.BATCH_SIZE]
+    keep = [kv for kv in span.attributes if kv.key != contract.BATCH_SIZE]
     del span.attributes[:]
     span.attributes.extend(keep)
     result = SpanAggregator().ingest(request)
@@ -330,12 +330,12 @@ def test_operation_labels_the_request_metrics() -> None:
     chat = spans.server(
         0.05,
         attrs={
-            attr.GEN_AI_OPERATION_NAME: "chat",
-            attr.TIME_TO_FIRST_TOKEN: 0.01,
-            attr.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
+            contract.GEN_AI_OPERATION_NAME: "chat",
+            contract.TIME_TO_FIRST_TOKEN: 0.01,
+            contract.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
         },
     )
-    embed = spans.server(0.05, attrs={attr.GEN_AI_OPERATION_NAME: "embeddings"})
+    embed = spans.server(0.05, attrs={contract.GEN_AI_OPERATION_NAME: "embeddings"})
     aggregator = SpanAggregator()
     aggregator.ingest(encode([chat, embed]))
     reg = registry_of(aggregator)
@@ -363,13 +363,13 @@ def test_latency_buckets_reach_the_genai_upper_bound() -> None:
 def test_overflow_keeps_phase_and_direction_so_their_sums_stay_exact() -> None:
     spans = SpanFactory(service="svc")
     phases = {"queue": 0.001, "batch_wait": 0.002, "compute": 0.01}
-    tokens = {attr.GEN_AI_USAGE_INPUT_TOKENS: 3, attr.GEN_AI_USAGE_OUTPUT_TOKENS: 7}
+    tokens = {contract.GEN_AI_USAGE_INPUT_TOKENS: 3, contract.GEN_AI_USAGE_OUTPUT_TOKENS: 7}
     aggregator = SpanAggregator(max_series=20)
     for chunk in range(10):  # 1,000 requests, each of its own model and route
         aggregator.ingest(
             encode(
                 spans.server(0.02, route=f"/r{i}", phases=phases, attrs=tokens | {
-                    attr.GEN_AI_REQUEST_MODEL: f"model-{i}"})
+                    contract.GEN_AI_REQUEST_MODEL: f"model-{i}"})
                 for i in range(chunk * 100, chunk * 100 + 100)
             )
         )  # fmt: skip
@@ -394,4 +394,4 @@ def test_overflow_keeps_phase_and_direction_so_their_sums_stay_exact() -> None:
             if s.name == "gpuscope_tokens_total" and s.labels["direction"] == direction
         )
         assert total == 1000 * per_request
-    assert len(aggregator.phase) <= 20 + len(attr.PHASES)  # the cap, plus one per phase
+    assert len(aggregator.phase) <= 20 + len(contract.PHASES)  # the cap, plus one per phase

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, post_spans, samples, scrape, value
 
 REJECTED = "gpuscope_otlp_requests_rejected_total"
@@ -151,7 +151,7 @@ async def test_health_checks_are_answered_while_a_large_request_is_decoded(
 async def test_a_shutdown_does_not_wait_for_a_decode_and_never_counts_what_it_refused(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
-    exporter = await start_exporter(loopback_config(shutdown_timeout=0.2))
+    exporter = await start_exporter(loopback_config(shutdown_timeout_s=0.2))
     upload = await post_in_background(exporter, json_spans(10_000))
     await exporter.stop()  # the shutdown timeout runs out during the decode
     assert await upload == 503

@@ -13,11 +13,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuscope import spans as attr
+from gpuscope import flags
+from gpuscope import spans as contract
 from gpuscope.exporter.cli import main
-from gpuscope.exporter.config import ConfigError, ExporterConfig, build_parser, parse_config
+from gpuscope.exporter.config import ConfigError, ExporterConfig
 from gpuscope.exporter.gpu.simulated import simulated_uuid
 from support.exporter_fixtures import SpanFactory, encode, samples, value
+
+
+def parse_config(argv: list[str], environ: dict[str, str]) -> ExporterConfig:
+    return flags.parse(ExporterConfig, argv, environ, exit_on_error=False)
 
 
 def test_defaults_flags_and_environment_twins() -> None:
@@ -27,14 +32,14 @@ def test_defaults_flags_and_environment_twins() -> None:
     config = parse_config(["--max-series", "70"], environ)
     assert config.max_series == 70  # the flag wins over its twin
     assert config.listen_address() == ("127.0.0.1", 1234)
-    assert parse_config([], {"GPUSCOPE_GPU_INTERVAL": "0.25"}).gpu_interval == 0.25
-    assert parse_config([], {"GPUSCOPE_BODY_TIMEOUT_S": "2.5"}).body_timeout == 2.5
-    assert ExporterConfig().body_timeout == 30.0
+    assert parse_config([], {"GPUSCOPE_GPU_INTERVAL": "0.25"}).gpu_interval_s == 0.25
+    assert parse_config([], {"GPUSCOPE_BODY_TIMEOUT_S": "2.5"}).body_timeout_s == 2.5
+    assert ExporterConfig().body_timeout_s == 30.0
     assert ExporterConfig(listen="[::1]:9420").listen_address() == ("::1", 9420)
 
 
 def test_every_flag_has_an_environment_twin_in_its_help() -> None:
-    help_text = build_parser().format_help()
+    help_text = flags.build_parser(ExporterConfig).format_help()
     for field in fields(ExporterConfig):
         assert "GPUSCOPE_" + field.name.upper() in help_text
 
@@ -61,8 +66,13 @@ def test_bad_values_name_their_flag(argv: list[str], flag: str) -> None:
 
 
 def test_bad_flag_exits_2_with_the_flag_named(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--max-body-bytes", "-1"]) == 2
-    assert "--max-body-bytes: must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["--max-body-bytes", "-1"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "gpuscope exporter: --max-body-bytes: must be at least 1, got -1"
+        " (see 'gpuscope exporter --help')\n"
+    )
 
 
 def test_bad_bearer_token_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,7 +113,7 @@ async def test_command_serves_and_stops_cleanly_on_sigterm() -> None:
 
 async def _busy_after_a_batch(session: aiohttp.ClientSession, url: str) -> None:
     """The simulated source is told of the batches the command ingests: GPU 0 turns busy."""
-    batch = SpanFactory().batch(8, duration_s=0.5, attrs={attr.GPU_UUID: simulated_uuid(0)})
+    batch = SpanFactory().batch(8, duration_s=0.5, attrs={contract.GPU_UUID: simulated_uuid(0)})
     body = encode([batch]).SerializeToString()
     headers = {"Content-Type": "application/x-protobuf"}
     async with session.post(url + "/v1/traces", data=body, headers=headers) as response:

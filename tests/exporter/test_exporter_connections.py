@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuscope.exporter.connections import AcceptErrorLog
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.connections import AcceptErrorLog
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -32,7 +32,7 @@ async def start(**overrides: Any) -> RunningExporter:
 
 @pytest.fixture
 async def short_timeouts() -> AsyncIterator[RunningExporter]:
-    exporter = await start(header_timeout=0.5, idle_timeout=0.5)
+    exporter = await start(header_timeout_s=0.5, idle_timeout_s=0.5)
     try:
         yield exporter
     finally:
@@ -109,7 +109,7 @@ async def open_quiet_connections(exporter: RunningExporter, count: int) -> list[
 
 
 async def test_at_the_cap_a_scraper_still_gets_metrics() -> None:
-    exporter = await start(max_connections=20, header_timeout=60, idle_timeout=60)
+    exporter = await start(max_connections=20, header_timeout_s=60, idle_timeout_s=60)
     connections = await open_quiet_connections(exporter, 20)
     try:
         async with aiohttp.ClientSession() as session:
@@ -128,7 +128,7 @@ async def test_at_the_cap_a_scraper_still_gets_metrics() -> None:
 async def test_at_the_cap_with_every_connection_busy_and_none_uploading_a_new_one_gets_503() -> (
     None
 ):
-    exporter = await start(max_connections=3, header_timeout=60, idle_timeout=60)
+    exporter = await start(max_connections=3, header_timeout_s=60, idle_timeout_s=60)
     state = exporter.app[STATE]
     scrapes = []
     try:
@@ -161,7 +161,7 @@ def test_accept_failures_are_logged_once_per_interval(caplog: pytest.LogCaptureF
             for _ in range(1000):
                 loop.call_exception_handler(context)
             assert handler.suppressed == 999
-        lines = [r for r in caplog.records if r.name == "gpuscope.exporter.connections"]
+        lines = [r for r in caplog.records if r.name == "gpuscope.exporter.http.connections"]
         assert len(lines) == 1 and "Too many" in lines[0].getMessage()
         assert loop.get_exception_handler() is None  # the previous handler is back
     finally:

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpuscope.exporter.forward import BackendHealth
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.ingest.forward import BackendHealth
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans
 
 
@@ -99,7 +99,7 @@ async def test_unreachable_backend_counts_failed_sends() -> None:
 
 async def test_an_export_in_flight_at_shutdown_is_counted_as_dropped(backend: Backend) -> None:
     exporter = await start_exporter(
-        loopback_config(forward_otlp=backend.url, forward_timeout=30.0, shutdown_timeout=0.2)
+        loopback_config(forward_otlp=backend.url, forward_timeout_s=30.0, shutdown_timeout_s=0.2)
     )
     body = encode([SpanFactory().server(0.01) for _ in range(3)]).SerializeToString()
     async with aiohttp.ClientSession() as session:
@@ -144,7 +144,7 @@ async def test_an_unexpected_send_error_does_not_stop_forwarding(
 
 
 def _forward_log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "gpuscope.exporter.forward"]
+    return [r.getMessage() for r in caplog.records if r.name == "gpuscope.exporter.ingest.forward"]
 
 
 async def test_a_down_backend_logs_state_changes_not_every_failure(
@@ -166,7 +166,7 @@ async def test_a_down_backend_logs_state_changes_not_every_failure(
     body = encode([SpanFactory().server(0.01)]).SerializeToString()
     forwarder = exporter.app[STATE].forwarder
     assert forwarder is not None
-    caplog.set_level("INFO", logger="gpuscope.exporter.forward")
+    caplog.set_level("INFO", logger="gpuscope.exporter.ingest.forward")
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(200):
@@ -190,7 +190,7 @@ async def test_a_down_backend_logs_state_changes_not_every_failure(
 def test_while_down_one_summary_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     health = BackendHealth("http://backend", 60.0, clock=lambda: now[0])
-    caplog.set_level("INFO", logger="gpuscope.exporter.forward")
+    caplog.set_level("INFO", logger="gpuscope.exporter.ingest.forward")
     for _ in range(1000):  # 1,000 failures over 125 s: down, then summaries at 60 and 120 s
         health.failed(2, "connection refused")
         now[0] += 0.125
@@ -235,7 +235,7 @@ async def test_an_endless_backend_answer_is_read_a_little_then_dropped() -> None
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     backend.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
     exporter = await start_exporter(
-        loopback_config(forward_otlp=backend.url, forward_timeout=5.0, shutdown_timeout=10.0)
+        loopback_config(forward_otlp=backend.url, forward_timeout_s=5.0, shutdown_timeout_s=10.0)
     )
     try:
         body = encode([SpanFactory().server(0.01) for _ in range(2)]).SerializeToString()

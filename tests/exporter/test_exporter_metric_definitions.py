@@ -15,12 +15,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from gpuscope import spans as attr
+from gpuscope import spans as contract
 from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
-from gpuscope.exporter.gpu.metrics import GPU_METRICS
+from gpuscope.exporter.gpu.definitions import GPU_METRICS
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.server import start_exporter
 from support.exporter_fixtures import T0, SpanFactory, encode, loopback_config, post_spans, scrape
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -152,13 +152,13 @@ def _spans() -> list[ReadableSpan]:
     factory = SpanFactory()
     server = factory.server(
         0.05,
-        phases=dict.fromkeys(attr.PHASES, 0.001),
+        phases=dict.fromkeys(contract.PHASES, 0.001),
         attrs={
-            attr.TIME_TO_FIRST_TOKEN: 0.02,
-            attr.TIME_PER_OUTPUT_TOKEN: 0.003,
-            attr.GEN_AI_USAGE_INPUT_TOKENS: 5,
-            attr.GEN_AI_OPERATION_NAME: "chat",
-            **dict.fromkeys(attr.COMPUTE_STAGE_DURATION.values(), 0.0005),
+            contract.TIME_TO_FIRST_TOKEN: 0.02,
+            contract.TIME_PER_OUTPUT_TOKEN: 0.003,
+            contract.GEN_AI_USAGE_INPUT_TOKENS: 5,
+            contract.GEN_AI_OPERATION_NAME: "chat",
+            **dict.fromkeys(contract.COMPUTE_STAGE_DURATION.values(), 0.0005),
         },
     )
     return [server, factory.batch(4), _foreign_server_span()]
@@ -168,7 +168,7 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
     scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
-    config = loopback_config(gpu_interval=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
+    config = loopback_config(gpu_interval_s=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
     exporter = await start_exporter(config, gpu_source=SimulatedSource(1, scenario))
     try:
         body = encode(_spans()).SerializeToString()

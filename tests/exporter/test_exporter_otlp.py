@@ -21,10 +21,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from gpuscope.exporter import otlp
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.ingest import decode_within_limits
-from gpuscope.exporter.otlp_counts import count_protobuf_spans
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.otlp_counts import count_protobuf_spans
+from gpuscope.exporter.ingest.pipeline import decode_within_limits
 from support.exporter_fixtures import SpanFactory, encode
 from support.otlp_cases import mutate_bytes, random_request
 

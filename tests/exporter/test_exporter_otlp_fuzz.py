@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.exporter import otlp
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.exporter_fixtures import post_spans, samples, scrape, value
 from support.otlp_cases import (
     Case,

@@ -13,10 +13,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuscope.exporter.auth import PASSWORD_CHECKS_PENDING
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
-from gpuscope.exporter.threads import ThreadPool
+from gpuscope.exporter.http.auth import PASSWORD_CHECKS_PENDING
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.threads import ThreadPool
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config
 from support.raw_http import get_request, raw_exchange, status_of
 

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuscope import spans as attr
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope import spans as contract
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from support.binaries import require_binary
 from support.exporter_fixtures import (
     FakeGpuSource,
@@ -29,7 +29,9 @@ from support.prometheus_server import run_prometheus
 @pytest.fixture
 async def busy_exporter() -> AsyncIterator[RunningExporter]:
     """An exporter with a fake GPU and spans in every request metric."""
-    exporter = await start_exporter(loopback_config(gpu_interval=0.05), gpu_source=FakeGpuSource())
+    exporter = await start_exporter(
+        loopback_config(gpu_interval_s=0.05), gpu_source=FakeGpuSource()
+    )
     spans = SpanFactory()
     batch = []
     for i in range(10):
@@ -40,10 +42,10 @@ async def busy_exporter() -> AsyncIterator[RunningExporter]:
                 phases={"queue": 0.0002, "batch_wait": 0.001, "compute": 0.03},
                 route="/v1/completions" if i % 2 else "/v1/embeddings",
                 attrs={
-                    attr.TIME_TO_FIRST_TOKEN: 0.02,
-                    attr.TIME_PER_OUTPUT_TOKEN: 0.003,
-                    attr.GEN_AI_USAGE_INPUT_TOKENS: 10,
-                    attr.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
+                    contract.TIME_TO_FIRST_TOKEN: 0.02,
+                    contract.TIME_PER_OUTPUT_TOKEN: 0.003,
+                    contract.GEN_AI_USAGE_INPUT_TOKENS: 10,
+                    contract.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
                 },
             )
         )

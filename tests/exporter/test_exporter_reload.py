@@ -20,7 +20,7 @@ import aiohttp
 import bcrypt
 import pytest
 
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, make_self_signed
 from support.raw_http import get_request, raw_exchange, status_of
 
@@ -96,10 +96,10 @@ async def test_a_file_that_does_not_load_keeps_the_previous_config_with_one_line
     text: str,
     named: str,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="gpuscope.exporter.reload"):
+    with caplog.at_level(logging.INFO, logger="gpuscope.exporter.http.reload"):
         await asyncio.to_thread(web_config.write_text, text)
         await until_reloaded(guarded, 1, applied=False)
-    lines = [r.getMessage() for r in caplog.records if r.name == "gpuscope.exporter.reload"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuscope.exporter.http.reload"]
     assert len(lines) == 1 and "keeping the previous configuration" in lines[0], lines
     assert named in lines[0] and "\n" not in lines[0]
     assert await metrics_status(guarded, basic("alice", "a-pass")) == 200

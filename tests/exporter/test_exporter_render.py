@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
-from gpuscope import spans as attr
-from gpuscope.exporter.aggregator import SpanAggregator
-from gpuscope.exporter.render import render_histograms
-from gpuscope.exporter.series import HistogramFamily, HistogramSeries
+from gpuscope import spans as contract
+from gpuscope.exporter.http.render import render_histograms
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.series import HistogramFamily, HistogramSeries
 from support.exporter_fixtures import SpanFactory, encode, samples
 
 
@@ -28,7 +28,7 @@ def _aggregator() -> SpanAggregator:
             0.001 * (i + 1),
             route=f"/r{i % 3}",
             phases={"queue": 0.0001 * i, "compute": 0.01},
-            attrs={attr.TIME_TO_FIRST_TOKEN: 0.02} if i % 2 else {},
+            attrs={contract.TIME_TO_FIRST_TOKEN: 0.02} if i % 2 else {},
         )
         for i in range(12)
     ]

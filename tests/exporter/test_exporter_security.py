@@ -11,8 +11,8 @@ import bcrypt
 import pytest
 
 from gpuscope.exporter.config import ConfigError
-from gpuscope.exporter.security import load_web_config
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.security import load_web_config
+from gpuscope.exporter.http.server import start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans, samples
 from support.exporter_fixtures import value as sample_value
 
@@ -45,7 +45,9 @@ async def test_bearer_token_guards_traces_only(tmp_path: Path) -> None:
         await exporter.stop()
 
 
-async def test_basic_auth_from_web_config_guards_every_endpoint(tmp_path: Path) -> None:
+async def test_basic_auth_from_web_config_guards_every_endpoint_but_the_probes(
+    tmp_path: Path,
+) -> None:
     # exporter-toolkit configs carry Go's $2y$ prefix; cost 4 keeps the test fast.
     hashed = bcrypt.hashpw(b"pa55", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$", 1)
     web_config = tmp_path / "web.yml"
@@ -65,6 +67,10 @@ async def test_basic_auth_from_web_config_guards_every_endpoint(tmp_path: Path) 
                     assert response.status == 200
             assert (await post_spans(session, exporter, BODY, headers=header))[0] == 200
             assert (await post_spans(session, exporter, BODY))[0] == 401
+            # but the probes, which a kubelet sends without credentials
+            for probe in ("/healthz", "/readyz"):
+                async with session.get(exporter.url + probe) as response:
+                    assert response.status == 200, probe
     finally:
         await exporter.stop()
 

@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from gpuscope import spans as attr
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope import spans as contract
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import (
     FakeGpuSource,
     SpanFactory,
@@ -84,8 +84,8 @@ async def test_partial_success_for_bad_spans_and_the_good_ones_count(
 ) -> None:
     spans = SpanFactory()
     good = spans.server(0.01)
-    bad = spans.server(0.01, attrs={attr.PHASE_DURATION["queue"]: math.nan})
-    worse = spans.server(0.01, attrs={attr.GEN_AI_REQUEST_MODEL: "x" * 1000})
+    bad = spans.server(0.01, attrs={contract.PHASE_DURATION["queue"]: math.nan})
+    worse = spans.server(0.01, attrs={contract.GEN_AI_REQUEST_MODEL: "x" * 1000})
     body = encode([good, bad, worse]).SerializeToString()
     status, answer = await post_spans(exporter_http, running_exporter, body)
     assert status == 200
@@ -107,8 +107,8 @@ async def test_durations_past_a_day_are_refused_so_a_sum_cannot_become_infinite(
     """Two spans with a TTFT of 1.7e308 used to be accepted and made ``_sum`` +Inf until
     restart; now they are rejected with a reason, and a day exactly still counts."""
     spans = SpanFactory()
-    poison = [spans.server(0.01, attrs={attr.TIME_TO_FIRST_TOKEN: 1.7e308}) for _ in range(2)]
-    longest = spans.server(0.01, attrs={attr.TIME_TO_FIRST_TOKEN: 86_400.0})
+    poison = [spans.server(0.01, attrs={contract.TIME_TO_FIRST_TOKEN: 1.7e308}) for _ in range(2)]
+    longest = spans.server(0.01, attrs={contract.TIME_TO_FIRST_TOKEN: 86_400.0})
     for sent in (poison, [longest]):
         body = encode(sent).SerializeToString()
         assert (await post_spans(exporter_http, running_exporter, body))[0] == 200
@@ -216,7 +216,7 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
 ) -> None:
     source = FakeGpuSource()
     exporter = await start_exporter(
-        loopback_config(gpu_interval=0.05), gpu_source=source, compute_observers=[source]
+        loopback_config(gpu_interval_s=0.05), gpu_source=source, compute_observers=[source]
     )
     try:
         async with exporter_http.get(exporter.url + "/healthz") as response:
@@ -227,8 +227,8 @@ async def test_gpu_source_is_polled_joined_and_told_about_batches(
         async with exporter_http.get(exporter.url + "/readyz") as response:
             assert response.status == 200
         spans = SpanFactory()
-        members = [spans.server(0.01, attrs={attr.GPU_UUID: "GPU-bbbb"}) for _ in range(2)]
-        batch = spans.batch(2, links=members, attrs={attr.GPU_UUID: "GPU-bbbb"})
+        members = [spans.server(0.01, attrs={contract.GPU_UUID: "GPU-bbbb"}) for _ in range(2)]
+        batch = spans.batch(2, links=members, attrs={contract.GPU_UUID: "GPU-bbbb"})
         await post_spans(exporter_http, exporter, encode([*members, batch]).SerializeToString())
         scraped = samples(await scrape(exporter_http, exporter))
         joined = {**DURATION, "uuid": "GPU-bbbb", "gpu": "1"}
@@ -256,7 +256,7 @@ async def test_a_scrape_larger_than_a_chunk_arrives_whole(
 ) -> None:
     spans = SpanFactory()
     batch = [
-        spans.server(0.01, route=f"/r{i}", attrs={attr.GEN_AI_REQUEST_MODEL: f"m{i}"})
+        spans.server(0.01, route=f"/r{i}", attrs={contract.GEN_AI_REQUEST_MODEL: f"m{i}"})
         for i in range(800)
     ]
     body = encode(batch).SerializeToString()

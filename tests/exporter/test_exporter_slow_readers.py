@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gpuscope import spans as attr
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.render import STREAM_PIECE_BYTES
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope import spans as contract
+from gpuscope.exporter.http.render import STREAM_PIECE_BYTES
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, samples, value
 
 HIGH_WATER = 64 * 1024  # asyncio's default for a socket transport
@@ -27,7 +27,7 @@ HIGH_WATER = 64 * 1024  # asyncio's default for a socket transport
 def many_models() -> bytes:
     spans = SpanFactory()
     request = encode(
-        spans.server(0.01, phases={"queue": 0.001}, attrs={attr.GEN_AI_REQUEST_MODEL: f"m{n}"})
+        spans.server(0.01, phases={"queue": 0.001}, attrs={contract.GEN_AI_REQUEST_MODEL: f"m{n}"})
         for n in range(1500)
     )
     body: bytes = request.SerializeToString()
@@ -79,7 +79,7 @@ async def test_at_the_cap_clients_that_never_read_are_shed_and_a_scrape_succeeds
 ) -> None:
     """Before, 20 such clients at --max-connections 20 made every scrape 503 until they
     left: they were busy, and only idle connections and uploads could be shed."""
-    exporter = await start_with_series(max_connections=20, write_timeout=60)
+    exporter = await start_with_series(max_connections=20, write_timeout_s=60)
     clients = [await never_reading(exporter) for _ in range(20)]
     try:
         await wait_for_stalled(exporter, 20)
@@ -104,7 +104,7 @@ async def test_at_the_cap_clients_that_never_read_are_shed_and_a_scrape_succeeds
 async def test_a_client_that_never_reads_is_closed_after_the_write_timeout(
     session: aiohttp.ClientSession,
 ) -> None:
-    exporter = await start_with_series(write_timeout=0.5, idle_timeout=60)
+    exporter = await start_with_series(write_timeout_s=0.5, idle_timeout_s=60)
     client = await never_reading(exporter)
     try:
         await wait_for_stalled(exporter, 1)

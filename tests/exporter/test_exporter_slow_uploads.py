@@ -12,8 +12,8 @@ import aiohttp
 from google.rpc import code_pb2  # type: ignore[import-untyped]
 from google.rpc.status_pb2 import Status  # type: ignore[import-untyped]
 
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
 HEAD = (
@@ -103,7 +103,7 @@ def rejected(scraped: Sequence[Any], reason: str) -> float | None:
 
 
 async def test_a_body_sent_one_byte_at_a_time_gets_408_and_the_connection_closes() -> None:
-    exporter = await start(body_timeout=0.5)
+    exporter = await start(body_timeout_s=0.5)
     uploader = await SlowUploader.open(exporter, interval_s=0.1)  # 1,000 bytes: 100 s
     try:
         status, body = await uploader.answered()
@@ -130,7 +130,7 @@ async def test_reject_reasons_of_slow_bodies_exist_at_zero_from_the_start() -> N
 async def test_at_the_cap_slow_uploaders_are_cut_so_a_scraper_gets_metrics() -> None:
     """Three uploads at one byte a second hold all three slots; a scrape cuts the oldest
     (503, at once, long before their 60 s body timeout) and is served."""
-    exporter = await start(max_connections=3, body_timeout=60, idle_timeout=60)
+    exporter = await start(max_connections=3, body_timeout_s=60, idle_timeout_s=60)
     uploaders: list[SlowUploader] = []
     try:
         for _ in range(3):
@@ -153,7 +153,7 @@ async def test_at_the_cap_slow_uploaders_are_cut_so_a_scraper_gets_metrics() -> 
 async def test_at_the_cap_every_slow_uploader_is_answered_and_counted() -> None:
     """--max-connections 3, three uploads trickling, --body-timeout-s 1: the scrape gets
     /metrics within the body timeout, the cut upload gets 503, the other two 408."""
-    exporter = await start(max_connections=3, body_timeout=1.0, idle_timeout=60)
+    exporter = await start(max_connections=3, body_timeout_s=1.0, idle_timeout_s=60)
     uploaders: list[SlowUploader] = []
     try:
         for _ in range(3):
@@ -175,7 +175,7 @@ async def test_at_the_cap_every_slow_uploader_is_answered_and_counted() -> None:
 async def test_a_slow_body_on_a_route_that_does_not_read_it_is_dropped_after_the_answer() -> None:
     """No handler reads it, so it is no upload: answered at once, then the rest is read
     and dropped for a moment and the connection closed (not held until the idle timeout)."""
-    exporter = await start(body_timeout=60, idle_timeout=60, header_timeout=60)
+    exporter = await start(body_timeout_s=60, idle_timeout_s=60, header_timeout_s=60)
     head = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
     uploader = await SlowUploader.open(exporter, interval_s=0.1, head=head)
     try:

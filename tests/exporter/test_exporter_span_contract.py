@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.samples import Sample
 
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from gpuscope.middleware import (
     BatchRecorder,
     GpuscopeMiddleware,
@@ -33,7 +33,7 @@ UUID = "GPU-bbbb"  # index 1 of FakeGpuSource
 
 @pytest.fixture
 async def gpu_exporter() -> AsyncIterator[RunningExporter]:
-    running = await start_exporter(loopback_config(gpu_interval=0.05), gpu_source=FakeGpuSource())
+    running = await start_exporter(loopback_config(gpu_interval_s=0.05), gpu_source=FakeGpuSource())
     try:
         yield running
     finally:

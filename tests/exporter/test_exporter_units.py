@@ -6,7 +6,7 @@ import re
 
 import aiohttp
 
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.server import start_exporter
 from support.exporter_fixtures import (
     FakeGpuSource,
     SpanFactory,
@@ -23,7 +23,9 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 async def test_openmetrics_declares_the_unit_of_every_family_that_has_one(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
-    exporter = await start_exporter(loopback_config(gpu_interval=0.05), gpu_source=FakeGpuSource())
+    exporter = await start_exporter(
+        loopback_config(gpu_interval_s=0.05), gpu_source=FakeGpuSource()
+    )
     try:
         span = SpanFactory().server(0.01, phases={"queue": 0.001})
         await post_spans(exporter_http, exporter, encode([span]).SerializeToString())

@@ -12,19 +12,21 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuscope.exporter.doctor import DoctorConfig, diagnose, parse_args, run
+from gpuscope import flags
+from gpuscope.exporter.doctor import DoctorConfig, diagnose, run
 from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.nvml import NvmlSource
+from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.gpu.validation import (
+from gpuscope.flags import ConfigError
+from scripts.gpu_validation import (
+    GpuCheckConfig,
     check_clock_power_memory,
     check_doctor,
     check_pcie,
     check_process_join,
     gpu_samples,
 )
-from gpuscope.exporter.gpu.validation import parse_args as parse_check_args
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu-check"
@@ -66,6 +68,14 @@ def test_doctor_json_matches_what_the_exporter_serves() -> None:
     assert not result.passed and "pcie_link_width: doctor says yes" in result.detail
 
 
+def parse_args(argv: list[str], environ: dict[str, str]) -> DoctorConfig:
+    return flags.parse(DoctorConfig, argv, environ, exit_on_error=False)
+
+
+def parse_check_args(argv: list[str], environ: dict[str, str]) -> GpuCheckConfig:
+    return flags.parse(GpuCheckConfig, argv, environ, exit_on_error=False)
+
+
 def test_doctor_flags_and_environment_twins() -> None:
     assert parse_args(["--gpu-source", "simulated", "--json"], {}) == DoctorConfig(
         GpuSourceKind.SIMULATED, None, 1, True
@@ -76,7 +86,7 @@ def test_doctor_flags_and_environment_twins() -> None:
         ).simulated_gpus
         == 4
     )
-    with pytest.raises(SystemExit):
+    with pytest.raises(ConfigError, match=r"^--gpu-source: cannot read 'cuda' as one of "):
         parse_args([], {"GPUSCOPE_GPU_SOURCE": "cuda"})
 
 
@@ -142,7 +152,7 @@ def test_gpu_check_flags_environment_and_errors() -> None:
         ["--load-seconds", "0", "--output", "x"],
         [],
     ):
-        with pytest.raises(SystemExit):
+        with pytest.raises(ConfigError):
             parse_check_args(argv, {})
 
 

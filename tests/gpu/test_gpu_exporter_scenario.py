@@ -15,8 +15,8 @@ from prometheus_client.samples import Sample
 
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
-from gpuscope.exporter.handlers import STATE
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
 FAULTS = Path(__file__).parents[2] / "exporter" / "gpu" / "scenarios" / "faults.yaml"
@@ -35,7 +35,7 @@ async def scenario_exporter() -> AsyncIterator[tuple[RunningExporter, Clock]]:
     clock = Clock()
     source = SimulatedSource(2, load_scenario(FAULTS), clock=clock)
     running = await start_exporter(
-        loopback_config(gpu_interval=0.02), gpu_source=source, compute_observers=[source]
+        loopback_config(gpu_interval_s=0.02), gpu_source=source, compute_observers=[source]
     )
     try:
         yield running, clock

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
 from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.nvml import Backoff, NvmlSource, NvmlUnavailable
-from gpuscope.exporter.gpu.nvml_events import COLLECTOR, XidCounts, XidEventWatcher
+from gpuscope.exporter.gpu.nvml.events import COLLECTOR, XidCounts, XidEventWatcher
+from gpuscope.exporter.gpu.nvml.source import Backoff, NvmlSource, NvmlUnavailable
 from gpuscope.exporter.gpu.poller import GpuPoller
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 

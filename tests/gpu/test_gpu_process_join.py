@@ -24,13 +24,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
-from gpuscope import spans as attr
-from gpuscope.exporter.aggregator import SpanAggregator
+from gpuscope import spans as contract
 from gpuscope.exporter.definitions import REQUEST_DURATION
 from gpuscope.exporter.doctor import DoctorConfig, diagnose, no_source_report, run
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.dcgm import DcgmSource
-from gpuscope.exporter.gpu.nvml import NvmlSource
+from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import (
     ProcessGpuMap,
@@ -40,6 +39,7 @@ from gpuscope.exporter.gpu.processes import (
 from gpuscope.exporter.gpu.scenario import ScenarioError, parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.exporter_fixtures import T0, encode
 from support.gpu_fake_dcgm import FakeDcgmHost, FakeValue
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
@@ -457,10 +457,13 @@ def server_span(resource: dict[str, str | int]) -> ReadableSpan:
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm", **resource}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    span = provider.get_tracer(attr.INSTRUMENTATION_NAME).start_span(
+    span = provider.get_tracer(contract.INSTRUMENTATION_NAME).start_span(
         "POST /v1/completions",
         kind=SpanKind.SERVER,
-        attributes={attr.HTTP_ROUTE: "/v1/completions", attr.HTTP_RESPONSE_STATUS_CODE: 200},
+        attributes={
+            contract.HTTP_ROUTE: "/v1/completions",
+            contract.HTTP_RESPONSE_STATUS_CODE: 200,
+        },
         start_time=T0,
     )
     span.end(end_time=T0 + 50_000_000)

@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuscope import extras
+from gpuscope import extras, flags
 from gpuscope.loadgen import cli, record
 from support.worker_servers import serve_worker
 
@@ -109,7 +109,7 @@ def test_loadgen_ctrl_c_stops_and_prints_what_was_measured(worker_url: str) -> N
 
 
 def test_loadgen_unreachable_url_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuscope.loadgen.processes import free_port
+    from gpuscope.children import free_port
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     assert cli.main(["--url", url, "--concurrency", "1", "--requests", "1"]) == 1
@@ -139,6 +139,9 @@ def test_tune_sweeps_two_values_names_the_best_and_leaves_no_process(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert "best under 'max throughput with p99 <= 60000 ms': max-batch-size=" in done.stdout
     assert "where the time went" in done.stdout
+    # the winner as Triton's and Ray Serve's batching settings
+    assert "dynamic_batching { preferred_batch_size: [ " in done.stdout
+    assert "@serve.batch(max_batch_size=" in done.stdout
     rows = record.read_record((tmp_path / "record.md").read_text())
     assert [(r["config"], r["ok"]) for r in rows] == [
         ("max-batch-size=1", "12"), ("max-batch-size=4", "12")
@@ -170,11 +173,14 @@ def test_tune_ctrl_c_stops_every_process_it_started(stop_signal: signal.Signals)
 
 
 def test_tune_arguments_are_checked() -> None:
-    from gpuscope.loadgen.tune import parse_args
+    from gpuscope.loadgen.tune import TuneOptions
 
-    assert parse_args(["--sweep", "batching=none,dynamic"], {}).values() == ["none", "dynamic"]
+    assert flags.parse(TuneOptions, ["--sweep", "batching=none,dynamic"], {}).values() == [
+        "none",
+        "dynamic",
+    ]
     env = {"GPUSCOPE_TUNE_SWEEP": "max-batch-size=2,8"}
-    assert parse_args([], env).label("8") == "max-batch-size=8"
+    assert flags.parse(TuneOptions, [], env).label("8") == "max-batch-size=8"
     for argv in (
         ["--sweep", "port=1,2"],  # the tuner's own flag
         ["--sweep", "max-batch-size=4"],  # nothing to compare
@@ -192,7 +198,7 @@ def test_tune_arguments_are_checked() -> None:
         ["--worker-args", "--gpu-uuid=GPU-x"],
     ):
         with pytest.raises(SystemExit):
-            parse_args(argv, {})
+            flags.parse(TuneOptions, argv, {})
 
 
 @pytest.mark.parametrize(
@@ -206,10 +212,10 @@ def test_tune_arguments_are_checked() -> None:
 def test_a_bad_sweep_says_what_is_wrong_with_it(
     sweep: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpuscope.loadgen.tune import parse_args
+    from gpuscope.loadgen.tune import TuneOptions
 
     with pytest.raises(SystemExit):
-        parse_args(["--sweep", sweep], {})
+        flags.parse(TuneOptions, ["--sweep", sweep], {})
     assert capsys.readouterr().err.startswith(f"gpuscope tune: {message}")
 
 
@@ -245,7 +251,7 @@ def test_the_demo_stopped_by_a_supervisor_stops_what_it_started(
 
 def test_a_killed_demo_takes_its_exporter_and_worker_with_it() -> None:
     # SIGKILL runs no handler of the demo's: the children must learn from the kernel.
-    from gpuscope.loadgen.processes import free_port, port_taken
+    from gpuscope.children import free_port, port_taken
 
     before = gpuscope_processes()
     ports = free_port(), free_port()

@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
-from gpuscope.loadgen.demo import DemoFailed, DemoOptions, main, parse_args, run_demo
-from gpuscope.loadgen.processes import free_port
+from gpuscope import flags
+from gpuscope.children import free_port
+from gpuscope.loadgen.demo import DemoFailed, DemoOptions, main, run_demo, with_ports
 from gpuscope.spans import PHASES
 from gpuscope.worker.config import BatchingMode
 
@@ -50,9 +51,11 @@ def test_the_demo_refuses_ports_that_are_taken(capsys: pytest.CaptureFixture[str
 
 def test_demo_arguments_are_checked() -> None:
     with pytest.raises(SystemExit):
-        parse_args(["--duration-s", "0"], {})
+        flags.parse(DemoOptions, ["--duration-s", "0"], {})
     with pytest.raises(SystemExit):
-        parse_args([], {"GPUSCOPE_DEMO_BATCHING": "sometimes"})
-    options = parse_args(["--exporter-port", "0", "--worker-port", "0", "--exit"], {})
+        flags.parse(DemoOptions, [], {"GPUSCOPE_DEMO_BATCHING": "sometimes"})
+    options = with_ports(
+        flags.parse(DemoOptions, ["--exporter-port", "0", "--worker-port", "0", "--exit"], {})
+    )
     assert options.exporter_port > 0
     assert not options.keep_running

@@ -316,7 +316,7 @@ web.run_app(app, host="127.0.0.1", port=int(__import__("sys").argv[1]), print=No
 @pytest.fixture
 def hostile_process() -> Iterator[str]:
     """The hostile server in a process of its own, for the command run as a process."""
-    from gpuscope.loadgen.processes import free_port, wait_ready
+    from gpuscope.children import free_port, wait_ready
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-c", HOSTILE_SERVER, str(port)])

@@ -14,8 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuscope.exporter.gpu.simulated import simulated_uuid
-from gpuscope.loadgen.processes import Children, free_port, wait_ready
+from gpuscope.children import Children, free_port, simulated_gpu_uuid
 from gpuscope.loadgen.results import Load, StepResult
 from gpuscope.loadgen.runner import Live, Plan, Runner, Target
 from gpuscope.loadgen.workload import Lengths, parse_mix, synthetic_requests
@@ -23,7 +22,7 @@ from gpuscope.spans import PHASES
 from gpuscope.worker.backends import numpy_models
 from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, serve_worker
 
-SMALL_WORKER = ["--hidden-size", "64", "--layers", "1", "--log-level", "warning"]
+SMALL_WORKER: dict[str, Any] = {"hidden_size": 64, "layers": 1, "log_level": "warning"}
 
 
 @dataclass(frozen=True)
@@ -37,23 +36,17 @@ class Stack:
 
 
 async def start_stack(children: Children, *, tracing: bool = True) -> Stack:
-    exporter_port, worker_port = free_port(), free_port()
-    exporter_url = f"http://127.0.0.1:{exporter_port}"
-    worker = ["worker", "--port", str(worker_port), *SMALL_WORKER]
-    if tracing:
-        exporter = children.start(
-            "exporter",
-            ["exporter", "--listen", f"127.0.0.1:{exporter_port}", "--gpu-source", "simulated",
-             "--gpu-interval-s", "0.5", "--log-level", "warning"],
-        )  # fmt: skip
-        await wait_ready("exporter", f"{exporter_url}/readyz", exporter)
-        worker += ["--otlp-endpoint", f"{exporter_url}/v1/traces", "--gpu-uuid", simulated_uuid(0)]
-    else:
-        worker.append("--no-tracing")
-    process = children.start("worker", worker)
-    worker_url = f"http://127.0.0.1:{worker_port}"
-    await wait_ready("worker", f"{worker_url}/readyz", process)
-    return Stack(worker_url, exporter_url)
+    if not tracing:
+        worker = children.worker(no_tracing=True, **SMALL_WORKER)
+        await worker.wait_ready()
+        return Stack(worker.url, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    exporter = children.simulated_exporter()
+    await exporter.wait_ready()
+    worker = children.worker(
+        otlp_endpoint=exporter.traces_url, gpu_uuid=simulated_gpu_uuid(0), **SMALL_WORKER
+    )
+    await worker.wait_ready()
+    return Stack(worker.url, exporter.url)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +83,10 @@ async def test_loadgen_worker_and_exporter_count_the_same_requests(stack: Stack)
         assert result.server.requests == 12
         assert set(result.server.phase_mean_ms) == set(PHASES)
         assert sum(result.server.phase_mean_share.values()) == pytest.approx(1)
-        assert sum(result.server.phase_p99_share.values()) == pytest.approx(1)
+        # each phase's P99 against the same requests' end-to-end P99 (bucket
+        # interpolation can put a phase a little past it, never far)
+        assert set(result.server.phase_p99_share) == set(PHASES)
+        assert all(0 < share <= 1.1 for share in result.server.phase_p99_share.values())
         assert result.server.batch_size_mean is not None and result.server.batch_size_mean >= 1
         assert result.server.pcie_bytes_per_s is not None
         assert result.ttft_ms["p50"] > 0 and result.tpot_ms["p50"] > 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuscope import flags
 from gpuscope.loadgen import record
 from gpuscope.loadgen.client import Outcome
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose, phase_difference
@@ -82,6 +83,7 @@ def _exposition(queue: tuple[int, int, int], compute: tuple[int, int, int], extr
 
 
 GPU_BEFORE = """# TYPE gpuscope_request_duration_seconds histogram
+gpuscope_request_duration_seconds_bucket{route="/v1/completions",le="0.01"} 5
 gpuscope_request_duration_seconds_bucket{route="/v1/completions",le="+Inf"} 5
 gpuscope_request_duration_seconds_count{route="/v1/completions"} 5
 gpuscope_request_duration_seconds_sum{route="/v1/completions"} 1
@@ -108,6 +110,9 @@ def _after(extra_requests: int, batches: int, batch_sum: int, occupancy: float) 
             '_count{route="/v1/completions"} 5',
             f'_count{{route="/v1/completions"}} {5 + extra_requests}',
         )
+        # the slowest request took more than 10 ms end to end, the others less
+        .replace('le="0.01"} 5', f'le="0.01"}} {5 + max(extra_requests - 1, 0)}')
+        .replace('le="+Inf"} 5', f'le="+Inf"}} {5 + extra_requests}')
         .replace("gpuscope_batch_size_count 2", f"gpuscope_batch_size_count {2 + batches}")
         .replace("gpuscope_batch_size_sum 5", f"gpuscope_batch_size_sum {5 + batch_sum}")
         .replace('transmit_bytes_total{gpu="0"} 1000', 'transmit_bytes_total{gpu="0"} 6000')
@@ -128,11 +133,10 @@ def test_a_step_is_the_difference_of_two_scrapes() -> None:
     assert view.requests == 10
     assert view.phase_mean_ms == pytest.approx({"queue": 4.0, "compute": 20.0})
     assert view.phase_mean_share == pytest.approx({"queue": 4 / 24, "compute": 20 / 24})
-    # queue P99 falls in +Inf: 10 ms; compute P99: 1 + 9 * 0.99 ms
+    # queue P99 falls in +Inf: 10 ms; compute P99: 1 + 9 * 0.99 ms; both over the
+    # end-to-end P99, which falls in +Inf too: 10 ms (not over their sum, 19.9 ms)
     compute_p99 = 1 + 9 * 0.99
-    assert view.phase_p99_share == pytest.approx(
-        {"queue": 10 / (10 + compute_p99), "compute": compute_p99 / (10 + compute_p99)}
-    )
+    assert view.phase_p99_share == pytest.approx({"queue": 1.0, "compute": compute_p99 / 10})
     assert view.batch_size_mean == pytest.approx(10 / 4)
     assert view.pcie_bytes_per_s == pytest.approx(5000 / 2)
     assert view.sm_occupancy == pytest.approx(0.4)  # mean of 0.3 and 0.5
@@ -348,11 +352,13 @@ def test_a_request_file_is_read_in_order_and_errors_name_the_line(tmp_path: Path
 
 
 def test_loadgen_flags_have_environment_twins_and_are_checked() -> None:
-    from gpuscope.loadgen.cli import parse_args
-
-    options = parse_args([], {"GPUSCOPE_LOADGEN_RATE": "5,50", "GPUSCOPE_LOADGEN_SEED": "3"})
+    options = flags.parse(
+        LoadgenOptions, [], {"GPUSCOPE_LOADGEN_RATE": "5,50", "GPUSCOPE_LOADGEN_SEED": "3"}
+    )
     assert options.loads() == (Load("rate", 5), Load("rate", 50)) and options.seed == 3
-    assert parse_args(["--concurrency", "2,8"], {}).loads()[1] == Load("concurrency", 8)
+    assert flags.parse(LoadgenOptions, ["--concurrency", "2,8"], {}).loads()[1] == Load(
+        "concurrency", 8
+    )
     assert LoadgenOptions().loads()[0] == Load("concurrency", 1)  # default ladder
     for argv in (
         ["--concurrency", "1", "--rate", "5"],
@@ -363,19 +369,19 @@ def test_loadgen_flags_have_environment_twins_and_are_checked() -> None:
         ["--mix", "images=1"],
     ):
         with pytest.raises(SystemExit):
-            parse_args(argv, {})
+            flags.parse(LoadgenOptions, argv, {})
 
 
 @pytest.mark.parametrize("flag", ["--record", "--json", "--csv", "--plot"])
 def test_an_output_that_cannot_be_written_is_refused_before_any_load(
     flag: str, tmp_path: Path
 ) -> None:
-    from gpuscope.loadgen.cli import parse_args
-
     for path in (tmp_path / "missing" / "out", tmp_path):  # no such folder; a folder
         with pytest.raises(SystemExit):
-            parse_args([flag, str(path)], {})
-    assert parse_args([flag, str(tmp_path / "out")], {})  # a new file in a folder is fine
+            flags.parse(LoadgenOptions, [flag, str(path)], {})
+    assert flags.parse(
+        LoadgenOptions, [flag, str(tmp_path / "out")], {}
+    )  # a new file in a folder is fine
 
 
 # --- the progress line ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 
 import aiohttp
 
-from gpuscope.exporter.server import RunningExporter
+from gpuscope.exporter.http.server import RunningExporter
 from support.exporter_fixtures import samples, scrape
 
 APP = """

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from gpuscope import spans as attr
+from gpuscope import spans as contract
 from gpuscope.middleware import GpuscopeMiddleware, current_timeline, stats
 from gpuscope.middleware.ray_serve import QUEUE_HOOK_FAILURE, traced_batch
 from gpuscope.middleware.types import ASGIApp, Receive, Scope, Send
@@ -250,7 +250,7 @@ def seconds(span: ReadableSpan) -> float:
 
 def phases(span: ReadableSpan) -> dict[str, float]:
     values = attributes(span)
-    return {phase: values[key] for phase, key in attr.PHASE_DURATION.items() if key in values}
+    return {phase: values[key] for phase, key in contract.PHASE_DURATION.items() if key in values}
 
 
 async def test_a_full_batch_gives_every_request_its_phases_and_one_linked_batch_span(
@@ -265,23 +265,23 @@ async def test_a_full_batch_gives_every_request_its_phases_and_one_linked_batch_
     (batch,) = span_recorder.batches()
     servers = span_recorder.server_spans()
     battrs = attributes(batch)
-    assert battrs[attr.BATCH_SIZE] == 4
-    assert battrs[attr.BATCH_MAX_SIZE] == 4
-    assert battrs[attr.BATCH_TRIGGER] == "full"
-    assert battrs[attr.GEN_AI_REQUEST_MODEL] == "toy"
+    assert battrs[contract.BATCH_SIZE] == 4
+    assert battrs[contract.BATCH_MAX_SIZE] == 4
+    assert battrs[contract.BATCH_TRIGGER] == "full"
+    assert battrs[contract.GEN_AI_REQUEST_MODEL] == "toy"
     assert {link.context.span_id for link in batch.links} == {
         server.context.span_id for server in servers
     }
     for server in servers:
         values = attributes(server)
-        assert values[attr.BATCH_ID] == battrs[attr.BATCH_ID]
-        assert values[attr.BATCH_SIZE] == 4
+        assert values[contract.BATCH_ID] == battrs[contract.BATCH_ID]
+        assert values[contract.BATCH_SIZE] == 4
         split = phases(server)
-        assert set(split) == set(attr.PHASES)
+        assert set(split) == set(contract.PHASES)
         assert sum(split.values()) == pytest.approx(seconds(server))
         assert split["compute"] == pytest.approx(seconds(batch))
         children = {span.name for span in span_recorder.children_of(server)}
-        assert children == set(attr.PHASE_SPANS.values())
+        assert children == set(contract.PHASE_SPANS.values())
 
 
 async def test_a_lone_request_waits_the_window_in_batch_wait_not_in_queue(
@@ -297,8 +297,8 @@ async def test_a_lone_request_waits_the_window_in_batch_wait_not_in_queue(
     assert split["batch_wait"] >= window_s
     assert split["queue"] < window_s / 5
     (batch,) = span_recorder.batches()
-    assert attributes(batch)[attr.BATCH_TRIGGER] == "timeout"
-    assert attributes(batch)[attr.BATCH_SIZE] == 1
+    assert attributes(batch)[contract.BATCH_TRIGGER] == "timeout"
+    assert attributes(batch)[contract.BATCH_SIZE] == 1
 
 
 async def test_requests_behind_a_busy_handler_wait_after_the_take(
@@ -311,8 +311,8 @@ async def test_requests_behind_a_busy_handler_wait_after_the_take(
     await serve(span_recorder, instance.embed, ["a", "b", "c", "d", "e", "f"])
 
     batches = span_recorder.batches()
-    assert sorted(attributes(b)[attr.BATCH_SIZE] for b in batches) == [2, 2, 2]
-    assert {attributes(b)[attr.BATCH_TRIGGER] for b in batches} == {"full"}
+    assert sorted(attributes(b)[contract.BATCH_SIZE] for b in batches) == [2, 2, 2]
+    assert {attributes(b)[contract.BATCH_TRIGGER] for b in batches} == {"full"}
     last = max(batches, key=lambda span: span.start_time or 0)
     linked = {link.context.span_id for link in last.links}
     for server in span_recorder.server_spans():
@@ -336,9 +336,11 @@ async def test_the_timeline_reaches_the_batch_although_the_handler_runs_in_anoth
     assert queue.handler_timelines[0] is queue.handler_timelines[1]
     # ... yet each request is a member of the batch it rode in.
     batches = span_recorder.batches()
-    by_id = {attributes(b)[attr.BATCH_ID]: {x.context.span_id for x in b.links} for b in batches}
+    by_id = {
+        attributes(b)[contract.BATCH_ID]: {x.context.span_id for x in b.links} for b in batches
+    }
     for server in span_recorder.server_spans():
-        assert server.context.span_id in by_id[attributes(server)[attr.BATCH_ID]]
+        assert server.context.span_id in by_id[attributes(server)[contract.BATCH_ID]]
     assert len(by_id) == 2
 
 
@@ -354,8 +356,8 @@ async def test_a_call_without_a_request_counts_in_the_batch_size_only(
     assert results[2] == 3
 
     (batch,) = span_recorder.batches()
-    assert attributes(batch)[attr.BATCH_SIZE] == 3
-    assert attributes(batch)[attr.BATCH_TRIGGER] == "full"
+    assert attributes(batch)[contract.BATCH_SIZE] == 3
+    assert attributes(batch)[contract.BATCH_TRIGGER] == "full"
     assert len(batch.links) == 2
     assert len(span_recorder.server_spans()) == 2
 
@@ -381,8 +383,8 @@ async def test_batch_size_fn_sees_the_callers_items_and_decides_full(
 
     assert seen and all(isinstance(item, str) for items in seen for item in items)
     (batch,) = span_recorder.batches()
-    assert attributes(batch)[attr.BATCH_TRIGGER] == "full"  # 6 tokens of 6
-    assert attributes(batch)[attr.BATCH_SIZE] == 2
+    assert attributes(batch)[contract.BATCH_TRIGGER] == "full"  # 6 tokens of 6
+    assert attributes(batch)[contract.BATCH_SIZE] == 2
 
 
 async def _lengths(texts: list[str]) -> list[int]:
@@ -402,8 +404,8 @@ async def test_a_plain_function_and_set_max_batch_size(span_recorder: SpanRecord
     assert list(await asyncio.gather(embed("aa"), embed("b"))) == [2, 1]
 
     (batch,) = span_recorder.batches()
-    assert attributes(batch)[attr.BATCH_MAX_SIZE] == 2
-    assert attributes(batch)[attr.BATCH_TRIGGER] == "full"
+    assert attributes(batch)[contract.BATCH_MAX_SIZE] == 2
+    assert attributes(batch)[contract.BATCH_TRIGGER] == "full"
 
 
 async def test_a_failing_handler_fails_its_requests_and_marks_the_batch(
@@ -415,9 +417,9 @@ async def test_a_failing_handler_fails_its_requests_and_marks_the_batch(
     await serve(span_recorder, instance.embed, ["a", "b"])
 
     (batch,) = span_recorder.batches()
-    assert attributes(batch)[attr.ERROR_TYPE] == "RuntimeError"
+    assert attributes(batch)[contract.ERROR_TYPE] == "RuntimeError"
     for server in span_recorder.server_spans():
-        assert attributes(server)[attr.HTTP_RESPONSE_STATUS_CODE] == 500
+        assert attributes(server)[contract.HTTP_RESPONSE_STATUS_CODE] == 500
         # never computed: compute and postprocess stay absent
         assert set(phases(server)) == {"preprocess", "queue", "batch_wait"}
 
@@ -448,7 +450,7 @@ async def test_without_the_queue_hook_queue_and_batch_wait_stay_absent(
     for server in span_recorder.server_spans():
         assert set(phases(server)) == {"preprocess", "compute", "postprocess"}
     (batch,) = span_recorder.batches()
-    assert attributes(batch)[attr.BATCH_SIZE] == 2
+    assert attributes(batch)[contract.BATCH_SIZE] == 2
     assert stats.snapshot()[QUEUE_HOOK_FAILURE] == 1
 
 

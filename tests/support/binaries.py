@@ -17,7 +17,7 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is not None:
         return path
-    message = f"{name} not found: run 'make system-deps' (installs Debian's prometheus packages)"
+    message = f"{name} not found: run 'make system-deps' (the Debian packages tests drive)"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)

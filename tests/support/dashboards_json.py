@@ -16,8 +16,8 @@ DASHBOARD_DIR = REPO / "dashboards" / "json"
 SELECTED_METRIC = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
 MATCHER_LABEL = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 LABEL_VALUES = re.compile(r"^label_values\((.+), *([a-zA-Z_][a-zA-Z0-9_]*)\)$")
-# Series Prometheus writes itself for every target, not the exporter.
-PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+# Series Prometheus writes itself: for every target, and for the alerts it evaluates.
+PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped", "ALERTS"})
 # Labels Prometheus attaches to every scraped series.
 TARGET_LABELS = frozenset({"job", "instance"})
 
@@ -59,6 +59,22 @@ def panels_by_row(board: dict[str, Any]) -> Iterator[tuple[dict[str, Any] | None
 
 
 def targets(name: str, board: dict[str, Any]) -> Iterator[Target]:
+    """Every query of a board: its panels' targets, then its annotations' (Prometheus
+    annotation queries are PromQL too)."""
+    yield from _panel_targets(name, board)
+    for annotation in board.get("annotations", {}).get("list", []):
+        if annotation.get("expr"):
+            yield Target(
+                board=name,
+                panel=f"annotation {annotation['name']}",
+                panel_type="annotation",
+                unit=None,
+                expr=annotation["expr"],
+                exemplar=False,
+            )
+
+
+def _panel_targets(name: str, board: dict[str, Any]) -> Iterator[Target]:
     for panel in panels(board):
         for target in panel.get("targets", []):
             yield Target(

@@ -26,10 +26,10 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.samples import Sample
 
-from gpuscope import spans as attr
+from gpuscope import spans as contract
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from support.binaries import require_binary
 
 T0 = 1_700_000_000_000_000_000  # a fixed epoch instant (ns) for span times
@@ -55,14 +55,14 @@ class SpanFactory:
         attrs: Mapping[str, AttributeValue] | None = None,
     ) -> ReadableSpan:
         attributes: dict[str, AttributeValue] = {
-            attr.HTTP_REQUEST_METHOD: "POST",
-            attr.HTTP_ROUTE: route,
-            attr.HTTP_RESPONSE_STATUS_CODE: code,
-            attr.GEN_AI_REQUEST_MODEL: "m1",
-            attr.GPU_UUID: "GPU-aaaa",
+            contract.HTTP_REQUEST_METHOD: "POST",
+            contract.HTTP_ROUTE: route,
+            contract.HTTP_RESPONSE_STATUS_CODE: code,
+            contract.GEN_AI_REQUEST_MODEL: "m1",
+            contract.GPU_UUID: "GPU-aaaa",
         }
         for phase, seconds in (phases or {}).items():
-            attributes[attr.PHASE_DURATION[phase]] = seconds
+            attributes[contract.PHASE_DURATION[phase]] = seconds
         attributes.update(attrs or {})
         span = self.tracer.start_span(
             f"POST {route}", kind=SpanKind.SERVER, attributes=attributes, start_time=start_ns
@@ -84,16 +84,16 @@ class SpanFactory:
         attrs: Mapping[str, AttributeValue] | None = None,
     ) -> ReadableSpan:
         attributes: dict[str, AttributeValue] = {
-            attr.BATCH_ID: "b-1",
-            attr.BATCH_SIZE: size,
-            attr.BATCH_MAX_SIZE: 32,
-            attr.BATCH_TRIGGER: attr.BatchTrigger.FULL,
-            attr.GPU_UUID: "GPU-aaaa",
-            attr.GEN_AI_REQUEST_MODEL: "m1",
+            contract.BATCH_ID: "b-1",
+            contract.BATCH_SIZE: size,
+            contract.BATCH_MAX_SIZE: 32,
+            contract.BATCH_TRIGGER: contract.BatchTrigger.FULL,
+            contract.GPU_UUID: "GPU-aaaa",
+            contract.GEN_AI_REQUEST_MODEL: "m1",
         }
         attributes.update(attrs or {})
         span = self.tracer.start_span(
-            attr.BATCH_SPAN_NAME,
+            contract.BATCH_SPAN_NAME,
             kind=SpanKind.INTERNAL,
             attributes=attributes,
             links=[Link(s.context) for s in links if s.context is not None],

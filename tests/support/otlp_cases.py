@@ -27,11 +27,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from gpuscope import spans as attr
-from gpuscope.exporter import otlp
-from gpuscope.exporter.aggregator import SPAN_REJECT_REASONS, SpanAggregator
+from gpuscope import spans as contract
 from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.ingest import decode_within_limits
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.aggregator import SPAN_REJECT_REASONS, SpanAggregator
+from gpuscope.exporter.ingest.pipeline import decode_within_limits
 from support.exporter_fixtures import loopback_config
 
 # Caps small enough that the random requests (0-12 spans, up to ~90 attributes) pass
@@ -58,18 +58,23 @@ def capped_config() -> ExporterConfig:
     )
 
 
-_STRING_KEYS = (attr.HTTP_ROUTE, attr.GEN_AI_REQUEST_MODEL, attr.GPU_UUID, attr.SERVICE_NAME)
+_STRING_KEYS = (
+    contract.HTTP_ROUTE,
+    contract.GEN_AI_REQUEST_MODEL,
+    contract.GPU_UUID,
+    contract.SERVICE_NAME,
+)
 _INT_KEYS = (
-    attr.HTTP_RESPONSE_STATUS_CODE,
-    attr.GEN_AI_USAGE_INPUT_TOKENS,
-    attr.GEN_AI_USAGE_OUTPUT_TOKENS,
-    attr.BATCH_SIZE,
-    attr.BATCH_MAX_SIZE,
+    contract.HTTP_RESPONSE_STATUS_CODE,
+    contract.GEN_AI_USAGE_INPUT_TOKENS,
+    contract.GEN_AI_USAGE_OUTPUT_TOKENS,
+    contract.BATCH_SIZE,
+    contract.BATCH_MAX_SIZE,
 )
 _DOUBLE_KEYS = (
-    *attr.PHASE_DURATION.values(),
-    attr.TIME_TO_FIRST_TOKEN,
-    attr.TIME_PER_OUTPUT_TOKEN,
+    *contract.PHASE_DURATION.values(),
+    contract.TIME_TO_FIRST_TOKEN,
+    contract.TIME_PER_OUTPUT_TOKEN,
 )
 # Durations at the edges: non-finite, negative, the largest floats (two of 1.7e308 made
 # a _sum +Inf once), the accepted bound of a day and just past it, the tiniest.
@@ -81,8 +86,8 @@ _ODD_DOUBLES = (
     -1.0,
     1e308,
     1.7e308,
-    attr.MAX_DURATION_S,
-    attr.MAX_DURATION_S + 0.5,
+    contract.MAX_DURATION_S,
+    contract.MAX_DURATION_S + 0.5,
     2.0**53,
     5e-324,
 )
@@ -146,7 +151,7 @@ def random_request(rng: random.Random) -> Any:
         )
         scope_spans = resource_spans.scope_spans.add()
         if rng.random() < 0.8:  # gpuscope's own spans: phases, TTFT, TPOT, batches
-            scope_spans.scope.name = attr.INSTRUMENTATION_NAME
+            scope_spans.scope.name = contract.INSTRUMENTATION_NAME
         for _ in range(rng.randint(0, 4)):
             scope_spans.spans.append(_random_span(rng))
     return request
@@ -156,7 +161,7 @@ def _random_span(rng: random.Random) -> Any:
     span = Span(
         trace_id=rng.randbytes(16 if rng.random() < 0.95 else rng.choice((15, 0))),
         span_id=rng.randbytes(8 if rng.random() < 0.95 else 9),
-        name=rng.choice(("POST /v1/completions", attr.BATCH_SPAN_NAME, "gpuscope.queue")),
+        name=rng.choice(("POST /v1/completions", contract.BATCH_SPAN_NAME, "gpuscope.queue")),
     )
     # an unknown enum value (7) is legal on the wire and must be skipped, not fail
     kinds: tuple[Any, ...] = (Span.SPAN_KIND_SERVER, Span.SPAN_KIND_INTERNAL, 7)
@@ -364,7 +369,7 @@ def check_sums(aggregator: SpanAggregator) -> None:
             counts, total, _, _ = series.read()
             assert math.isfinite(total), (family.name, labels, total)
             if family.name in bounded:
-                assert total <= sum(counts) * attr.MAX_DURATION_S, (family.name, labels)
+                assert total <= sum(counts) * contract.MAX_DURATION_S, (family.name, labels)
 
 
 def _aggregate(aggregator: SpanAggregator, request: Any) -> Outcome:

@@ -9,11 +9,17 @@
   clock the test can move (``stack.jump_scenario_to(seconds)``);
 - the reference worker (``worker``: by default small synthetic models, dynamic
   batching) on uvicorn, sending every span to the exporter, told GPU 0's UUID;
+- another instrumentation beside gpuscope's: a SERVER span of another scope every
+  quarter second, as the stock ASGI instrumentation of a sidecar would send, so the
+  exporter's span family of other instrumentation (``gpuscope_span_*``) has series;
 - a bounded load (``gpuscope.loadgen``'s client loops: ``concurrency`` clients for at
   most ``load_s`` seconds, completions of ``output_tokens``, stopped when the stack
   stops);
 - vLLM's ``/metrics`` as the real engine served it, replayed with growing counters
   (``support.vllm_replay``): the metrics-only path, no gpuscope in its request path;
+  with ``vllm_spans``, also the spans vLLM's own tracing sent (``support.vllm_fixtures``,
+  service ``vllm-traces``), posted to the exporter every second: the spans path of an
+  engine that splits compute into prefill and decode;
 - a real Alertmanager (clustering off, storage in ``workdir``) with
   ``alertmanager_config`` (default: a single receiver that sends nowhere);
 - a real Prometheus scraping the exporter as job ``gpuscope``, the worker's own
@@ -41,10 +47,12 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind
 
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
-from gpuscope.exporter.server import RunningExporter, start_exporter
+from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from gpuscope.loadgen.client import discover_model, send
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
 from gpuscope.middleware import setup_tracing
@@ -53,6 +61,7 @@ from gpuscope.worker.config import WorkerConfig
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
 from support.servers import run_uvicorn
+from support.vllm_fixtures import export_requests
 from support.vllm_replay import run_vllm_replay
 from support.worker_servers import SMALL
 
@@ -147,7 +156,7 @@ async def _exporter(
     clock.origin = clock()
     clock.jump_to(start_at_s)
     config = loopback_config(
-        gpu_source="simulated", gpu_interval=0.25, forward_otlp=forward, shutdown_timeout=2.0
+        gpu_source="simulated", gpu_interval_s=0.25, forward_otlp=forward, shutdown_timeout_s=2.0
     )
     exporter = await start_exporter(config, gpu_source=source, compute_observers=[source])
     try:
@@ -156,17 +165,34 @@ async def _exporter(
         await exporter.stop()
 
 
+OTHER_SCOPE = "pack.other-instrumentation"
+
+
+async def _other_instrumentation(provider: TracerProvider) -> None:
+    """A SERVER span of another instrumentation scope every 250 ms, until cancelled."""
+    tracer = provider.get_tracer(OTHER_SCOPE)
+    while True:
+        with tracer.start_as_current_span("GET /healthz", kind=SpanKind.SERVER) as span:
+            span.set_attribute("http.response.status_code", 200)
+        await asyncio.sleep(0.25)
+
+
 @asynccontextmanager
 async def _worker(exporter_url: str, worker: WorkerConfig) -> AsyncIterator[str]:
-    """The worker in a uvicorn thread, its spans sent to the exporter every 200 ms."""
+    """The worker in a uvicorn thread, its spans (and another instrumentation's) sent to
+    the exporter every 200 ms."""
     provider = setup_tracing(
         exporter_url + "/v1/traces", SERVICE, schedule_delay_ms=200, set_global=False
     )
     config = replace(worker, gpu_uuid=simulated_uuid(0))
+    other = asyncio.create_task(_other_instrumentation(provider))
     try:
         with run_uvicorn(create_app(config, tracer_provider=provider)) as url:
             yield url
     finally:
+        other.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await other
         await asyncio.to_thread(provider.shutdown)
 
 
@@ -206,6 +232,32 @@ async def _load(
             await task
 
 
+@asynccontextmanager
+async def _vllm_spans(exporter_url: str, enabled: bool) -> AsyncIterator[None]:
+    """vLLM's captured export requests posted to the exporter every second, if enabled."""
+
+    async def replay() -> None:
+        requests = [request.SerializeToString() for request in export_requests("vllm-traces")]
+        headers = {"Content-Type": "application/x-protobuf"}
+        async with aiohttp.ClientSession() as session:
+            while True:
+                for body in requests:
+                    async with session.post(
+                        exporter_url + "/v1/traces", data=body, headers=headers
+                    ) as response:
+                        response.raise_for_status()
+                await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(replay()) if enabled else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 def _host_port(url: str) -> str:
     """``127.0.0.1:PORT`` of ``http://127.0.0.1:PORT``: a scrape target, an ``instance``."""
     return url.removeprefix("http://").rstrip("/")
@@ -230,6 +282,7 @@ async def run_pack_stack(
     worker: WorkerConfig = WORKER_CONFIG,
     scrape_interval: str = "1s",
     ready_timeout_s: float = 60.0,
+    vllm_spans: bool = False,
 ) -> AsyncIterator[PackStack]:
     """Start the pack (see the module docstring); yields a ``PackStack``.
 
@@ -245,6 +298,7 @@ async def run_pack_stack(
         _exporter(scenario, gpus, start_at_s, sink) as (exporter, clock),
         _worker(exporter.url, worker) as worker_url,
         _load(worker_url, load_s, concurrency, output_tokens),
+        _vllm_spans(exporter.url, vllm_spans),
         run_vllm_replay() as vllm_url,
         run_alertmanager(alertmanager_config, workdir) as alertmanager_url,
         run_prometheus(

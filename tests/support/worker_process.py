@@ -19,10 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuscope import flags
+from gpuscope.children import worker_args
 from gpuscope.worker.app import create_app
 from gpuscope.worker.backends import numpy_models
 from gpuscope.worker.cli import serve
-from gpuscope.worker.config import parse_config
+from gpuscope.worker.config import WorkerConfig
 from gpuscope.worker.kv_cache import BlockPool, SequenceState
 from gpuscope.worker.model_api import Generator
 
@@ -61,11 +63,12 @@ def worker_process(
     args: Sequence[str], *, slow_step_ms: float | None = None
 ) -> Iterator[WorkerProcess]:
     """Start the worker on 127.0.0.1 port 0 with ``args``; yields once it listens."""
+    subcommand, *worker_flags = worker_args(0, no_tracing=True, device="cpu")
     if slow_step_ms is None:
-        command = [sys.executable, "-m", "gpuscope", "worker"]
+        command = [sys.executable, "-m", "gpuscope", subcommand]
     else:
         command = [sys.executable, __file__, "--step-ms", str(slow_step_ms)]
-    command += ["--host", "127.0.0.1", "--port", "0", "--no-tracing", "--device", "cpu", *args]
+    command += [*worker_flags, *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     worker = WorkerProcess(process)
     reader = threading.Thread(target=worker._read, daemon=True)
@@ -123,7 +126,7 @@ def _slow_worker(argv: list[str]) -> int:
     """``gpuscope worker`` (its flags, its serving) with the generator slowed down."""
     at = argv.index("--step-ms")
     step_s = float(argv[at + 1]) / 1000
-    config = parse_config(argv[:at] + argv[at + 2 :])
+    config = flags.parse(WorkerConfig, argv[:at] + argv[at + 2 :])
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
     embedding, generator = numpy_models(config)
     app = create_app(config, embedding_model=embedding, generator=SlowGenerator(generator, step_s))

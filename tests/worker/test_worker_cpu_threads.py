@@ -6,8 +6,13 @@ import numpy as np  # noqa: F401 - loads the BLAS library whose pool is checked
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from gpuscope import flags
 from gpuscope.worker.backends import load_backend
-from gpuscope.worker.config import ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.config import ConfigError, WorkerConfig
+
+
+def parse_config(argv: list[str], environ: dict[str, str] | None = None) -> WorkerConfig:
+    return flags.parse(WorkerConfig, argv, environ, exit_on_error=False)
 
 
 def blas_threads() -> set[int]:

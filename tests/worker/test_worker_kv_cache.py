@@ -11,9 +11,10 @@ from dataclasses import replace
 import httpx
 import pytest
 
+from gpuscope import flags
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.worker.backends import numpy_models
-from gpuscope.worker.config import BatchingMode, ConfigError, parse_config
+from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig
 from gpuscope.worker.generation import CacheTooSmall, GenerationScheduler, TokenStream
 from gpuscope.worker.kv_cache import BlockPool, KvCacheFull, SequenceState
 from gpuscope.worker.model_api import Generator
@@ -21,6 +22,11 @@ from gpuscope.worker.numpy_models import NumpyTokenGenerator
 from gpuscope.worker.scheduler import BatchPolicy, DeviceThread
 from support.span_recorder import SpanRecorder
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
+
+
+def parse_config(argv: list[str], environ: dict[str, str] | None = None) -> WorkerConfig:
+    return flags.parse(WorkerConfig, argv, environ, exit_on_error=False)
+
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(40, 52)), [9], [70, 71, 72], list(range(100, 107))]
 MAX_TOKENS = [24, 18, 30, 12, 20]

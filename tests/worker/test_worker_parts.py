@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from gpuscope import flags
 from gpuscope.middleware import BatchRecorder, RequestTimeline
 from gpuscope.middleware.timeline import DISPATCHED
 from gpuscope.worker import protocol, responses
 from gpuscope.worker.backends import load_backend, numpy_models
-from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig, parse_config
+from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig
 from gpuscope.worker.embedding import EmbeddingScheduler
 from gpuscope.worker.kv_cache import SequenceState
 from gpuscope.worker.model_api import EmbeddingModel, Generator
@@ -31,6 +32,10 @@ from support.span_recorder import SpanRecorder
 from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, attrs
 
 T = TypeVar("T")
+
+
+def parse_config(argv: list[str], environ: dict[str, str] | None = None) -> WorkerConfig:
+    return flags.parse(WorkerConfig, argv, environ, exit_on_error=False)
 
 
 def test_worker_config_flags_env_twins_and_errors_that_name_the_flag() -> None:
@@ -219,8 +224,10 @@ async def test_worker_scheduler_shutdown_finishes_or_cancels(
 def test_worker_cli_rejects_bad_flags_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
     from gpuscope.worker.cli import main
 
-    assert main(["--max-queue", "-1"]) == 2
-    assert "--max-queue" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["--max-queue", "-1"])
+    assert refused.value.code == 2
+    assert "gpuscope worker: --max-queue: must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as shown:
         main(["--help"])
     assert shown.value.code == 0

@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.server import start_exporter
+from gpuscope.exporter.http.server import start_exporter
 from support.binaries import require_binary
 from support.exporter_fixtures import loopback_config
 from support.worker_servers import serve_worker
@@ -42,7 +42,7 @@ def test_the_workers_metrics_pass_promtool() -> None:
 async def test_the_exporters_metrics_pass_promtool() -> None:
     scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
     exporter = await start_exporter(
-        loopback_config(gpu_interval=0.05), gpu_source=SimulatedSource(1, scenario)
+        loopback_config(gpu_interval_s=0.05), gpu_source=SimulatedSource(1, scenario)
     )
     try:
         async with httpx.AsyncClient(base_url=exporter.url, timeout=30) as client:

@@ -1,0 +1,349 @@
+"""Recording rules over Triton's, TGI's and SGLang's own ``/metrics``.
+
+Each engine (``dashboards/engines.py``: ``ENGINES``, with the release its names were
+read from) is scraped by Prometheus as a job of its own. These rules write its
+numbers into the series the boards, the verdict and the alerts already read, with the
+engine as the ``source`` label, exactly as ``recording.py`` does for vLLM:
+
+- ``timing_rules``: the per-second rates of each request histogram's ``_sum``,
+  ``_count`` (and ``_bucket``, where the engine has buckets), per source, service,
+  model and host. They go at the head of ``recording.py``'s bottleneck group
+  (``with_engine_timings``), because the means, shares and the verdict of that group
+  read them: rules of one group run in order at each evaluation, so the verdict judges
+  this evaluation's numbers (from a group of its own they would lag by up to an
+  interval).
+- ``engine_groups``: requests per second, the error and SLO ratios, and each scrape
+  target's running and waiting requests, KV-cache usage and mean batch size, in a file
+  of their own (``alerts/rules/engines.yml``).
+
+A timing an engine does not measure has no rule, so its series stay absent, never 0.
+The engines' series name no GPU index: requests are joined to the GPUs of their host
+(``uuid`` and ``gpu`` empty), like vLLM's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from alerts.recording import (
+    ERRORS_RATIO,
+    KV_USAGE,
+    REQUESTS_RATE,
+    RUNNING,
+    WAITING,
+    indent,
+    rate_record,
+    slo_errors_ratio,
+    with_host,
+)
+from alerts.settings import SERVICE_MODEL, Settings, Slo, seconds_of
+from dashboards.contract import MODEL, SERVICE
+from dashboards.engines import (
+    ENGINES,
+    HISTOGRAM_KEY,
+    SGLANG_ENGINE,
+    TGI_BATCH_SIZE,
+    TGI_ENGINE,
+    TRITON_ENGINE,
+    TRITON_EXECUTIONS,
+    TRITON_INFERENCES,
+    Engine,
+    EngineTiming,
+)
+
+# The recording group whose verdict reads the engines' timings.
+BOTTLENECK_GROUP = "gpuscope-bottleneck"
+# Per source, service, model and host: the mean batch size (requests, or Triton's
+# inferences, per model execution), a series of its own: gpuscope's spans keep theirs
+# in the exporter's gpuscope_batch_size histogram.
+BATCH_SIZE_MEAN = "service_model_gpu:gpuscope_batch_size:mean"
+# What an engine's queue holds, as the worker's ``endpoint`` label: the generation
+# engines' requests all hold KV-cache blocks (the worker's "completions"); Triton serves
+# any model through its ``infer`` endpoint.
+ENDPOINTS = {
+    TRITON_ENGINE.source: "infer",
+    TGI_ENGINE.source: "completions",
+    SGLANG_ENGINE.source: "completions",
+}
+
+
+@dataclass(frozen=True)
+class EngineJobs:
+    """The scrape job selector of each engine (``alerts/build.py`` flags override them)."""
+
+    triton: str = TRITON_ENGINE.job_selector
+    tgi: str = TGI_ENGINE.job_selector
+    sglang: str = SGLANG_ENGINE.job_selector
+
+    def sel(self, engine: Engine, extra: str = "") -> str:
+        job = getattr(self, engine.source)
+        return "{" + ", ".join(m for m in (job, extra) if m) + "}"
+
+    def replace(self, **selectors: str | None) -> EngineJobs:
+        return dataclasses.replace(self, **{k: v for k, v in selectors.items() if v})
+
+
+def _copy_label(expr: str, dst: str, src: str) -> str:
+    return f'label_replace(\n  {indent(expr)},\n  "{dst}", "$1", "{src}", "(.*)"\n)'
+
+
+def _sum(settings: Settings, engine: Engine, expr: str, by: str, agg: str = "sum") -> str:
+    """``agg by (by)`` (``sum`` unless told) of ``expr`` over the engine's series with
+    gpuscope's label names: service from the scrape's ``job``, model from the engine's
+    model label (TGI names none: a ``model`` target label set in the scrape config is
+    kept), host from ``instance`` when ``by`` keeps it. Model versions, ranks and the
+    like add up."""
+    if "host" in by:
+        expr = with_host(settings, expr)
+    if engine.model_label and engine.model_label != MODEL:
+        expr = _copy_label(expr, MODEL, engine.model_label)
+    expr = _copy_label(expr, SERVICE, "job")
+    return f"{agg} by ({by}) (\n  {indent(expr)}\n)"
+
+
+def _rate(sample: str, selector: str, window: str) -> str:
+    return f"rate({sample}{selector}[{window}])"
+
+
+def _either(first: str, operator: str, second: str) -> str:
+    """``first`` and ``second`` joined by ``operator``, ``second`` read as 0 where it
+    has no series."""
+    fallback = f"{indent(indent(second))}\n    or\n    {indent(indent(first))} * 0"
+    return f"(\n  {indent(first)}\n  {operator}\n  (\n    {fallback}\n  )\n)"
+
+
+def _minus(total: str, part: str) -> str:
+    """``total`` less ``part``; where ``part`` has no series, ``total`` itself."""
+    return _either(total, "-", part)
+
+
+def _plus(first: str, second: str) -> str:
+    """``first`` + ``second``; where ``second`` has no series (a counter an engine
+    creates at its first increment), ``first`` itself."""
+    return _either(first, "+", second)
+
+
+def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
+    return {"record": record, "expr": expr, **({"labels": labels} if labels else {})}
+
+
+# --- request timings ------------------------------------------------------------------
+
+
+def _timing_rules(
+    settings: Settings, jobs: EngineJobs, engine: Engine, timing: EngineTiming
+) -> list[dict[str, Any]]:
+    w, sel = settings.window, jobs.sel(engine)
+    key = HISTOGRAM_KEY.get(timing.gpuscope)
+    labels = {"source": engine.source, **({key: timing.key_value} if key else {})}
+    by = f"{SERVICE_MODEL}, host"
+
+    def total(samples: tuple[str, ...]) -> str:
+        parts = [_sum(settings, engine, _rate(s, sel, w), by) for s in samples]
+        return "\n+\n".join(parts)
+
+    seconds = total(timing.sums)
+    if timing.minus_sums:
+        seconds = f"(\n  {indent(seconds)}\n)\n-\n{total(timing.minus_sums)}"
+    if timing.per_second != 1:
+        # a counter in µs (ms) grows by 1e6 (1e3) a second of time spent
+        seconds = f"(\n  {indent(seconds)}\n)\n/ {timing.per_second:g}"
+    count = _sum(settings, engine, _rate(timing.count, sel, w), by)
+    if timing.minus_count:
+        count = _minus(count, _sum(settings, engine, _rate(timing.minus_count, sel, w), by))
+    rules = [
+        _rule(rate_record(timing.gpuscope, "sum") + w, seconds, **labels),
+        _rule(rate_record(timing.gpuscope, "count") + w, count, **labels),
+    ]
+    if timing.bucket:
+        rules.append(
+            _rule(
+                rate_record(timing.gpuscope, "bucket") + w,
+                _buckets(settings, jobs, engine, timing),
+                **labels,
+            )
+        )
+    return rules
+
+
+def _buckets(settings: Settings, jobs: EngineJobs, engine: Engine, timing: EngineTiming) -> str:
+    """The bucket rates with ``le`` in seconds. Bounds already in seconds keep their
+    ``le``; others (Triton's ms) are written one by one with the bound converted, so
+    only the bounds the engine is known to use are read."""
+    w, by = settings.window, f"{SERVICE_MODEL}, host, le"
+    if timing.per_second == 1:
+        return _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine), w), by)
+    converted = [
+        *(
+            (bound, f"{seconds:g}")
+            for bound, seconds in zip(timing.bounds, timing.seconds, strict=True)
+        ),
+        ("+Inf", "+Inf"),
+    ]
+    return "\nor\n".join(
+        "label_replace(\n  "
+        + indent(
+            _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), w), by)
+        )
+        + f',\n  "le", "{seconds}", "le", ".*"\n)'
+        for native, seconds in converted
+    )
+
+
+def timing_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+    """Every engine's request timings as the rates of gpuscope's request histograms."""
+    return [
+        rule
+        for engine in ENGINES
+        for timing in engine.timings
+        for rule in _timing_rules(settings, jobs, engine, timing)
+    ]
+
+
+def with_engine_timings(
+    groups: list[dict[str, Any]], settings: Settings, jobs: EngineJobs
+) -> list[dict[str, Any]]:
+    """``recording.py``'s groups with the engines' timings at the head of the
+    bottleneck group, before the means and the verdict that read them."""
+    names = [group["name"] for group in groups]
+    if BOTTLENECK_GROUP not in names:
+        raise LookupError(f"no recording group {BOTTLENECK_GROUP!r} in {names}")
+    return [
+        {**group, "rules": [*timing_rules(settings, jobs), *group["rules"]]}
+        if group["name"] == BOTTLENECK_GROUP
+        else group
+        for group in groups
+    ]
+
+
+# --- requests, errors, objectives ---------------------------------------------------
+
+
+def _finished(settings: Settings, jobs: EngineJobs, engine: Engine, window: str) -> str:
+    first, *others = (
+        _sum(settings, engine, _rate(counter, jobs.sel(engine), window), SERVICE_MODEL)
+        for counter in engine.requests
+    )
+    for other in others:
+        first = _plus(first, other)
+    return first
+
+
+def request_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+    w = settings.window
+    rules = []
+    for engine in ENGINES:
+        source = {"source": engine.source}
+        rules.append(_rule(REQUESTS_RATE + w, _finished(settings, jobs, engine, w), **source))
+        counter, matcher = engine.errors
+        if not counter:
+            continue  # the engine counts no failed requests: no ratio, not 0
+        for window in sorted({*settings.slo_windows(), w}, key=seconds_of):
+            failed = _sum(
+                settings, engine, _rate(counter, jobs.sel(engine, matcher), window), SERVICE_MODEL
+            )
+            finished = _finished(settings, jobs, engine, window)
+            # "or ... * 0": no failure series at all is a ratio of 0, not no data
+            ratio = f"(\n  {indent(failed)}\n  or\n  {indent(finished)} * 0\n)\n/\n{finished}"
+            rules.append(_rule(ERRORS_RATIO + window, ratio, **source))
+    for slo in (settings.latency_slo, settings.ttft_slo):
+        rules += _slo_rules(settings, jobs, slo)
+    return rules
+
+
+def _slo_rules(settings: Settings, jobs: EngineJobs, slo: Slo) -> list[dict[str, Any]]:
+    """The share of requests over the objective's bound, from an engine histogram with
+    that bound among its buckets (a bound between two buckets cannot be counted: no
+    ratio rather than a wrong one)."""
+    rules = []
+    for engine in ENGINES:
+        for timing in engine.timings_for(slo.histogram):
+            bounds = dict(zip(timing.seconds, timing.bounds, strict=True))
+            native = bounds.get(float(slo.le))
+            if native is None:
+                continue
+            for window in settings.slo_windows():
+                good = _sum(
+                    settings,
+                    engine,
+                    _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), window),
+                    SERVICE_MODEL,
+                )
+                total = _sum(
+                    settings, engine, _rate(timing.count, jobs.sel(engine), window), SERVICE_MODEL
+                )
+                ratio = f"1 - (\n  {indent(good)}\n  /\n  {indent(total)}\n)"
+                rules.append(_rule(slo_errors_ratio(slo) + window, ratio, source=engine.source))
+    return rules
+
+
+# --- the engine's state per scrape target ---------------------------------------------
+
+INSTANCE = "job, instance"
+
+
+def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+    w = settings.window
+    rules = []
+    for engine in ENGINES:
+        # labelled with the engine: the worker's and vLLM's rules record the same names
+        # unlabelled, and two rules of one name and labels are duplicates to promtool
+        source = {"source": engine.source}
+        sel = jobs.sel(engine)
+        endpoint = f'"endpoint", "{ENDPOINTS[engine.source]}", "", ""'
+        for record, gauge in ((WAITING, engine.waiting), (RUNNING, engine.running)):
+            if gauge:
+                expr = f"sum by ({INSTANCE}) (avg_over_time({gauge}{sel}[{w}]))"
+                rules.append(
+                    _rule(record + w, f"label_replace(\n  {expr},\n  {endpoint}\n)", **source)
+                )
+        if engine.kv_usage:
+            # the fullest rank's pool
+            expr = f"max by ({INSTANCE}) (avg_over_time({engine.kv_usage}{sel}[{w}]))"
+            rules.append(_rule(KV_USAGE + w, expr, **source))
+    by = f"{SERVICE_MODEL}, host"
+    triton, tgi = TRITON_ENGINE, TGI_ENGINE
+    inferences = _sum(settings, triton, _rate(TRITON_INFERENCES, jobs.sel(triton), w), by)
+    executions = _sum(settings, triton, _rate(TRITON_EXECUTIONS, jobs.sel(triton), w), by)
+    # TGI's gauge is the running batch, set to 0 when it ends: its mean while one runs
+    running_batch = f"avg_over_time(({TGI_BATCH_SIZE}{jobs.sel(tgi)} > 0)[{w}:])"
+    rules += [
+        # inferences (a request's batch dimension, 1 for most LLM requests) per execution
+        _rule(
+            BATCH_SIZE_MEAN + w,
+            f"{inferences}\n/\n(\n  {indent(executions)}\n  > 0\n)",
+            source=triton.source,
+        ),
+        _rule(
+            BATCH_SIZE_MEAN + w,
+            _sum(settings, tgi, running_batch, by, agg="avg"),
+            source=tgi.source,
+        ),
+    ]
+    return rules
+
+
+def engine_groups(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+    """The groups of ``alerts/rules/engines.yml``."""
+    groups = {
+        "gpuscope-engine-requests": request_rules(settings, jobs),
+        "gpuscope-engine-state": state_rules(settings, jobs),
+    }
+    return [
+        {"name": name, "interval": settings.interval, "rules": rules}
+        for name, rules in groups.items()
+    ]
+
+
+def releases_comment() -> str:
+    """Comment lines for the rule files: the release each engine's names were read from."""
+    lines = ["# Triton's, TGI's and SGLang's series as their own source defines them:"]
+    for engine in ENGINES:
+        release = engine.release
+        lines.append(
+            f"#   {engine.source}: {release} ({release.repository}, {release.ref}:"
+            f" {', '.join(release.files)})"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Deployment files of the checkout; ``deploy.kubernetes`` generates the Kubernetes manifests."""

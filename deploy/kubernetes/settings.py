@@ -1,0 +1,138 @@
+"""The one table of the Kubernetes manifests: names, placement, resources, images.
+
+What the rest of the pack already decides is read from there, never written again:
+the scrape job names from ``alerts/settings.py`` (the rules select them), the
+exporter's port, shutdown timeout and flag defaults from its own parser, the
+dashboards' folder from ``dashboards/provisioning/``. ``build.py`` turns this table
+into the objects of ``base/``, ``components/`` and ``overlays/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from alerts.settings import Settings
+from gpuscope import __version__, flags
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.worker.config import WorkerConfig
+
+REPO: Final = Path(__file__).resolve().parents[2]
+
+# How a pod's scrape target is named on Kubernetes: ``<node>/<pod>:<port>`` (the
+# relabelling in ``build.py`` writes it). The node comes first, so that the rules'
+# host (the per-host GPU join of requests that name no GPU) is the node, the same
+# for the exporter and for every engine pod on it; the pod keeps two engines on one
+# node apart. Prometheus anchors the regex; it still reads ``host:port`` and
+# ``[::1]:9420`` as the default does.
+HOST_FROM_INSTANCE: Final = "(.+?)(?:/.+)?(?::[0-9]+)?"
+
+# After SIGTERM the exporter gives requests in flight up to --shutdown-timeout-s,
+# then its forwarder the same bound to drain, then a second for the last 503s and
+# the GPU poller's join; the kubelet's grace period covers both bounds and this.
+SHUTDOWN_MARGIN_S: Final = 5
+
+# Decoding one /v1/traces body takes up to about 35 times --max-decompressed-bytes
+# in memory (the flag's help), one request at a time; the limit holds that on top of
+# the exporter's resident size with series at --max-series.
+DECODE_MEMORY_FACTOR: Final = 35
+BASELINE_MEMORY_MIB: Final = 256
+
+
+def job_name(selector: str) -> str:
+    """``job="gpuscope"`` -> ``gpuscope``: the job a scrape must be labelled with."""
+    match = re.fullmatch(r'job="([^"]+)"', selector)
+    if match is None:
+        raise ValueError(f"cannot name a scrape job after the selector {selector!r}")
+    return match.group(1)
+
+
+def exporter_defaults() -> ExporterConfig:
+    """The exporter's defaults, as its parser gives them without flags or environment."""
+    return flags.parse(ExporterConfig, [], {}, exit_on_error=False)
+
+
+def dashboard_folder() -> str:
+    """The Grafana folder the provisioning files load the dashboards into."""
+    provisioning = REPO / "dashboards" / "provisioning" / "dashboards" / "gpuscope.yml"
+    providers = yaml.safe_load(provisioning.read_text(encoding="utf-8"))["providers"]
+    folder: str = providers[0]["folder"]
+    return folder
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    namespace: str = "gpuscope"
+    # the image built from the repository's Dockerfile; an overlay's ``images:`` names
+    # the registry it was pushed to
+    image: str = "gpuscope"
+    image_tag: str = __version__
+    # GPU nodes: the label NVIDIA's GPU Feature Discovery (GPU Operator) puts on them,
+    # and the taint GPU node pools usually carry
+    node_selector: tuple[tuple[str, str], ...] = (("nvidia.com/gpu.present", "true"),)
+    gpu_taint: str = "nvidia.com/gpu"
+    # the RuntimeClass that makes the NVIDIA Container Toolkit inject the driver's
+    # libraries and devices (the GPU Operator creates "nvidia")
+    runtime_class: str = "nvidia"
+    # the image's user (Dockerfile: useradd --uid 10001)
+    user_id: int = 10001
+    cpu_request: str = "100m"
+    cpu_limit: str = "1"
+    memory_request_mib: int = 128
+    # Prometheus Operator labels: kube-prometheus-stack's Prometheus selects
+    # ServiceMonitors, PodMonitors and PrometheusRules by its Helm release name
+    release_label: tuple[str, str] = ("release", "kube-prometheus-stack")
+    scrape_interval: str = "30s"
+    # kube-prometheus-stack's Grafana sidecar loads ConfigMaps with this label
+    dashboard_label: tuple[str, str] = ("grafana_dashboard", "1")
+    # ... and puts each in the folder this annotation names (the sidecar's
+    # folderAnnotation value)
+    dashboard_folder_annotation: str = "grafana_folder"
+    # the OpenTelemetry Collector of the otel-collector component, and where it sends
+    collector_image: str = "otel/opentelemetry-collector:0.115.0"
+    tempo_otlp_http: str = "http://tempo.monitoring.svc:4318"
+    rules: Settings = field(
+        default_factory=lambda: dataclasses.replace(
+            Settings(), host_from_instance=HOST_FROM_INSTANCE
+        )
+    )
+
+    @property
+    def exporter_job(self) -> str:
+        return job_name(self.rules.job_selector)
+
+    @property
+    def worker_job(self) -> str:
+        return job_name(self.rules.worker_job_selector)
+
+    @property
+    def port(self) -> int:
+        return exporter_defaults().listen_address()[1]
+
+    @property
+    def shutdown_timeout_s(self) -> float:
+        return exporter_defaults().shutdown_timeout_s
+
+    @property
+    def grace_period_s(self) -> int:
+        return math.ceil(2 * self.shutdown_timeout_s) + SHUTDOWN_MARGIN_S
+
+    @property
+    def worker_grace_period_s(self) -> int:
+        # the worker drains its requests for up to its --shutdown-timeout-s
+        worker = flags.parse(WorkerConfig, [], {}, exit_on_error=False)
+        return math.ceil(worker.shutdown_timeout_s) + SHUTDOWN_MARGIN_S
+
+    @property
+    def memory_limit_mib(self) -> int:
+        decode = DECODE_MEMORY_FACTOR * exporter_defaults().max_decompressed_bytes
+        return BASELINE_MEMORY_MIB + math.ceil(decode / (1024 * 1024))
+
+    def service_host(self, name: str) -> str:
+        return f"{name}.{self.namespace}.svc"

@@ -1,0 +1,203 @@
+"""Reads one GPU through NVML into a ``GpuReading``.
+
+Metrics come in groups (one NVML call or a few); a group the device does not give
+(NotSupported, NoPermission, FunctionNotFound) is remembered with the reason and
+not asked again, so it stays absent and ``gpuscope doctor`` can say why. GpuIsLost
+and driver errors propagate as ``GpuLostError`` / ``NvmlDriverError``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
+from gpuscope.exporter.gpu.nvml.errors import (
+    GpuLostError,
+    NvmlDriverError,
+    NvmlErrorKind,
+    classify,
+    unsupported_reason,
+)
+from gpuscope.exporter.gpu.nvml.gpm import GpmSampler, gpm_supported
+from gpuscope.exporter.gpu.nvml.pcie import PcieByteCounter
+from gpuscope.exporter.gpu.nvml.processes import DeviceProcessLister
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+
+MHZ = 1e6
+
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+}
+
+Reader = Callable[[Any, Any], dict[str, Any]]
+
+
+def _ecc(nvml: Any, h: Any) -> dict[str, Any]:
+    counts = {}
+    for scope, counter in (
+        ("volatile", nvml.NVML_VOLATILE_ECC),
+        ("aggregate", nvml.NVML_AGGREGATE_ECC),
+    ):
+        for kind, error in (
+            ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        ):
+            counts[f"{scope}_{kind}"] = int(nvml.nvmlDeviceGetTotalEccErrors(h, error, counter))
+    return {"ecc_errors_total": counts}
+
+
+def _memory(nvml: Any, h: Any) -> dict[str, Any]:
+    info = nvml.nvmlDeviceGetMemoryInfo(h)
+    return {"memory_used_bytes": float(info.used), "memory_total_bytes": float(info.total)}
+
+
+# group -> reader(nvml, handle); units converted to base units here
+READERS: dict[str, Reader] = {
+    "sm_clock": lambda n, h: {"sm_clock_hz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM) * MHZ},
+    "sm_clock_max": lambda n, h: {
+        "sm_clock_max_hz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM) * MHZ
+    },
+    "memory_clock": lambda n, h: {
+        "memory_clock_hz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM) * MHZ
+    },
+    "memory_clock_max": lambda n, h: {
+        "memory_clock_max_hz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM) * MHZ
+    },
+    "clock_event_reasons": lambda n, h: {
+        "clock_event_reasons": decode_clock_event_reasons(
+            int(n.nvmlDeviceGetCurrentClocksEventReasons(h))
+        )
+    },
+    "utilization": lambda n, h: {
+        "utilization_ratio": n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
+    },
+    "memory": _memory,
+    "power": lambda n, h: {"power_watts": n.nvmlDeviceGetPowerUsage(h) / 1000.0},
+    "power_limit": lambda n, h: {
+        "power_limit_watts": n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+    },
+    "energy": lambda n, h: {
+        "energy_joules_total": n.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+    },
+    "temperature": lambda n, h: {
+        "temperature_celsius": float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+    },
+    "pcie_link_generation": lambda n, h: {
+        "pcie_link_generation": int(n.nvmlDeviceGetCurrPcieLinkGeneration(h))
+    },
+    "pcie_link_width": lambda n, h: {"pcie_link_width": int(n.nvmlDeviceGetCurrPcieLinkWidth(h))},
+    "ecc_errors": _ecc,
+}
+
+
+def _merge(values: dict[str, Any], reader: Reader, nvml: Any, handle: Any) -> None:
+    values.update(reader(nvml, handle))
+
+
+class NvmlDeviceReader:
+    """One GPU's handle and what is known about its support; not thread-safe (poller only)."""
+
+    def __init__(self, nvml: Any, device: GpuDevice, handle: Any) -> None:
+        self._nvml = nvml
+        self.device = device
+        self.handle = handle
+        self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
+        self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
+        self.architecture = self._architecture()
+        self._pcie = PcieByteCounter(nvml, handle)
+        self._gpm = self._open_gpm()
+        # for the process join; asks NVML nothing until the first listing
+        self.processes = DeviceProcessLister(
+            nvml,
+            handle,
+            device=f"GPU {device.index} ({device.name}, {self.architecture})",
+            driver=device.driver_version or "unknown",
+        )
+
+    def read(self, now: float, xids: Mapping[int, int], xid_supported: bool) -> GpuReading:
+        values: dict[str, Any] = {}
+        for group, reader in READERS.items():
+            if group not in self.unsupported:
+                self._attempt(
+                    group, functools.partial(_merge, values, reader, self._nvml, self.handle)
+                )
+        if "pcie_bytes" not in self.unsupported:
+            self._attempt("pcie_bytes", lambda: values.update(self._pcie_values(now)))
+        gpm = self._gpm
+        if gpm is not None and "gpm" not in self.unsupported:
+            self._attempt("gpm", lambda: values.update(gpm.read(now)))
+        return GpuReading(
+            index=self.device.index,
+            uuid=self.device.uuid,
+            clock_event_reasons=values.pop("clock_event_reasons", None),
+            ecc_errors_total=values.pop("ecc_errors_total", None),
+            values=values,
+            xid_errors_total=dict(xids),
+            xid_supported=xid_supported,
+        )
+
+    def close(self) -> None:
+        if self._gpm is not None:
+            self._gpm.close()
+
+    def _pcie_values(self, now: float) -> dict[str, float]:
+        tx, rx = self._pcie.read(now)
+        if self._pcie.integrating:
+            self.notes["pcie_bytes"] = (
+                "estimated: the byte-count fields are missing, so nvmlDeviceGetPcieThroughput "
+                "(20 ms samples, KB/s) is integrated over the poll interval"
+            )
+        return {"pcie_transmit_bytes_total": tx, "pcie_receive_bytes_total": rx}
+
+    def _attempt(self, group: str, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except self._nvml.NVMLError as exc:
+            self._handle_error(group, exc)
+
+    def _handle_error(self, group: str, exc: BaseException) -> None:
+        kind = classify(self._nvml, exc)
+        if kind is NvmlErrorKind.UNSUPPORTED:
+            self.unsupported[group] = unsupported_reason(
+                self._nvml,
+                exc,
+                device=f"{self.device.name} ({self.architecture})",
+                driver=self.device.driver_version or "unknown",
+            )
+        elif kind is NvmlErrorKind.GPU_LOST:
+            raise GpuLostError(f"GPU {self.device.index} ({self.device.uuid}) is lost") from exc
+        elif kind is NvmlErrorKind.DRIVER:
+            raise NvmlDriverError(f"NVML failed reading GPU {self.device.index}: {exc}") from exc
+        # any other error is transient: the group is absent this round only
+
+    def _architecture(self) -> str:
+        try:
+            code = int(self._nvml.nvmlDeviceGetArchitecture(self.handle))
+        except self._nvml.NVMLError:
+            return "unknown architecture"
+        return ARCHITECTURES.get(code, f"architecture {code}")
+
+    def _open_gpm(self) -> GpmSampler | None:
+        nvml = self._nvml
+        try:
+            supported = gpm_supported(nvml, self.handle)
+            sampler = GpmSampler(nvml, self.handle) if supported else None
+        except nvml.NVMLError as exc:
+            self._handle_error("gpm", exc)
+            return None
+        if sampler is None:
+            self.unsupported["gpm"] = (
+                f"GPM (SM occupancy, SM/tensor/DRAM activity) needs Hopper or newer without "
+                f"MIG; this GPU is {self.architecture}"
+            )
+        return sampler

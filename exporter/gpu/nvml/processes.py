@@ -1,0 +1,236 @@
+"""The processes running on a GPU, through NVML, for the process join (``processes``).
+
+pynvml offers each list in versions: ``nvmlDeviceGetComputeRunningProcesses_v3``,
+``_v2`` and the unversioned name, which maps to the newest and raises
+``NVMLLibraryMismatchError`` when the driver's library lacks that version. The first
+version the driver has is kept. A GPU that refuses (NoPermission: MIG without root;
+NotSupported: some vGPU guests) is remembered with the reason and not asked again,
+as the metric groups of ``device`` are.
+
+``NvmlProcessSession`` opens NVML only for this, for a source that reads its metrics
+elsewhere (DCGM): its GPUs are found by UUID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from gpuscope.exporter.gpu.nvml.errors import (
+    GpuLostError,
+    NvmlDriverError,
+    NvmlErrorKind,
+    classify,
+    unsupported_reason,
+)
+from gpuscope.exporter.gpu.processes import (
+    ProcessJoin,
+    ProcessListing,
+    ProcessListUnavailable,
+    RefusedListing,
+)
+
+log = logging.getLogger(__name__)
+
+COMPUTE = "nvmlDeviceGetComputeRunningProcesses"
+GRAPHICS = "nvmlDeviceGetGraphicsRunningProcesses"
+VERSIONS = ("_v3", "_v2", "")
+MIG_NOTE = (
+    "MIG mode: the processes of every MIG instance are joined to the whole GPU, "
+    "whose series gpuscope serves"
+)
+
+
+class _Refused(Exception):
+    def __init__(self, refused: RefusedListing) -> None:
+        super().__init__(refused.why)
+        self.refused = refused
+
+
+class _Transient(Exception):
+    """A one-off failure: keep the last list this round."""
+
+
+class DeviceProcessLister:
+    """One GPU's running processes; used from the poller thread only."""
+
+    def __init__(self, nvml: Any, handle: Any, *, device: str, driver: str) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._device = device
+        self._driver = driver
+        self.refused: RefusedListing | None = None
+        self.note: str | None = None
+        self._mig: bool | None = None  # asked on first use, so that opening costs nothing
+        self._graphics = True  # False once the GPU refused the graphics list
+        self._candidates = {
+            kind: [kind + v for v in VERSIONS if hasattr(nvml, kind + v)]
+            for kind in (COMPUTE, GRAPHICS)
+        }
+        self._last: tuple[int, ...] = ()
+
+    def pids(self) -> tuple[int, ...] | None:
+        """Sorted pids on the GPU; None once it refused (see ``refused``).
+
+        Raises ``GpuLostError`` and ``NvmlDriverError`` like the metric readers do.
+        """
+        if self.refused is not None:
+            return None
+        if self._mig is None:
+            self._mig = _mig_enabled(self._nvml, self._handle)
+            self.note = MIG_NOTE if self._mig else None
+        try:
+            pids = set(self._list(COMPUTE))
+            if self._graphics:
+                try:
+                    pids.update(self._list(GRAPHICS))
+                except _Refused:
+                    # compute is what inference engines use; most datacenter GPUs
+                    # have no graphics list to give
+                    self._graphics = False
+        except _Refused as exc:
+            self.refused = exc.refused
+            return None
+        except _Transient:
+            return self._last
+        self._last = tuple(sorted(pids))
+        return self._last
+
+    def _list(self, kind: str) -> list[int]:
+        nvml = self._nvml
+        candidates = self._candidates[kind]
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", ())
+        while candidates:
+            try:
+                return [int(p.pid) for p in getattr(nvml, candidates[0])(self._handle)]
+            except mismatch:
+                candidates.pop(0)  # the unversioned name's version is missing: no older left
+            except nvml.NVMLError as exc:
+                if isinstance(exc, getattr(nvml, "NVMLError_FunctionNotFound", ())):
+                    candidates.pop(0)  # this driver predates this version: try the next
+                    continue
+                self._fail(exc)
+        raise _Refused(
+            RefusedListing(
+                ProcessJoin.NOT_SUPPORTED,
+                f"driver {self._driver}: its NVML library has no {kind} function",
+            )
+        )
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        nvml = self._nvml
+        kind = classify(nvml, exc)
+        if kind is NvmlErrorKind.GPU_LOST:
+            raise GpuLostError(f"{self._device} is lost") from exc
+        if kind is NvmlErrorKind.DRIVER:
+            raise NvmlDriverError(f"NVML failed listing {self._device}'s processes: {exc}") from exc
+        if kind is not NvmlErrorKind.UNSUPPORTED:
+            raise _Transient(str(exc)) from exc
+        why = unsupported_reason(nvml, exc, device=self._device, driver=self._driver)
+        no_permission = isinstance(exc, getattr(nvml, "NVMLError_NoPermission", ()))
+        if no_permission and self._mig:
+            why = "MIG mode: NVML lists the processes of a MIG GPU's instances only to root"
+        status = ProcessJoin.NO_PERMISSION if no_permission else ProcessJoin.NOT_SUPPORTED
+        raise _Refused(RefusedListing(status, why)) from exc
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    function = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    if function is None:
+        return False
+    try:
+        current = function(handle)[0]
+    except nvml.NVMLError:  # NotSupported before Ampere; anything else shows when listing
+        return False
+    return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+
+def collect(listers: Sequence[tuple[str, DeviceProcessLister]]) -> ProcessListing:
+    """One listing over ``(uuid, lister)`` pairs; a lost GPU is left out, not refused."""
+    pids: dict[str, tuple[int, ...]] = {}
+    refused: dict[str, RefusedListing] = {}
+    notes: dict[str, str] = {}
+    for uuid, lister in listers:
+        try:
+            listed = lister.pids()
+        except GpuLostError:
+            continue  # the next sample reports it down
+        if listed is not None:
+            pids[uuid] = listed
+        elif lister.refused is not None:
+            refused[uuid] = lister.refused
+        if lister.note is not None:
+            notes[uuid] = lister.note
+    return ProcessListing(pids, refused, notes)
+
+
+class NvmlProcessSession:
+    """NVML opened only to list the processes of GPUs known by UUID (for DCGM).
+
+    ``load`` returns the pynvml module (or a fake). Without pynvml, or when NVML will
+    not start, ``listing`` raises ``ProcessListUnavailable``; a driver error closes the
+    session and the next listing opens it again.
+    """
+
+    def __init__(self, uuids: Sequence[str], load: Callable[[], Any]) -> None:
+        self._uuids = tuple(uuids)
+        self._load = load
+        self._nvml: Any | None = None
+        self._listers: list[tuple[str, DeviceProcessLister]] = []
+        self._refused: dict[str, RefusedListing] = {}
+
+    def listing(self) -> ProcessListing:
+        if self._nvml is None:
+            self._open()
+        try:
+            found = collect(self._listers)
+        except NvmlDriverError as exc:
+            self.close()
+            raise ProcessListUnavailable(ProcessJoin.NOT_SUPPORTED, str(exc)) from exc
+        return ProcessListing(found.pids, {**self._refused, **found.refused}, found.notes)
+
+    def close(self) -> None:
+        nvml, self._nvml, self._listers = self._nvml, None, []
+        if nvml is None:
+            return
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+    def _open(self) -> None:
+        try:
+            nvml = self._load()
+        except ImportError as exc:
+            raise ProcessListUnavailable(
+                ProcessJoin.NOT_SUPPORTED,
+                f"GPU processes are listed through NVML, and pynvml is missing ({exc}); "
+                "install nvidia-ml-py",
+            ) from exc
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise ProcessListUnavailable(
+                ProcessJoin.NOT_SUPPORTED, f"GPU processes are listed through NVML: {exc}"
+            ) from exc
+        self._nvml = nvml
+        driver = "unknown"  # only for messages
+        with contextlib.suppress(nvml.NVMLError):
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+        self._listers, self._refused = [], {}
+        for uuid in self._uuids:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            except nvml.NVMLError as exc:
+                self._refused[uuid] = RefusedListing(
+                    ProcessJoin.NOT_SUPPORTED, f"NVML does not find this GPU: {exc}"
+                )
+                continue
+            lister = DeviceProcessLister(nvml, handle, device=uuid, driver=driver)
+            self._listers.append((uuid, lister))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

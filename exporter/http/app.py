@@ -1,0 +1,162 @@
+"""``create_app``: the exporter's aiohttp application (routes, auth, background parts).
+
+The handlers and the state they share are in ``handlers``, the auth middleware in
+``auth``. The GPU source is polled by its own thread (``GpuPoller``); a scrape only
+reads the poller's last snapshot.
+
+Serve the app with ``auto_decompress=False`` on the runner (``start_exporter`` does):
+the handler inflates gzip bodies itself, with a size limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Sequence
+
+from aiohttp import web
+from prometheus_client.registry import CollectorRegistry
+
+from gpuscope.connections import ConnectionGuard, ConnectionLimits
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.exporter.gpu.collector import GpuCollector
+from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.processes import ProcessGpuMap
+from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
+from gpuscope.exporter.http import connections
+from gpuscope.exporter.http.auth import auth_middleware, password_check_pool
+from gpuscope.exporter.http.connections import ConnectionCollector, request_middleware
+from gpuscope.exporter.http.handlers import (
+    expect_traces_body,
+    healthz,
+    readyz,
+    receive_traces,
+    serve_metrics,
+)
+from gpuscope.exporter.http.routes import TRACES_PATH
+from gpuscope.exporter.http.security import Authenticator, WebConfig
+from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.ingest.forward import OtlpForwarder
+from gpuscope.exporter.ingest.pipeline import Ingest
+from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
+from gpuscope.exporter.state import STATE, ExporterState
+
+
+def create_app(
+    config: ExporterConfig,
+    *,
+    gpu_source: GpuSource | None = None,
+    compute_observers: Sequence[ComputeObserver] = (),
+    web_config: WebConfig | None = None,
+    bearer_token: str | None = None,
+) -> web.Application:
+    """Build the app; the GPU poller and forwarder start with it and stop on cleanup.
+
+    ``gpu_source`` is owned by the app from here on (the poller closes it);
+    ``compute_observers`` hear of every batch span ingested (the simulated source, when
+    it is the source). TLS in ``web_config`` is applied by the runner's site, not here.
+    """
+    web_config = web_config or WebConfig()
+    metrics = SelfMetrics()
+    # pid -> GPUs its process tree holds, kept up to date by the GPU poller (if any), so
+    # that spans naming only their process (vLLM's) are joined to their GPU.
+    processes = ProcessGpuMap()
+    aggregator = SpanAggregator(
+        max_series=config.max_series,
+        max_label_length=config.max_label_length,
+        compute_observers=compute_observers,
+        uuids_for_pid=processes.uuids_for_pid,
+    )
+    limits = otlp.Limits(
+        config.max_body_bytes,
+        config.max_decompressed_bytes,
+        config.max_spans_per_request,
+        config.max_attributes_per_request,
+        config.max_json_values_per_request,
+    )
+    registry = CollectorRegistry()
+    forwarding = config.forward_otlp is not None
+    registry.register(ExporterCollector(aggregator, metrics, forwarding=forwarding))
+    state = ExporterState(
+        config=config,
+        aggregator=aggregator,
+        metrics=metrics,
+        registry=registry,
+        authenticator=Authenticator(web_config.basic_auth_users, bearer_token),
+        gpu_source=gpu_source,
+        limits=limits,
+        guard=ConnectionGuard(
+            ConnectionLimits(
+                config.max_connections,
+                config.header_timeout_s,
+                config.idle_timeout_s,
+                config.write_timeout_s,
+            ),
+            logger=connections.log,
+        ),
+        password_checks=password_check_pool(),
+        ingest=Ingest(aggregator, limits),
+    )
+    registry.register(ConnectionCollector(state.guard))
+    # Connection tracking first, so that refused requests count as in flight too. The
+    # auth middleware is there even without credentials: a reload may bring some.
+    middlewares = [request_middleware(state.guard), auth_middleware(state)]
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
+    app[STATE] = state
+    app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.cleanup_ctx.append(functools.partial(_gpu_poller, processes=processes))
+    app.cleanup_ctx.append(_forwarder)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIterator[None]:
+    state = app[STATE]
+    if state.gpu_source is None:
+        yield
+        return
+    poller = GpuPoller(state.gpu_source, state.config.gpu_interval_s, processes=processes)
+    collector = GpuCollector(poller)
+    poller.start()
+    state.registry.register(collector)
+    state.poller = poller
+    state.refresh_gpu_devices()
+    try:
+        yield
+    finally:
+        state.registry.unregister(collector)
+        await asyncio.to_thread(poller.stop)  # joins the thread, closes the source
+
+
+async def _forwarder(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    url = state.config.forward_otlp
+    if url is None:
+        yield
+        return
+    forwarder = OtlpForwarder(
+        url,
+        queue_size=state.config.forward_queue,
+        queue_bytes=state.config.forward_queue_bytes,
+        timeout_s=state.config.forward_timeout_s,
+        metrics=state.metrics,
+    )
+    await forwarder.start()
+    state.forwarder = forwarder
+    try:
+        yield
+    finally:
+        await forwarder.stop(state.config.shutdown_timeout_s)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    state.started = True
+    yield
+    state.stopping = True
+    state.password_checks.close()
+    state.ingest.close()

@@ -1,0 +1,86 @@
+"""The exporter's own families on a scrape: request counters and self-monitoring.
+
+``ExporterCollector`` builds fresh prometheus_client families on every scrape from the
+rows of ``definitions`` and plain counters that the event loop updates. The request
+histograms are not among them: ``render`` writes those itself, much faster. The GPU
+families and ``gpuscope_collector_*`` come from ``gpuscope.exporter.gpu.collector``,
+the connection families from ``connections.ConnectionCollector``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from gpuscope import __version__
+from gpuscope.exporter import definitions as defs
+from gpuscope.exporter.definitions import MetricDef
+from gpuscope.exporter.ingest.aggregator import SPAN_REJECT_REASONS, SpanAggregator
+from gpuscope.exporter.ingest.forward import FORWARD_DROP_REASONS
+from gpuscope.exporter.ingest.otlp import REQUEST_REJECT_REASONS
+from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily
+
+
+class SelfMetrics:
+    """Counters of what the exporter itself did; mutated on the event loop only."""
+
+    def __init__(self) -> None:
+        self.spans_received = 0
+        self.spans_rejected: Counter[str] = Counter({r: 0 for r in SPAN_REJECT_REASONS})
+        self.requests_rejected: Counter[str] = Counter({r: 0 for r in REQUEST_REJECT_REASONS})
+        self.forward_spans_sent = 0
+        self.forward_spans_dropped: Counter[str] = Counter({r: 0 for r in FORWARD_DROP_REASONS})
+
+
+class ExporterCollector(Collector):
+    """Yields the span counters of ``aggregator`` and the self metrics, one family per
+    row of ``definitions.SPAN_COUNTERS`` and ``SELF_METRICS`` in their order (the
+    forwarding rows only with ``forwarding``)."""
+
+    def __init__(
+        self, aggregator: SpanAggregator, self_metrics: SelfMetrics, *, forwarding: bool = False
+    ) -> None:
+        self.aggregator = aggregator
+        self.self_metrics = self_metrics
+        self.forwarding = forwarding
+
+    def collect(self) -> Iterator[Metric]:
+        samples = self._samples()
+        for row in (*defs.SPAN_COUNTERS, *defs.SELF_METRICS):
+            if row in samples:
+                family = row.family()
+                for labels, value in samples[row]:
+                    family.add_metric(labels, value)
+                yield family
+
+    def _samples(self) -> dict[MetricDef, Iterable[tuple[Sequence[str], float]]]:
+        """Each row's samples now: (label values, value)."""
+        aggregator, own = self.aggregator, self.self_metrics
+        families: list[HistogramFamily | CounterFamily] = [
+            *aggregator.histograms,
+            *aggregator.counters.values(),
+        ]
+        samples: dict[MetricDef, Iterable[tuple[Sequence[str], float]]] = {
+            **{row: counter.items() for row, counter in aggregator.counters.items()},
+            defs.SERIES_OVERFLOW: [([_sample_name(f)], f.overflowed) for f in families],
+            defs.BUILD_INFO: [([__version__], 1.0)],
+            defs.SPANS_RECEIVED: [([], own.spans_received)],
+            defs.SPANS_REJECTED: _by_reason(own.spans_rejected),
+            defs.OTLP_REQUESTS_REJECTED: _by_reason(own.requests_rejected),
+        }
+        if self.forwarding:
+            samples[defs.FORWARD_SPANS_SENT] = [([], own.forward_spans_sent)]
+            samples[defs.FORWARD_SPANS_DROPPED] = _by_reason(own.forward_spans_dropped)
+        return samples
+
+
+def _sample_name(family: HistogramFamily | CounterFamily) -> str:
+    """The name a family's samples carry (the ``metric`` label of the overflow count)."""
+    return family.name + "_total" if isinstance(family, CounterFamily) else family.name
+
+
+def _by_reason(counts: Counter[str]) -> list[tuple[Sequence[str], float]]:
+    return [([reason], count) for reason, count in sorted(counts.items())]

@@ -1,0 +1,1 @@
+"""Scripts run from a checkout; a package only so that tests can import their logic."""

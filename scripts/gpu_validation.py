@@ -1,0 +1,181 @@
+"""The checks of ``scripts/gpu-check``, as pure functions over scraped ``/metrics`` text.
+
+The script drives a real GPU (matmuls, host<->device copies of known size) and
+scrapes the exporter between phases; everything it decides is decided here, so
+it is tested on canned scrapes where no GPU exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuscope import flags
+from gpuscope.exporter.gpu.definitions import CLOCK_EVENT_ACTIVE, ECC_ERRORS, METRIC_GROUPS, PER_GPU
+
+# GpuReading field -> the metric name it is served under
+FIELD_METRICS: dict[str, str] = {row.field: row.sample_name for row in PER_GPU} | {
+    "clock_event_reasons": CLOCK_EVENT_ACTIVE.sample_name,
+    "ecc_errors_total": ECC_ERRORS.sample_name,
+}
+
+
+@dataclass(frozen=True)
+class GpuCheckConfig(
+    flags.Settings,
+    prog="scripts/gpu-check",
+    description="Check gpuscope's NVML metrics against a real GPU under known load.",
+    env_prefix="GPUSCOPE_GPU_CHECK_",
+):
+    output: Path = flags.option(help="where to write the observations (JSON)")
+    gpu: int = flags.option(0, help="NVML index of the GPU to load", check=flags.at_least(0))
+    copy_bytes: int = flags.option(
+        2 * 2**30, help="bytes of each host<->device copy", check=flags.at_least(2**20)
+    )
+    load_duration_s: float = flags.option(
+        15.0,
+        help="how long the matmul load runs",
+        check=flags.at_least(2.0),
+        deprecated=("--load-seconds",),
+    )
+    pcie_tolerance: float = flags.option(
+        0.05,
+        help="allowed relative difference between PCIe counters and the copies",
+        unit="ratio",
+        check=flags.at_least(0.0),
+    )
+    gpu_interval_s: float = flags.option(
+        0.5,
+        help="the exporter's --gpu-interval-s during the check",
+        check=flags.at_least(0.1),
+        deprecated=("--gpu-interval",),
+    )
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+
+
+Samples = dict[str, float]  # metric name -> value, for one GPU (first series of each name)
+
+
+def gpu_samples(text: str, gpu: int) -> Samples:
+    """The values of one GPU's series in a scrape (labelled variants: first one wins)."""
+    values: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("gpu") == str(gpu):
+                values.setdefault(sample.name, sample.value)
+    return values
+
+
+def check_clock_power_memory(
+    idle: Samples, loaded: Samples, allocated_bytes: int
+) -> list[CheckResult]:
+    results = []
+    sm_max = loaded.get("gpuscope_gpu_sm_clock_max_hertz", 0.0)
+    sm = loaded.get("gpuscope_gpu_sm_clock_hertz", 0.0)
+    sm_idle = idle.get("gpuscope_gpu_sm_clock_hertz", 0.0)
+    results.append(
+        CheckResult(
+            "sm_clock_under_load",
+            sm_max > 0 and sm >= 0.5 * sm_max,
+            f"{sm / 1e6:.0f} MHz loaded, {sm_idle / 1e6:.0f} MHz idle, max {sm_max / 1e6:.0f} MHz",
+        )
+    )
+    idle_w, load_w = (
+        idle.get("gpuscope_gpu_power_watts", 0.0),
+        loaded.get("gpuscope_gpu_power_watts", 0.0),
+    )
+    results.append(
+        CheckResult(
+            "power_rises_under_load",
+            load_w > 1.2 * idle_w > 0,
+            f"{idle_w:.0f} W idle -> {load_w:.0f} W loaded",
+        )
+    )
+    grown = loaded.get("gpuscope_gpu_memory_used_bytes", 0.0) - idle.get(
+        "gpuscope_gpu_memory_used_bytes", 0.0
+    )
+    results.append(
+        CheckResult(
+            "memory_used_grows",
+            grown >= 0.9 * allocated_bytes,
+            f"+{grown / 2**30:.2f} GiB for {allocated_bytes / 2**30:.2f} GiB allocated",
+        )
+    )
+    idle_occ = idle.get("gpuscope_gpu_sm_occupancy_ratio")
+    load_occ = loaded.get("gpuscope_gpu_sm_occupancy_ratio")
+    occupancy_ok = load_occ is not None and load_occ > 0.05 and load_occ > (idle_occ or 0.0)
+    results.append(
+        CheckResult(
+            "gpm_occupancy_rises",
+            occupancy_ok,
+            f"SM occupancy {idle_occ} idle -> {load_occ} loaded",
+        )
+    )
+    return results
+
+
+PCIE_METRICS = {
+    "receive": "gpuscope_gpu_pcie_receive_bytes_total",  # host -> device copies
+    "transmit": "gpuscope_gpu_pcie_transmit_bytes_total",  # device -> host copies
+}
+
+
+def check_pcie(
+    direction: str, before: Samples, after: Samples, copied_bytes: int, tolerance: float
+) -> CheckResult:
+    """The bytes counted in ``direction`` across one copy window match the copy's size."""
+    metric = PCIE_METRICS[direction]
+    name = f"pcie_{direction}_bytes"
+    if metric not in before or metric not in after:
+        return CheckResult(name, False, f"{metric} is absent")
+    moved = after[metric] - before[metric]
+    error = moved / copied_bytes - 1.0
+    return CheckResult(
+        name,
+        abs(error) <= tolerance,
+        f"{moved:.0f} bytes counted for {copied_bytes} copied "
+        f"({error:+.1%}, tolerance {tolerance:.0%})",
+    )
+
+
+def check_doctor(doctor: Mapping[str, Any], scrape: Samples, gpu: int) -> CheckResult:
+    """The doctor says supported exactly for the metric groups the exporter serves."""
+    entry = next((g for g in doctor.get("gpus", []) if g.get("index") == gpu), None)
+    if entry is None:
+        return CheckResult("doctor_truthful", False, f"doctor lists no GPU {gpu}")
+    wrong = []
+    for group, fields in METRIC_GROUPS.items():
+        if group == "xid_errors":
+            continue  # its series appears only once an XID happened
+        served = any(FIELD_METRICS[f] in scrape for f in fields)
+        claimed = bool(entry["metrics"].get(group, {}).get("supported"))
+        if served != claimed:
+            wrong.append(
+                f"{group}: doctor says {'yes' if claimed else 'no'}, "
+                f"/metrics {'has' if served else 'lacks'} it"
+            )
+    return CheckResult(
+        "doctor_truthful", not wrong, "; ".join(wrong) or "every metric group agrees"
+    )
+
+
+def check_process_join(doctor: Mapping[str, Any], gpu: int, pid: int) -> CheckResult:
+    """The doctor, run while ``pid`` holds GPU ``gpu``, joins that pid to that GPU."""
+    join = doctor.get("process_join") or {}
+    entry = next((g for g in join.get("gpus", {}).values() if g.get("index") == gpu), None)
+    listed = entry is not None and pid in entry.get("pids", [])
+    status = join.get("status")
+    detail = f"status {status}: {join.get('why')}"
+    if entry is not None:
+        detail += f"; GPU {gpu} lists {entry.get('pids')} ({entry.get('why') or 'listed'})"
+    return CheckResult("process_join_lists_the_loader", status == "ok" and listed, detail)

@@ -1,0 +1,221 @@
+"""Triton's, TGI's and SGLang's own ``/metrics``: the rules read only what each engine
+exposes (``dashboards/engines.py``, taken from its source at a release), and their
+promtool cases feed series shaped exactly as the engine writes them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts.build import rendered
+from alerts.engine_rules import BOTTLENECK_GROUP, EngineJobs, timing_rules
+from alerts.settings import Settings
+from dashboards import engines
+from dashboards.contract import PHASES
+from dashboards.engines import ENGINES, Engine
+
+REPO = Path(__file__).parents[2]
+RULES = REPO / "alerts" / "rules"
+TESTS = REPO / "alerts" / "tests"
+# Labels Prometheus adds to every scraped series.
+TARGET_LABELS = {"job", "instance"}
+# A label a scrape config may set on the target: TGI's series name no model
+# (docs/engines/tgi.md).
+SCRAPE_LABELS = {engines.TGI: {"model"}}
+SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+NATIVE = re.compile(r"\b(?:nv_\w+|tgi_\w+|sglang:\w+)")
+
+
+def engine_of(name: str) -> Engine | None:
+    for engine in ENGINES:
+        if name in engine.exposition:
+            return engine
+    return None
+
+
+def rule_exprs() -> str:
+    return "\n".join(
+        rule["expr"]
+        for path in RULES.glob("*.yml")
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+    )
+
+
+def test_the_rules_read_only_what_the_engines_expose() -> None:
+    """Every native name a rule reads is in an engine's table, and every label its
+    matchers name is one that series carries (or job and instance)."""
+    text = rule_exprs()
+    used = set(NATIVE.findall(text))
+    for name in used:
+        assert engine_of(name) is not None, f"{name} is in no engine's exposition"
+    read = {engine.source for engine in ENGINES for name in used if name in engine.exposition}
+    assert read == {engine.source for engine in ENGINES}
+    for name, matchers in re.findall(r"\b(nv_\w+|tgi_\w+|sglang:\w+)\{([^}]*)\}", text):
+        shape = engines_shape(name)
+        labels = {label for label, _ in LABEL.findall(matchers)}
+        allowed = {*shape.labels, *shape.optional} | TARGET_LABELS
+        assert labels <= allowed, f"{name}{{{matchers}}}"
+        for label, value in LABEL.findall(matchers):
+            if label == "le":
+                assert value in (*shape.bounds, "+Inf"), f"{name} has no bucket {value}"
+
+
+def engines_shape(name: str) -> engines.Exposition:
+    engine = engine_of(name)
+    assert engine is not None, name
+    return engine.exposition[name]
+
+
+def test_every_engine_label_the_rules_read_is_one_the_engine_writes() -> None:
+    """The model label of each engine, and the labels its error matchers select."""
+    for engine in ENGINES:
+        names = {label for shape in engine.exposition.values() for label in shape.labels}
+        if engine.model_label:
+            assert engine.model_label in names, engine.source
+        counter, matcher = engine.errors
+        if counter:
+            label = matcher.split("=")[0]
+            assert label in engine.exposition[counter].labels, engine.source
+
+
+def input_series(path: Path) -> list[tuple[str, dict[str, str]]]:
+    found = []
+    for test in yaml.safe_load(path.read_text())["tests"]:
+        for series in test.get("input_series", []):
+            match = SERIES.match(series["series"])
+            assert match, series["series"]
+            found.append((match.group(1), dict(LABEL.findall(match.group(2)))))
+    return found
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
+def test_promtool_inputs_are_shaped_like_the_engines_exposition(engine: Engine) -> None:
+    """Each engine's cases: names, label names (required ones all there, optional ones
+    as the engine may add them), bucket bounds as the engine writes them, and every
+    bucket of a histogram given."""
+    path = TESTS / f"{engine.source}_test.yml"
+    native = [(n, labels) for n, labels in input_series(path) if NATIVE.fullmatch(n)]
+    assert len(native) > 40, path.name
+    buckets: dict[tuple[str, str], set[str]] = {}
+    for name, labels in native:
+        assert name in engine.exposition, f"{path.name}: {name} is not in {engine.release}"
+        shape = engine.exposition[name]
+        extra = set(labels) - set(shape.labels) - TARGET_LABELS
+        assert set(shape.labels) <= set(labels), f"{path.name}: {name}{labels}"
+        assert extra <= set(shape.optional) | SCRAPE_LABELS.get(engine.source, set()), (
+            f"{path.name}: {name}{labels}"
+        )
+        assert set(labels) >= TARGET_LABELS
+        if "le" in labels:
+            assert labels["le"] in (*shape.bounds, "+Inf"), f"{name} has no bucket {labels['le']}"
+            others = str(sorted((k, v) for k, v in labels.items() if k != "le"))
+            buckets.setdefault((name, others), set()).add(labels["le"])
+    assert buckets or engine is engines.TRITON_ENGINE
+    for (name, others), bounds in buckets.items():
+        assert bounds == {*engine.exposition[name].bounds, "+Inf"}, f"{name} {others}"
+
+
+def test_triton_durations_stay_cumulative_microsecond_counters_in_the_cases() -> None:
+    """A counter in µs stays a counter in µs: every Triton duration series of the cases
+    only grows, and by amounts of microseconds (a second of queue a minute is 1e6)."""
+    document = yaml.safe_load((TESTS / "triton_test.yml").read_text())
+    durations = [
+        series["values"]
+        for test in document["tests"]
+        for series in test["input_series"]
+        if series["series"].startswith(("nv_inference_queue_duration_us", "nv_inference_compute"))
+    ]
+    assert durations
+    for values in durations:
+        match = re.fullmatch(r"0\+([0-9.e+]+)x\d+", values)
+        assert match, values  # a counter from 0 that only grows
+        assert float(match.group(1)) >= 1000, values  # microseconds, not seconds
+
+
+def test_every_engine_has_a_verdict_case() -> None:
+    for engine in ENGINES:
+        text = (TESTS / f"{engine.source}_test.yml").read_text()
+        causes = set(re.findall(rf'verdict\{{source="{engine.source}"[^}}]*cause="(\w+)"', text))
+        assert causes, engine.source
+    # and, between them, the phase, the GPU-join and the underfed outcomes
+    every = "".join((TESTS / f"{e.source}_test.yml").read_text() for e in ENGINES)
+    assert {"queue", "compute", "underfed"} <= set(re.findall(r'cause="(\w+)"', every))
+
+
+def test_the_timings_are_where_the_verdict_reads_them() -> None:
+    """At the head of the bottleneck group, before the means and shares in it."""
+    groups = yaml.safe_load((RULES / "recording.yml").read_text())["groups"]
+    bottleneck = next(group for group in groups if group["name"] == BOTTLENECK_GROUP)
+    expected = timing_rules(Settings(), EngineJobs())
+    assert bottleneck["rules"][: len(expected)] == expected
+    sources = {rule["labels"]["source"] for rule in expected}
+    assert sources == {engine.source for engine in ENGINES}
+
+
+def test_the_engine_rules_are_generated_into_their_own_file_and_named_like_the_rest() -> None:
+    made = rendered(Settings())
+    assert set(made) == {"recording.yml", "alerting.yml", "engines.yml"}
+    for rule in (
+        rule for group in yaml.safe_load(made["engines.yml"])["groups"] for rule in group["rules"]
+    ):
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+
+
+def test_job_selectors_can_be_set_per_engine() -> None:
+    jobs = EngineJobs().replace(triton='job="inference"', tgi=None)
+    made = rendered(Settings(), jobs)
+    assert 'nv_inference_request_success{job="inference"}' in made["engines.yml"]
+    assert 'nv_inference_request_success{job="triton"}' not in made["engines.yml"]
+    assert 'tgi_request_success{job="tgi"}' in made["engines.yml"]
+
+
+@pytest.mark.parametrize("name", ["recording.yml", "engines.yml"])
+def test_the_rule_files_name_each_engines_release(name: str) -> None:
+    head = "".join(line for line in (RULES / name).read_text().splitlines(True) if line[0] == "#")
+    for engine in ENGINES:
+        assert str(engine.release) in head and engine.release.ref in head, engine.source
+
+
+def test_the_capabilities_say_what_the_rules_record() -> None:
+    """The phases each engine's table maps are those its capability names, and a
+    timing the capability denies has no rule."""
+    for engine in ENGINES:
+        mapped = {t.key_value for t in engine.timings if t.gpuscope == engines.PHASE_HISTOGRAM}
+        assert mapped == set(engine.capability.phases), engine.source
+        assert set(engine.capability.phases) <= set(PHASES)
+        assert engine.capability.reports("ttft") == bool(
+            engine.timings_for(engines.TTFT_HISTOGRAM)
+        ), engine.source
+        assert engine.capability.reports("tpot") == bool(
+            engine.timings_for(engines.TPOT_HISTOGRAM)
+        ), engine.source
+        assert engine.capability.reports("kv_cache") == bool(engine.kv_usage), engine.source
+    assert set(engines.SOURCE_DETAILS) == set(engines.SOURCES)
+    assert set(engines.SOURCE_CAPABILITIES) == set(engines.SOURCES)
+
+
+def test_bounds_in_other_units_are_converted_to_seconds() -> None:
+    ttft = engines.TRITON_ENGINE.timings_for(engines.TTFT_HISTOGRAM)[0]
+    assert ttft.seconds == (0.1, 0.5, 2.0, 5.0)
+    made = rendered(Settings())["recording.yml"]
+    for native, seconds in (("100", "0.1"), ("500", "0.5"), ("2000", "2"), ("5000", "5")):
+        assert f'le="{native}"}}[5m]),' in made
+        assert f'"le", "{seconds}", "le", ".*"' in made
+
+
+@pytest.mark.parametrize("source", engines.SOURCES)
+def test_what_the_boards_read_agrees_with_the_details(source: str) -> None:
+    """The boards' capabilities (SOURCE_CAPABILITIES) and the details the docs' table
+    is checked against (SOURCE_DETAILS) say the same of each source."""
+    boards = engines.SOURCE_CAPABILITIES[source]
+    details = engines.SOURCE_DETAILS[source]
+    given = boards.reports | boards.sometimes
+    assert (engines.PHASE_TIMES in given) == bool(details.phases)
+    assert (engines.COMPUTE_SPLIT in given) == bool(details.stages)
+    assert (engines.TIME_TO_FIRST_TOKEN in given) == details.reports("ttft")
+    assert (engines.TIME_PER_OUTPUT_TOKEN in given) == details.reports("tpot")

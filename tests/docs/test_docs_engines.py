@@ -1,0 +1,84 @@
+"""docs/engines/: the table says what ``SOURCE_DETAILS`` (dashboards/engines.py) says, and
+each engine's page names the release its metric names were read from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dashboards import engines
+from dashboards.engines import ENGINES, SOURCE_DETAILS, Engine
+
+DOCS = Path(__file__).parents[2] / "docs" / "engines"
+# table column -> source
+COLUMNS = {
+    "vLLM, metrics only": engines.VLLM,
+    "Triton": engines.TRITON,
+    "TGI": engines.TGI,
+    "SGLang": engines.SGLANG,
+}
+# table row -> what ``Capability.reports`` is asked
+ROWS = {
+    "preprocess": "preprocess",
+    "queue": "queue",
+    "batch-wait": "batch_wait",
+    "compute": "compute",
+    "postprocess": "postprocess",
+    "TTFT": "ttft",
+    "TPOT": "tpot",
+    "batch size, trigger": "batch_size",
+    "KV cache": "kv_cache",
+    "GPU join": "gpu_join",
+}
+ABSENT = "–"
+
+
+def table() -> dict[str, dict[str, str]]:
+    """Row label -> column header -> cell, of the page's first table."""
+    lines = [line for line in (DOCS / "README.md").read_text().splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header[1:], cells[1:], strict=True))
+    return rows
+
+
+def test_the_table_has_a_column_per_engine_and_the_rows_the_capabilities_have() -> None:
+    rows = table()
+    assert set(ROWS) <= set(rows)
+    assert set(COLUMNS) <= set(rows["queue"])
+
+
+@pytest.mark.parametrize("column", COLUMNS)
+def test_the_table_says_what_each_source_reports(column: str) -> None:
+    capability = SOURCE_DETAILS[COLUMNS[column]]
+    rows = table()
+    for row, what in ROWS.items():
+        cell = rows[row][column]
+        reported = not cell.startswith(ABSENT)
+        assert reported == capability.reports(what), f"{column}, {row}: {cell!r}"
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
+def test_each_engine_page_names_its_release_and_source_files(engine: Engine) -> None:
+    page = (DOCS / f"{engine.source}.md").read_text()
+    assert engine.release.version in page
+    for path in engine.release.files:
+        assert path in page, path
+    assert f"alerts/tests/{engine.source}_test.yml" in page
+    assert (
+        engine.release.version
+        in table()["tested against"][next(c for c, s in COLUMNS.items() if s == engine.source)]
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
+def test_each_engine_page_names_every_series_the_rules_read(engine: Engine) -> None:
+    page = (DOCS / f"{engine.source}.md").read_text()
+    read = {name for timing in engine.timings for name in (*timing.sums, timing.count)}
+    read |= set(engine.requests) | {engine.waiting, engine.running, engine.kv_usage}
+    for name in read - {""}:
+        family = name.removesuffix("_sum").removesuffix("_count")
+        assert f"`{family}" in page, name

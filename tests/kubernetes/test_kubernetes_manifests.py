@@ -1,0 +1,276 @@
+"""The manifests of deploy/kubernetes/: generated from the pack's tables, rendered by
+kubectl's kustomize, valid for Kubernetes and the Prometheus Operator, rules promtool accepts."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from alerts import build as alerts_build
+from alerts.settings import Settings
+from deploy.kubernetes import build
+from deploy.kubernetes import settings as build_settings
+from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
+from support.binaries import require_binary
+from support.kubernetes_manifests import (
+    KUBERNETES,
+    KUBERNETES_VERSION,
+    REPO,
+    Obj,
+    crd_errors,
+    crd_validators,
+    find,
+    kustomization_dirs,
+    kustomize,
+)
+
+FOLDERS = kustomization_dirs()
+
+
+def test_committed_manifests_are_what_the_builder_writes(tmp_path: Path) -> None:
+    assert build.main(["--check"]) == 0, "stale: run 'make kubernetes'"
+    for name, text in build.rendered().items():
+        assert (KUBERNETES / name).read_text(encoding="utf-8") == text, name
+    # --check also names a file the builder no longer writes
+    out = tmp_path / "k8s"
+    assert build.main(["--out", str(out)]) == 0
+    assert build.main(["--out", str(out), "--check"]) == 0
+    (out / "base" / "leftover.yaml").write_text("kind: ConfigMap\n")
+    assert build.main(["--out", str(out), "--check"]) == 1
+    (out / "overlays" / "demo" / "kustomization.yaml").write_text("# edited\n")
+    assert build.main(["--out", str(out), "--check"]) == 1
+
+
+def test_every_overlay_and_component_is_rendered_here() -> None:
+    # every component is used by an overlay, and every overlay is among FOLDERS
+    used = {part for parts in build.OVERLAYS.values() for part in parts}
+    assert used == set(build.COMPONENTS)
+    assert {f"overlays/{name}" for name in build.OVERLAYS} == set(FOLDERS) - {"base"}
+
+
+def test_the_prometheus_rule_holds_the_groups_alerts_build_writes() -> None:
+    s = KubeSettings()
+    rule = find(kustomize("base"), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    # the very groups of alerts/rules/*.yml, built from the same table ...
+    expected = []
+    for text in alerts_build.rendered(s.rules).values():
+        expected += yaml.safe_load(text)["groups"]
+    assert groups == expected
+    # ... which differs from the shipped rules in the host of a target only
+    assert s.rules == Settings(host_from_instance=s.rules.host_from_instance)
+    shipped = []
+    for name in ("recording.yml", "alerting.yml", "engines.yml"):
+        shipped += yaml.safe_load((REPO / "alerts" / "rules" / name).read_text())["groups"]
+    assert [g["name"] for g in groups] == [g["name"] for g in shipped]
+    assert [len(g["rules"]) for g in groups] == [len(g["rules"]) for g in shipped]
+
+
+def test_the_host_of_a_kubernetes_target_is_its_node() -> None:
+    # What the relabelling writes into instance, read back by the rules' regex
+    # (Prometheus anchors it, as fullmatch does).
+    s = KubeSettings()
+    monitor = find(kustomize("base"), "ServiceMonitor")
+    relabel = monitor["spec"]["endpoints"][0]["relabelings"][1]
+    meta = {
+        "__meta_kubernetes_pod_node_name": "gpu-node-7",
+        "__meta_kubernetes_pod_name": "gpuscope-x2k9f",
+        "__address__": "10.244.3.17:9420",
+    }
+    joined = relabel["separator"].join(meta[label] for label in relabel["sourceLabels"])
+    match = re.fullmatch(relabel["regex"], joined)
+    assert match is not None
+    instance = match.expand(relabel["replacement"].replace("$", "\\"))
+    assert instance == "gpu-node-7/gpuscope-x2k9f:9420"
+    for target, host in (
+        (instance, "gpu-node-7"),
+        ("gpu-node-7/vllm-0:8000", "gpu-node-7"),  # an engine pod on the same node
+        ("gpu-host-1:9420", "gpu-host-1"),  # and what the shipped regex reads
+        ("gpu-host-1", "gpu-host-1"),
+        ("[::1]:9420", "[::1]"),
+    ):
+        found = re.fullmatch(s.rules.host_from_instance, target)
+        assert found is not None and found.group(1) == host, target
+
+
+def test_scrape_jobs_are_the_ones_the_rules_select() -> None:
+    s = KubeSettings()
+    objects = kustomize("overlays/demo")
+    for monitor, selector in (
+        (find(objects, "ServiceMonitor", "gpuscope"), s.rules.job_selector),
+        (find(objects, "ServiceMonitor", "gpuscope-worker"), s.rules.worker_job_selector),
+    ):
+        relabel = monitor["spec"]["endpoints"][0]["relabelings"][0]
+        assert relabel["targetLabel"] == "job"
+        assert f'job="{relabel["replacement"]}"' == selector
+    podmonitor = find(kustomize("overlays/podmonitor"), "PodMonitor")
+    job = podmonitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["replacement"]
+    assert f'job="{job}"' == s.rules.job_selector
+    with pytest.raises(ValueError, match="cannot name a scrape job"):
+        job_name('job=~"gpu.*"')
+
+
+def test_dashboards_are_configmaps_for_grafanas_sidecar() -> None:
+    s = KubeSettings()
+    objects = kustomize("overlays/kube-prometheus-stack")
+    boards = sorted((REPO / "dashboards" / "json").glob("*.json"))
+    assert boards
+    for path in boards:
+        configmap = find(objects, "ConfigMap", f"gpuscope-dashboard-{path.stem}")
+        assert configmap["data"] == {path.name: path.read_text(encoding="utf-8")}
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert configmap["metadata"]["annotations"] == {"grafana_folder": "gpuscope"}
+        json.loads(configmap["data"][path.name])
+    # the Helm values tell kube-prometheus-stack's Grafana sidecar the same label and
+    # annotation
+    values = yaml.safe_load((KUBERNETES / "kube-prometheus-stack-values.yaml").read_text())
+    sidecar = values["grafana"]["sidecar"]["dashboards"]
+    assert (sidecar["label"], sidecar["labelValue"]) == s.dashboard_label
+    assert sidecar["folderAnnotation"] == s.dashboard_folder_annotation
+    assert sidecar["provider"]["foldersFromFilesStructure"] is True
+
+
+def test_the_daemonset_follows_the_exporters_flags_and_stays_unprivileged() -> None:
+    s = KubeSettings()
+    defaults = exporter_defaults()
+    daemonset = find(kustomize("overlays/kube-prometheus-stack"), "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = container["args"]
+    assert f"--shutdown-timeout-s={defaults.shutdown_timeout_s:g}" in args
+    # the kubelet waits out the in-flight bound and the forwarder's drain, each up to
+    # the shutdown timeout, before it kills the exporter
+    assert pod["terminationGracePeriodSeconds"] > 2 * defaults.shutdown_timeout_s
+    assert container["ports"][0]["containerPort"] == defaults.listen_address()[1]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "hostPID" not in pod and "hostNetwork" not in pod
+    assert all("hostPort" not in p for p in container["ports"])
+    assert pod["nodeSelector"] == dict(s.node_selector)
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # decoding one body at --max-decompressed-bytes fits under the memory limit
+    limit = container["resources"]["limits"]["memory"]
+    assert int(limit.removesuffix("Mi")) * 1024 * 1024 > 35 * defaults.max_decompressed_bytes
+    service = find(kustomize("base"), "Service", s.exporter_job)
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    namespace = find(kustomize("base"), "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # only the components that need the host lower the namespace's standard
+    for folder, field in (("overlays/process-join", "hostPID"), ("overlays/host-port", None)):
+        objects = kustomize(folder)
+        pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+        if field:
+            assert pod[field] is True
+        else:
+            assert pod["containers"][0]["ports"][0]["hostPort"] == s.port
+        labels = find(objects, "Namespace")["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_monitors_and_rules_carry_the_release_label_kube_prometheus_stack_selects() -> None:
+    key, value = KubeSettings().release_label
+    for folder in FOLDERS[1:]:
+        for obj in kustomize(folder):
+            if obj["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+                assert obj["metadata"]["labels"][key] == value, (folder, obj["kind"])
+    assert all(key not in o["metadata"].get("labels", {}) for o in kustomize("base"))
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_rendered_objects_are_valid_for_kubernetes_and_the_operator(folder: str) -> None:
+    objects = kustomize(folder)
+    assert objects
+    for obj in objects:
+        where = f"{folder}: {obj['kind']} {obj['metadata']['name']}"
+        if (obj["apiVersion"], obj["kind"]) in crd_validators():
+            assert list(crd_errors(obj)) == [], where
+        else:
+            # raises on an unknown kind too, so that no object goes unchecked
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == KubeSettings().namespace, where
+
+
+def test_the_validators_refuse_a_misspelt_field() -> None:
+    # the checks above can fail: a typo in a core object and in a custom resource
+    objects = kustomize("overlays/podmonitor")
+    service = copy.deepcopy(find(objects, "Service"))
+    service["spec"]["internalTraficPolicy"] = service["spec"].pop("internalTrafficPolicy")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(service, KUBERNETES_VERSION, strict=True)
+    for kind in ("PodMonitor", "PrometheusRule"):
+        obj = copy.deepcopy(find(objects, kind))
+        assert list(crd_errors(obj)) == []
+        if kind == "PodMonitor":
+            obj["spec"]["podMetricsEndpoints"][0]["relabellings"] = []
+        else:
+            obj["spec"]["groups"][0]["rules"][0]["expression"] = "up"
+        assert list(crd_errors(obj)) != [], kind
+
+
+def _rules_file(obj: Obj, folder: Path) -> Path:
+    path = folder / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": obj["spec"]["groups"]}, sort_keys=False))
+    return path
+
+
+def test_promtool_accepts_the_rules_of_the_rendered_prometheus_rule(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    rule = find(kustomize("overlays/kube-prometheus-stack"), "PrometheusRule")
+    path = _rules_file(rule, tmp_path)
+    done = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    count = sum(len(g["rules"]) for g in rule["spec"]["groups"])
+    assert f"SUCCESS: {count} rules found" in done.stdout
+    # and it refuses a broken expression, so the check above means something
+    rule["spec"]["groups"][0]["rules"][0]["expr"] = "sum(("
+    broken = subprocess.run(
+        [promtool, "check", "rules", str(_rules_file(rule, tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert broken.returncode != 0
+
+
+def test_the_readme_states_the_figures_the_table_gives() -> None:
+    s = KubeSettings()
+    readme = " ".join((KUBERNETES / "README.md").read_text(encoding="utf-8").split())
+    assert (
+        f"twice the timeout plus {build_settings.SHUTDOWN_MARGIN_S} s ({s.grace_period_s} s)"
+        in readme
+    )
+    assert f"the limit ({s.memory_limit_mib} Mi)" in readme
+    assert f"--shutdown-timeout-s={s.shutdown_timeout_s:g}" in readme
+    assert f"registry.example.com/gpuscope:{s.image_tag}" in readme
+
+
+def test_kubernetes_schemas_need_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI and the development machines may have no route out: the schemas are bundled
+    import socket
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    objects = kustomize("overlays/demo")
+    for kind in ("DaemonSet", "Deployment", "Namespace"):
+        obj = (
+            find(objects, kind) if kind != "Deployment" else find(objects, kind, "gpuscope-worker")
+        )
+        assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True) == "1.32"
