@@ -99,6 +99,7 @@ def test_dispatched_ns_dates_the_launch_before_the_block_runs(
     computed = member.mark_ns(COMPUTED)
     assert computed is not None and computed - handed_over_ns >= 20_000_000
     (span,) = span_recorder.named("gpuscope.batch")
+    assert span.start_time is not None and span.end_time is not None
     assert span.end_time - span.start_time == computed - handed_over_ns
 
 
