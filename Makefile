@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check alerts-check
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check alerts-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,11 @@ kubernetes: install
 
 demo: install
 	$(BIN)/gpuscope demo
+
+# The healthy demo for 20 minutes against the shipped rules in a real Prometheus and
+# Alertmanager: nothing may fire (about 25 minutes; not part of make test).
+soak: install system-deps
+	$(BIN)/pytest -q -rP -m soak tests/alerts/test_alerts_soak.py
 
 # Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
 rules: install

@@ -87,7 +87,8 @@ def request_alerts(settings: Settings) -> list[dict[str, Any]]:
             "warning",
             "Batch wait exceeds the batcher's configured window.",
             f"P99 batch wait of {where} is {{{{ $value | humanizeDuration }}}}, over "
-            f"{settings.batch_wait_tolerance:g}x the {_window_text(settings)} window.",
+            f"{settings.batch_wait_tolerance:g}x the {_window_text(settings)} window "
+            f"plus {settings.batch_wait_slack_seconds * 1000:g}ms.",
         ),
         _alert(
             settings,
@@ -120,12 +121,15 @@ def request_alerts(settings: Settings) -> list[dict[str, Any]]:
 
 def batch_wait_expr(settings: Settings, p99: str) -> str:
     """Over the tolerance times the window the model's workers export (when above
-    zero), else times the table's window."""
+    zero), else times the table's window; plus the slack in both cases."""
     configured = f"({QUEUE_DELAY} > 0)"
+    tolerance, slack = settings.batch_wait_tolerance, settings.batch_wait_slack_seconds
+    # rounded: 0.005 * 2 + 0.02 is 0.030000000000000002 in binary floating point
+    table = round(settings.batch_wait_window_seconds * tolerance + slack, 9)
     return (
         f"(\n  {p99}\n  > on (model) group_left ()\n"
-        f"  {settings.batch_wait_tolerance:g} * {configured}\n)\nor\n"
-        f"(\n  {p99} > {settings.batch_wait_window_seconds * settings.batch_wait_tolerance:g}\n"
+        f"  {tolerance:g} * {configured} + {slack:g}\n)\nor\n"
+        f"(\n  {p99} > {table:g}\n"
         f"  unless on (model)\n  {configured}\n)"
     )
 

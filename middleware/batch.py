@@ -10,6 +10,10 @@ UUID, maximum size). Each batch the scheduler forms is a ``Batch``::
     with batch.compute(trigger="timeout"):  # marks ``dispatched`` on entry
         run_model_and_synchronize(...)      # marks ``computed`` on exit
 
+A scheduler that closes the batch on one thread and runs it on another (a device
+thread that may still be busy) passes ``dispatched_ns=`` the instant it handed the
+batch over, so that the batch's window (``batch_wait``) ends when the batch closed.
+
 Under continuous batching every iteration is a ``Batch`` entered with
 ``trigger="iteration", all_complete=False``; members whose sequence ended in that
 iteration are passed to ``batch.complete(timeline)`` and get ``computed`` at the
@@ -102,18 +106,28 @@ class Batch:
 
     @contextmanager
     def compute(
-        self, trigger: str = spans.BatchTrigger.FULL, *, all_complete: bool = True
+        self,
+        trigger: str = spans.BatchTrigger.FULL,
+        *,
+        all_complete: bool = True,
+        dispatched_ns: int | None = None,
     ) -> Iterator[Batch]:
         """Run the batch: ``dispatched`` on entry, ``computed`` on exit, one span.
 
         ``trigger`` says why the batch was dispatched (a ``gpuscope.spans.BatchTrigger``).
+        ``dispatched_ns`` (a ``perf_counter_ns()`` reading) dates ``dispatched`` earlier
+        than the entry: when the batch was closed and handed to a device that runs its
+        work in order (a stream, a device thread) and the block runs once the device
+        gets to it. Waiting behind earlier work is then part of ``compute``, as it is
+        for a kernel launched on a busy GPU, and not of the batch's window.
 
         Exit only once the results are on the host (after a device synchronisation),
         or ``compute`` will measure the launch instead of the work.
         """
         recorder = self._recorder
         size = len(self.members)
-        dispatched_ns = time.perf_counter_ns()
+        if dispatched_ns is None:
+            dispatched_ns = time.perf_counter_ns()
         dispatched_epoch_ns = dispatched_ns + epoch_offset_ns(dispatched_ns)
         for timeline in self.members:
             timeline.mark_at(DISPATCHED, dispatched_ns)

@@ -85,9 +85,13 @@ class EmbeddingScheduler(QueueingScheduler[Sequence[Sequence[int]]]):
         rows = [tokens for item in live for tokens in item.payload]
 
         def forward() -> FloatArray:
-            with batch.compute(trigger=trigger):
+            with batch.compute(trigger=trigger, dispatched_ns=launched_ns):
                 return self.model.embed(rows)
 
+        # The batch is closed and handed to the device here; the device thread may still
+        # be running the other scheduler's work, and that wait is compute (as behind a
+        # busy GPU), not the batch's window.
+        launched_ns = time.perf_counter_ns()
         started = time.monotonic()
         try:
             vectors = await self.device.run(forward)

@@ -288,7 +288,9 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                 tokens = self.model.step(states)
                 self._mark_last_tokens(rows)
                 return tokens
-            with batch.compute(trigger=BatchTrigger.ITERATION, all_complete=False):
+            with batch.compute(
+                trigger=BatchTrigger.ITERATION, all_complete=False, dispatched_ns=launched_ns
+            ):
                 tokens = self.model.step(states)
                 for item in rows:
                     if item.payload.generated + 1 == item.payload.max_tokens:
@@ -296,6 +298,9 @@ class GenerationScheduler(QueueingScheduler[GenerationRequest]):
                 return tokens
 
         self._iterations += 1
+        # Launched now: time the device thread spends on the embeddings' batch first is
+        # this iteration's compute, not the window of the sequences joining it.
+        launched_ns = time.perf_counter_ns()
         try:
             tokens = await self.device.run(step)
         except Exception as exc:

@@ -103,26 +103,169 @@ def test_cpu_profile_runs_on_the_simulated_gpu() -> None:
     assert "--enable-feature=exemplar-storage" in SERVICES["prometheus"]["command"]
 
 
-def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
-    """The config with the rule files mounted beside it, as in the container."""
+RULE_FILES = sorted((REPO / "alerts" / "rules").glob("*.yml"))
+
+
+def promtool_check_config(config: Path) -> str:
+    """promtool's report on ``config``; fails the test unless it passes."""
     promtool = require_binary("promtool")
-    etc = tmp_path / "etc-prometheus"
+    result = subprocess.run(
+        [promtool, "check", "config", str(config)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def test_prometheus_config_passes_promtool_with_the_rules_as_mounted(tmp_path: Path) -> None:
+    """The container's files laid out under ``tmp_path`` as its bind mounts place them:
+    the config must find every rule file there (promtool also checks each rule)."""
+    root = tmp_path / "container"
     for source, target in bind_mounts(SERVICES["prometheus"]):
-        assert target.startswith("/etc/prometheus/"), target
-        destination = etc / target.removeprefix("/etc/prometheus/")
+        destination = root / target.lstrip("/")
         destination.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, destination)
         else:
             shutil.copy(source, destination)
-    config = etc / "prometheus.yml"
-    patterns = yaml.safe_load(config.read_text())["rule_files"]
-    assert all(list(etc.glob(pattern)) for pattern in patterns), "a rule_files glob is empty"
-    result = subprocess.run(
-        [promtool, "check", "config", str(config)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout + result.stderr
+    flag = next(a for a in SERVICES["prometheus"]["command"] if a.startswith("--config.file="))
+    report = promtool_check_config(root / flag.removeprefix("--config.file=").lstrip("/"))
+    assert f"SUCCESS: {len(RULE_FILES)} rule files found" in report, report
+    for rules in RULE_FILES:
+        assert f"Checking {root}/etc/alerts/rules/{rules.name}" in report, report
+
+
+def test_prometheus_config_finds_the_rules_where_it_sits_in_the_repository() -> None:
+    report = promtool_check_config(REPO / "deploy" / "prometheus.yml")
+    assert f"SUCCESS: {len(RULE_FILES)} rule files found" in report, report
+
+
+def test_prometheus_leaves_the_lifecycle_api_off() -> None:
+    """``--web.enable-lifecycle`` would let anyone who reaches :9090 stop it (/-/quit)."""
+    assert not any("lifecycle" in arg for arg in SERVICES["prometheus"]["command"])
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_has_a_healthcheck(name: str) -> None:
+    """Exec form (the images need no shell), probing an HTTP endpoint, within a time."""
+    check = SERVICES[name]["healthcheck"]
+    assert check["test"][0] == "CMD" and len(check["test"]) > 1, check
+    assert any(part.startswith("http://") for part in check["test"]), check
+    assert {"interval", "timeout", "retries", "start_period"} <= set(check), check
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_services_start_once_their_dependencies_are_healthy(name: str) -> None:
+    depends_on = SERVICES[name].get("depends_on", {})
+    assert isinstance(depends_on, dict), f"{name}: a list only orders start-up"
+    for dependency, how in depends_on.items():
+        assert how == {"condition": "service_healthy"}, (name, dependency, how)
+        assert "healthcheck" in SERVICES[dependency], dependency
+
+
+def interpolate(text: str, environment: dict[str, str]) -> str:
+    """Compose's ``${VAR:-default}`` and ``${VAR:?error}`` (the forms the file uses)."""
+
+    def value(match: re.Match[str]) -> str:
+        name, operator, word = match[1], match[2], match[3]
+        if environment.get(name):
+            return environment[name]
+        if operator == ":?":
+            raise ValueError(word)
+        return word if operator == ":-" else ""
+
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", value, text)
+
+
+def grafana_environment(environment: dict[str, str]) -> dict[str, str]:
+    raw = SERVICES["grafana"]["environment"]
+    return {key: interpolate(str(value), environment) for key, value in raw.items()}
+
+
+def test_grafana_has_no_default_password_and_no_anonymous_access() -> None:
+    with pytest.raises(ValueError, match="GRAFANA_ADMIN_PASSWORD"):
+        grafana_environment({})
+    chosen = grafana_environment({"GRAFANA_ADMIN_PASSWORD": "s3cret"})
+    assert chosen["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret"
+    assert chosen["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert chosen["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    opened = grafana_environment({"GRAFANA_ADMIN_PASSWORD": "x", "GRAFANA_ANONYMOUS": "true"})
+    assert opened["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert opened["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+def test_tempo_runs_as_its_own_user() -> None:
+    user = SERVICES["tempo"]["user"]
+    assert user.split(":")[0] not in {"0", "root"}, user
+
+
+def stack_hosts() -> set[str]:
+    """The names services reach each other by: service names and network aliases."""
+    hosts = set(SERVICES)
+    for service in SERVICES.values():
+        hosts |= set(service.get("networks", {}).get("default", {}).get("aliases", []))
+    return hosts
+
+
+def test_alertmanager_receivers_reach_the_stack_or_nothing() -> None:
+    """A receiver either has no integration (Alertmanager's null receiver: listed, sent
+    nowhere) or sends to a host of the stack; loopback inside Alertmanager's container
+    reaches nothing."""
+    config = yaml.safe_load((REPO / "alerts" / "alertmanager.yml").read_text())
+    routed = {config["route"]["receiver"]}
+    routed |= {route["receiver"] for route in config["route"].get("routes", [])}
+    receivers = {receiver["name"]: receiver for receiver in config["receivers"]}
+    assert routed <= set(receivers)
+    for name, receiver in receivers.items():
+        for key, integrations in receiver.items():
+            if not key.endswith("_configs"):
+                continue
+            for integration in integrations:
+                url = integration.get("url", "")
+                host = re.sub(r"^\w+://([^:/]+).*$", r"\1", url)
+                assert host in stack_hosts(), f"receiver {name} sends to {url}"
+
+
+def dotenv() -> dict[str, str]:
+    lines = (REPO / ".env").read_text().splitlines()
+    pairs = [line.split("=", 1) for line in lines if line and not line.startswith("#")]
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def active(profiles: set[str]) -> set[str]:
+    """The services ``docker compose up`` starts with ``profiles`` enabled."""
+    return {
+        name
+        for name, service in SERVICES.items()
+        if not service.get("profiles") or profiles & set(service["profiles"])
+    }
+
+
+def test_a_plain_compose_up_starts_the_cpu_stack() -> None:
+    """``.env`` names the profile ``docker compose up`` starts without ``--profile``."""
+    assert dotenv()["COMPOSE_PROFILES"] == "cpu"
+    assert active(set()) == {"prometheus", "alertmanager", "tempo", "grafana"}
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_each_profile_is_a_whole_stack(profile: str) -> None:
+    """What a profile starts depends only on what it starts, and Prometheus's targets
+    and Grafana's data sources are among them (the monitoring half alone would scrape
+    names nothing answers to)."""
+    names = active({profile})
+    hosts = set(names)
+    for name in names:
+        hosts |= set(SERVICES[name].get("networks", {}).get("default", {}).get("aliases", []))
+    for name in names:
+        assert set(SERVICES[name].get("depends_on", {})) <= names, name
+    for job_targets in scrape_jobs().values():
+        assert {target.split(":")[0] for target in job_targets} <= hosts
+    prometheus = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    for alerting in prometheus["alerting"]["alertmanagers"]:
+        for static in alerting["static_configs"]:
+            assert {target.split(":")[0] for target in static["targets"]} <= hosts
+    sources = yaml.safe_load((PROVISIONING / "datasources" / "gpuscope.yml").read_text())
+    for source in sources["datasources"]:
+        assert re.sub(r"^http://([^:/]+).*$", r"\1", source["url"]) in hosts, source
 
 
 def test_grafana_provisioning_matches_the_mounts() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -79,6 +80,27 @@ async def test_a_batch_links_every_member_and_shares_its_instants(
             batch_span.start_time,
             batch_span.end_time,
         )
+
+
+def test_dispatched_ns_dates_the_launch_before_the_block_runs(
+    span_recorder: SpanRecorder,
+) -> None:
+    """A batch handed to a busy device: ``dispatched`` and the span start at the
+    hand-over, so the wait for the device is compute, not batch wait."""
+    recorder = BatchRecorder(max_size=2, tracer_provider=span_recorder.provider)
+    member = RequestTimeline()
+    batch = recorder.batch()
+    batch.admit(member)
+    handed_over_ns = time.perf_counter_ns()
+    time.sleep(0.02)  # the device finishes earlier work
+    with batch.compute(trigger="timeout", dispatched_ns=handed_over_ns):
+        pass
+    assert member.mark_ns(DISPATCHED) == handed_over_ns
+    computed = member.mark_ns(COMPUTED)
+    assert computed is not None and computed - handed_over_ns >= 20_000_000
+    (span,) = span_recorder.named("gpuscope.batch")
+    assert span.start_time is not None and span.end_time is not None
+    assert span.end_time - span.start_time == computed - handed_over_ns
 
 
 def test_continuous_batching_marks_computed_only_for_completed_members(

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
 from gpuscope import flags
 from gpuscope.middleware import BatchRecorder, RequestTimeline
+from gpuscope.middleware.timeline import DISPATCHED
 from gpuscope.worker import protocol, responses
 from gpuscope.worker.backends import load_backend, numpy_models
 from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig
@@ -26,6 +30,8 @@ from gpuscope.worker.scheduler import (
 )
 from support.span_recorder import SpanRecorder
 from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, attrs
+
+T = TypeVar("T")
 
 
 def parse_config(argv: list[str], environ: dict[str, str] | None = None) -> WorkerConfig:
@@ -138,6 +144,49 @@ async def test_worker_scheduler_marks_every_phase_and_fills_batches(
     assert sum(sizes) == 8
     assert max(sizes) == 4  # submitted together: full batches
     assert {timeline.batch_size for timeline in timelines} == {4}
+
+
+async def test_worker_batch_wait_ends_when_the_batch_is_handed_to_a_busy_device(
+    span_recorder: SpanRecorder,
+) -> None:
+    """Another model's work holds the device thread while an embeddings batch closes:
+    the wait behind it is the batch's compute, not its window."""
+
+    class WatchedDevice(DeviceThread):
+        """Says when the second piece of work (the batch) is handed to it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+            self.batch_handed_over = asyncio.Event()
+
+        async def run(self, fn: Callable[[], T]) -> T:
+            self.calls += 1
+            if self.calls == 2:
+                self.batch_handed_over.set()
+            return await super().run(fn)
+
+    embedding, _ = numpy_models(SMALL)
+    device = WatchedDevice()
+    policy = BatchPolicy(BatchingMode.DYNAMIC, 4, 0.005, 8)
+    recorder = BatchRecorder(max_size=4, model="m", tracer_provider=span_recorder.provider)
+    scheduler = EmbeddingScheduler(embedding, policy, recorder, device)
+    scheduler.start()
+    release = threading.Event()
+    held = asyncio.ensure_future(device.run(release.wait))
+    timeline = RequestTimeline()
+    request = asyncio.ensure_future(scheduler.embed([[1, 2]], timeline, timeout_s=10))
+    await device.batch_handed_over.wait()  # the batch closed, its window over
+    await asyncio.sleep(0.1)  # the device stays busy with the other work meanwhile
+    released_ns = time.perf_counter_ns()
+    release.set()
+    await asyncio.gather(held, request)
+    await scheduler.close(1.0)
+    dispatched_ns = timeline.mark_ns(DISPATCHED)
+    assert dispatched_ns is not None and dispatched_ns < released_ns
+    phases = timeline.phase_seconds()
+    assert phases["compute"] >= 0.1
+    assert phases["batch_wait"] < phases["compute"]
 
 
 @pytest.mark.parametrize("device_frees_in_time", [True, False])
