@@ -20,6 +20,7 @@ from gpuscope.worker import protocol, responses
 from gpuscope.worker.backends import load_backend, numpy_models
 from gpuscope.worker.config import BatchingMode, ConfigError, WorkerConfig
 from gpuscope.worker.embedding import EmbeddingScheduler
+from gpuscope.worker.generation import GenerationScheduler
 from gpuscope.worker.kv_cache import SequenceState
 from gpuscope.worker.model_api import EmbeddingModel, Generator
 from gpuscope.worker.scheduler import (
@@ -146,25 +147,27 @@ async def test_worker_scheduler_marks_every_phase_and_fills_batches(
     assert {timeline.batch_size for timeline in timelines} == {4}
 
 
+class WatchedDevice(DeviceThread):
+    """A device thread that says when the second piece of work (the batch, after the
+    work that keeps it busy) is handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.batch_handed_over = asyncio.Event()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        self.calls += 1
+        if self.calls == 2:
+            self.batch_handed_over.set()
+        return await super().run(fn)
+
+
 async def test_worker_batch_wait_ends_when_the_batch_is_handed_to_a_busy_device(
     span_recorder: SpanRecorder,
 ) -> None:
     """Another model's work holds the device thread while an embeddings batch closes:
     the wait behind it is the batch's compute, not its window."""
-
-    class WatchedDevice(DeviceThread):
-        """Says when the second piece of work (the batch) is handed to it."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls = 0
-            self.batch_handed_over = asyncio.Event()
-
-        async def run(self, fn: Callable[[], T]) -> T:
-            self.calls += 1
-            if self.calls == 2:
-                self.batch_handed_over.set()
-            return await super().run(fn)
 
     embedding, _ = numpy_models(SMALL)
     device = WatchedDevice()
@@ -182,6 +185,46 @@ async def test_worker_batch_wait_ends_when_the_batch_is_handed_to_a_busy_device(
     release.set()
     await asyncio.gather(held, request)
     await scheduler.close(1.0)
+    dispatched_ns = timeline.mark_ns(DISPATCHED)
+    assert dispatched_ns is not None and dispatched_ns < released_ns
+    phases = timeline.phase_seconds()
+    assert phases["compute"] >= 0.1
+    assert phases["batch_wait"] < phases["compute"]
+
+
+async def test_worker_continuous_iteration_handed_to_a_busy_device_is_compute(
+    span_recorder: SpanRecorder,
+) -> None:
+    """The same under continuous batching: a sequence joins an iteration that waits for
+    the device thread; that wait is the iteration's compute, not the sequence's window."""
+    _, generator = numpy_models(SMALL)
+    device = WatchedDevice()
+    policy = BatchPolicy(BatchingMode.CONTINUOUS, 4, 0.0, 8)
+    recorder = BatchRecorder(max_size=4, model="m", tracer_provider=span_recorder.provider)
+    scheduler = GenerationScheduler(generator, policy, recorder, device)
+    scheduler.start()
+    loop, busy, release = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
+
+    def other_work() -> None:
+        loop.call_soon_threadsafe(busy.set)
+        release.wait()
+
+    held = asyncio.ensure_future(device.run(other_work))
+    await busy.wait()  # the device is taken before the sequence arrives
+    timeline = RequestTimeline()
+    (stream,) = scheduler.generate_all([[1, 2, 3]], 2, timeline, timeout_s=10)
+
+    async def tokens() -> list[int]:
+        return [token async for token in stream]
+
+    request = asyncio.ensure_future(tokens())
+    await device.batch_handed_over.wait()  # the first iteration is launched
+    await asyncio.sleep(0.1)  # behind the other work
+    released_ns = time.perf_counter_ns()
+    release.set()
+    _, got = await asyncio.gather(held, request)
+    await scheduler.close(1.0)
+    assert len(got) == 2
     dispatched_ns = timeline.mark_ns(DISPATCHED)
     assert dispatched_ns is not None and dispatched_ns < released_ns
     phases = timeline.phase_seconds()
