@@ -60,7 +60,7 @@ from gpuscope.worker.app import create_app
 from gpuscope.worker.config import WorkerConfig
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
-from support.servers import run_uvicorn
+from support.servers import run_uvicorn, serve_aiohttp
 from support.vllm_fixtures import export_requests
 from support.vllm_replay import run_vllm_replay
 from support.worker_servers import SMALL
@@ -136,15 +136,8 @@ async def _otlp_sink() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/traces", accept)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1/traces"
-    finally:
-        await runner.cleanup()
+    async with serve_aiohttp(app, access_log=None) as url:
+        yield url + "/v1/traces"
 
 
 @asynccontextmanager

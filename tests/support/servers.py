@@ -1,14 +1,16 @@
-"""Real servers on 127.0.0.1 port 0 for tests: uvicorn in a background thread."""
+"""Real servers on 127.0.0.1 port 0 for tests: uvicorn in a background thread, or an
+aiohttp app on the test's own event loop."""
 
 from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
+from aiohttp import web
 
 
 @contextmanager
@@ -38,3 +40,15 @@ def run_uvicorn(app: Any, **config: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@asynccontextmanager
+async def serve_aiohttp(app: web.Application, **runner_options: Any) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port until the block ends; yields its base URL."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

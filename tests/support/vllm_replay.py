@@ -18,6 +18,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from support.servers import serve_aiohttp
+
 CAPTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0" / "metrics.txt"
 TYPE = re.compile(r"^# TYPE (\S+) (\w+)$")
 SAMPLE = re.compile(r"^(\S+?)(\{.*\})? (\S+)$")
@@ -51,12 +53,5 @@ async def run_vllm_replay(capture: Path = CAPTURE) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_aiohttp(app, access_log=None) as url:
+        yield url
