@@ -15,7 +15,7 @@ import yaml
 
 from alerts import build as alerts_build
 from alerts.settings import Settings
-from deploy.kubernetes import build
+from deploy.kubernetes import build, components
 from deploy.kubernetes import settings as build_settings
 from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
 from support.binaries import require_binary
@@ -50,9 +50,9 @@ def test_committed_manifests_are_what_the_builder_writes(tmp_path: Path) -> None
 
 def test_every_overlay_and_component_is_rendered_here() -> None:
     # every component is used by an overlay, and every overlay is among FOLDERS
-    used = {part for parts in build.OVERLAYS.values() for part in parts}
-    assert used == set(build.COMPONENTS)
-    assert {f"overlays/{name}" for name in build.OVERLAYS} == set(FOLDERS) - {"base"}
+    used = {part for parts in components.OVERLAYS.values() for part in parts}
+    assert used == set(components.COMPONENTS)
+    assert {f"overlays/{name}" for name in components.OVERLAYS} == set(FOLDERS) - {"base"}
 
 
 def test_the_prometheus_rule_holds_the_groups_alerts_build_writes() -> None:
