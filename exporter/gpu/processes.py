@@ -50,6 +50,8 @@ class ProcessJoin(StrEnum):
     NOT_SUPPORTED = "not_supported"
     OTHER_PID_NAMESPACE = "other_pid_namespace"
     NO_GPU_SOURCE = "no_gpu_source"
+    # NVML listed pids no process can have (a pynvml/driver record-size mismatch)
+    UNTRUSTED_LISTING = "untrusted_listing"
 
 
 @dataclass(frozen=True)
