@@ -75,7 +75,7 @@ class ProcessListing:
 
 
 class ProcessListUnavailable(Exception):
-    """The source cannot list processes at all (e.g. DCGM without pynvml)."""
+    """The source cannot list processes at all."""
 
     def __init__(self, status: ProcessJoin, why: str) -> None:
         super().__init__(why)

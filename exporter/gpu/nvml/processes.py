@@ -12,16 +12,11 @@ A list holding a pid no process can have (0, 0xFFFFFFFF, above the kernel's
 driver's differ in size (a ``_v3`` call that writes 32-byte records read as 24-byte
 ones gives 0 and 4294967295 from the second record on), and the real pids in it cannot
 be told from the garbage. That GPU is then ``untrusted_listing`` for that listing.
-
-``NvmlProcessSession`` opens NVML only for this, for a source that reads its metrics
-elsewhere (DCGM): its GPUs are found by UUID.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,11 +30,8 @@ from gpuscope.exporter.gpu.nvml.errors import (
 from gpuscope.exporter.gpu.processes import (
     ProcessJoin,
     ProcessListing,
-    ProcessListUnavailable,
     RefusedListing,
 )
-
-log = logging.getLogger(__name__)
 
 PID_MAX_FILE = Path("/proc/sys/kernel/pid_max")
 PID_MAX_LIMIT = 4_194_304  # the kernel's PID_MAX_LIMIT on 64-bit: no pid is ever above it
@@ -199,73 +191,3 @@ def collect(listers: Sequence[tuple[str, DeviceProcessLister]]) -> ProcessListin
         if lister.note is not None:
             notes[uuid] = lister.note
     return ProcessListing(pids, refused, notes)
-
-
-class NvmlProcessSession:
-    """NVML opened only to list the processes of GPUs known by UUID (for DCGM).
-
-    ``load`` returns the pynvml module (or a fake). Without pynvml, or when NVML will
-    not start, ``listing`` raises ``ProcessListUnavailable``; a driver error closes the
-    session and the next listing opens it again.
-    """
-
-    def __init__(self, uuids: Sequence[str], load: Callable[[], Any]) -> None:
-        self._uuids = tuple(uuids)
-        self._load = load
-        self._nvml: Any | None = None
-        self._listers: list[tuple[str, DeviceProcessLister]] = []
-        self._refused: dict[str, RefusedListing] = {}
-
-    def listing(self) -> ProcessListing:
-        if self._nvml is None:
-            self._open()
-        try:
-            found = collect(self._listers)
-        except NvmlDriverError as exc:
-            self.close()
-            raise ProcessListUnavailable(ProcessJoin.NOT_SUPPORTED, str(exc)) from exc
-        return ProcessListing(found.pids, {**self._refused, **found.refused}, found.notes)
-
-    def close(self) -> None:
-        nvml, self._nvml, self._listers = self._nvml, None, []
-        if nvml is None:
-            return
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            log.debug("nvmlShutdown: %s", exc)
-
-    def _open(self) -> None:
-        try:
-            nvml = self._load()
-        except ImportError as exc:
-            raise ProcessListUnavailable(
-                ProcessJoin.NOT_SUPPORTED,
-                f"GPU processes are listed through NVML, and pynvml is missing ({exc}); "
-                "install nvidia-ml-py",
-            ) from exc
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            raise ProcessListUnavailable(
-                ProcessJoin.NOT_SUPPORTED, f"GPU processes are listed through NVML: {exc}"
-            ) from exc
-        self._nvml = nvml
-        driver = "unknown"  # only for messages
-        with contextlib.suppress(nvml.NVMLError):
-            driver = _text(nvml.nvmlSystemGetDriverVersion())
-        self._listers, self._refused = [], {}
-        for uuid in self._uuids:
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-            except nvml.NVMLError as exc:
-                self._refused[uuid] = RefusedListing(
-                    ProcessJoin.NOT_SUPPORTED, f"NVML does not find this GPU: {exc}"
-                )
-                continue
-            lister = DeviceProcessLister(nvml, handle, device=uuid, driver=driver)
-            self._listers.append((uuid, lister))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
