@@ -145,7 +145,8 @@ def test_the_command_exits_with_one_line_when_a_required_gpu_is_missing(error: s
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0] == (
-        f"gpuscope exporter: --require-gpu: no GPU found (nvml: nvmlInit failed: {NO_DRIVER[error]})"
+        "gpuscope exporter: --require-gpu: no GPU found "
+        f"(nvml: nvmlInit failed: {NO_DRIVER[error]})"
     )
 
 
