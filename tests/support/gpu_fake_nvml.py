@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,6 +150,7 @@ class FakeNvml:
         # 32 under a pynvml that reads 24 is the stride mismatch of some releases
         self.driver_record_bytes: int | None = None
         self.throughput_threads: set[int] = set()  # threads that called GetPcieThroughput
+        self.throughput_delay_s = 0.0  # how long nvmlDeviceGetPcieThroughput blocks
 
     def __getattribute__(self, name: str) -> Any:
         if name.startswith("nvml") and name in object.__getattribute__(self, "_absent"):
@@ -344,6 +346,7 @@ class FakeNvml:
     def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
         gpu = self._device("nvmlDeviceGetPcieThroughput", device)
         self.throughput_threads.add(threading.get_ident())
+        time.sleep(self.throughput_delay_s)  # the driver samples for 20 ms per call
         tx, rx = gpu.pcie_throughput_kib_s
         return tx if counter == self._pynvml.NVML_PCIE_UTIL_TX_BYTES else rx
 
