@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check alerts-check
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,16 @@ typecheck: install
 	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
-unit: install system-deps
+unit: install system-deps pynvml-versions
 	$(BIN)/pytest -q
+
+# The lowest nvidia-ml-py the project declares, beside (not in) the venv, for the GPU
+# tests that load its pynvml.py (tests/gpu/test_gpu_pynvml_floor.py); skipped without it.
+PYNVML_FLOOR := 12.535.77
+pynvml-versions: $(VENV)/pynvml/$(PYNVML_FLOOR)/pynvml.py
+
+$(VENV)/pynvml/$(PYNVML_FLOOR)/pynvml.py: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps --target $(VENV)/pynvml/$(PYNVML_FLOOR) nvidia-ml-py==$(PYNVML_FLOOR)
 
 # Each extra alone in a fresh venv: installs, --help, a smoke test (about a minute).
 extras: install
