@@ -226,9 +226,8 @@ def test_a_record_size_mismatch_is_not_trusted_and_says_why(tmp_path: Path) -> N
     fake = FakeNvml([fake_gpu(0, compute_processes=[(301, GIB), (302, GIB), (303, GIB)])])
     fake.driver_record_bytes = 32
     source = open_source(fake)
-    pids = {
-        int(p.pid) for p in fake.nvmlDeviceGetComputeRunningProcesses(source._readers[0].handle)
-    }
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    pids = {int(p.pid) for p in fake.nvmlDeviceGetComputeRunningProcesses(handle)}
     assert pids == {301, 0, 4294967295}  # what pynvml itself returns on such a driver
     join = ProcessGpuMap(proc_root=fake_proc(tmp_path, [301, 302, 303]), own_pid=1)
     join.refresh(source)
