@@ -70,9 +70,11 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
                 "metrics": _groups(reading, reasons.get(device.index, {})),
             }
         )
+    unopened = getattr(source, "unopened_gpus", dict)()  # NVML: GPUs it could not open
     return {
         "source": source.name,
         "gpus": gpus,
+        "unopened_gpus": {str(index): why for index, why in unopened.items()},
         "process_join": process_join(source, proc_root=proc_root),
     }
 
@@ -134,6 +136,8 @@ def render(report: Mapping[str, Any], out: TextIO) -> None:
             mark = "yes" if entry["supported"] else "no "
             why = f"  - {entry['why']}" if entry["why"] else ""
             print(f"  {mark}  {group}{why}", file=out)
+    for index, why in report.get("unopened_gpus", {}).items():
+        print(f"\nGPU {index}  [NOT OPENED]  {why}", file=out)
     render_process_join(report["process_join"], out)
 
 
