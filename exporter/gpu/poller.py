@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # PCIe throughput fallback alone is 2 x 20 ms per GPU), the first one also lists the
 # processes and allocates the GPM samples.
 MIN_DEADLINE_S = 2.0
-STOP_JOIN_S = 2.0  # how long stop() waits for the sampling thread
+STOP_JOIN_S = 1.0  # how long stop() waits for the sampling thread, at most
 
 
 def default_deadline(interval_s: float) -> float:

@@ -142,9 +142,10 @@ async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIt
         yield
     finally:
         state.registry.unregister(collector)
-        # joins the thread (bounded: a call hung in the driver is left behind), closes
-        # the source
-        await asyncio.to_thread(poller.stop, min(STOP_JOIN_S, state.config.shutdown_timeout_s))
+        # joins the thread (bounded: a call hung in the driver is left behind) and closes
+        # the source, within half the shutdown timeout
+        join_s = min(STOP_JOIN_S, state.config.shutdown_timeout_s / 2)
+        await asyncio.to_thread(poller.stop, join_s)
 
 
 async def _forwarder(app: web.Application) -> AsyncIterator[None]:

@@ -89,6 +89,8 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
         ("gpu", "uuid", "name", "pci_bus_id", "numa_node", "driver_version"),
     ),
     ("gpuscope_gpu_up", "gauge", "", _GPU),
+    ("gpuscope_gpu_down_reason", "gauge", "", (*_GPU, "reason")),
+    ("gpuscope_gpu_sample_age_seconds", "gauge", "seconds", ()),
     ("gpuscope_gpu_sm_clock_hertz", "gauge", "hertz", _GPU),
     ("gpuscope_gpu_sm_clock_max_hertz", "gauge", "hertz", _GPU),
     ("gpuscope_gpu_memory_clock_hertz", "gauge", "hertz", _GPU),

@@ -116,7 +116,8 @@ class FakeNvml:
         self._event_cond = threading.Condition()
         self.event_set_error: int | None = None  # nvmlEventSetCreate answers this
         self.wait_v2_missing = False
-        self.hang_in: set[str] = set()  # calls that block until ``unhang()``
+        # function -> calls that pass before the next ones block until ``unhang()``
+        self.hang_in: dict[str, int] = {}
         self.hanging = threading.Event()  # set while a call is blocked
         self._unhung = threading.Event()
         self.waits_started = 0
@@ -160,7 +161,8 @@ class FakeNvml:
         self._unhung.set()
 
     def _maybe_hang(self, function: str) -> None:
-        if function in self.hang_in:
+        passes = self.hang_in.get(function)
+        if passes is not None and self.calls.get(function, 0) > passes:
             self.hanging.set()
             self._unhung.wait()
 
