@@ -170,9 +170,13 @@ def _spans() -> list[ReadableSpan]:
 async def test_a_scrape_serves_the_golden_families_with_their_labels(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
-    scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
+    events = [
+        {"at": 0, "gpu": 0, "fault": "xid", "xid": 79},
+        {"at": 0, "duration": 600, "gpu": 1, "fault": "fall_off_bus"},  # for gpu_down_reason
+    ]
+    scenario = parse_scenario({"events": events})
     config = loopback_config(gpu_interval_s=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
-    exporter = await start_exporter(config, gpu_source=SimulatedSource(1, scenario))
+    exporter = await start_exporter(config, gpu_source=SimulatedSource(2, scenario))
     try:
         body = encode(_spans()).SerializeToString()
         assert (await post_spans(exporter_http, exporter, body))[0] == 200
