@@ -92,7 +92,7 @@ def test_stop_does_not_wait_on_a_hung_call_nor_close_nvml_under_it() -> None:
     poller = GpuPoller(NvmlSource(fake, xid_wait_ms=20), 0.05, deadline_s=0.1)
     poller.start()
     assert poller.wait_for_round(1, timeout_s=5)
-    passes = fake.hang_in["nvmlDeviceGetPowerUsage"] = fake.calls["nvmlDeviceGetPowerUsage"]
+    fake.hang_in["nvmlDeviceGetPowerUsage"] = fake.calls["nvmlDeviceGetPowerUsage"]
     try:
         assert fake.hanging.wait(5)
         started = time.monotonic()
