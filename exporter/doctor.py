@@ -93,7 +93,7 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
                 ),
             }
         )
-    unopened = getattr(source, "unopened_gpus", dict)()  # NVML: GPUs it could not open
+    unopened: Mapping[int, str] = getattr(source, "unopened_gpus", dict)()  # NVML only
     return {
         "source": source.name,
         "pynvml_version": pynvml_version() if source.name == GpuSourceKind.NVML else None,
