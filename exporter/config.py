@@ -148,6 +148,12 @@ class ExporterConfig(
         check=positive,
         deprecated=("--gpu-interval",),
     )
+    gpu_poll_deadline_s: float | None = option(
+        None,
+        help="how long a GPU poll may take before its GPUs read down (gpuscope_gpu_up 0, "
+        "reason poll_overdue) and /readyz fails; default twice --gpu-interval-s, at least 2",
+        check=positive,
+    )
     gpu_scenario: Path | None = option(
         None, help="scenario file for the simulated GPU source", check=readable_file
     )

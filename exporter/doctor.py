@@ -93,10 +93,12 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
                 ),
             }
         )
+    unopened: Mapping[int, str] = getattr(source, "unopened_gpus", dict)()  # NVML only
     return {
         "source": source.name,
         "pynvml_version": pynvml_version() if source.name == GpuSourceKind.NVML else None,
         "gpus": gpus,
+        "unopened_gpus": {str(index): why for index, why in unopened.items()},
         "process_join": process_join(source, proc_root=proc_root),
     }
 
@@ -165,6 +167,8 @@ def render(report: Mapping[str, Any], out: TextIO) -> None:
             why = f"  - {entry['why']}" if entry["why"] else ""
             note = f"  ({entry['note']})" if entry.get("note") else ""
             print(f"  {mark}  {group}{why}{note}", file=out)
+    for index, why in report.get("unopened_gpus", {}).items():
+        print(f"\nGPU {index}  [NOT OPENED]  {why}", file=out)
     render_process_join(report["process_join"], out)
 
 

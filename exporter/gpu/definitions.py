@@ -25,6 +25,19 @@ UP = MetricDef(
     "1 if the GPU could be read in the last poll, else 0.",
     GPU_LABELS,
 )
+DOWN_REASON = MetricDef(
+    "gpuscope_gpu_down_reason",
+    GAUGE,
+    "1 with the reason a GPU reads gpuscope_gpu_up 0 (lost, reset_required, "
+    "insufficient_power, poll_overdue, released, ...); absent while it is up.",
+    (*GPU_LABELS, "reason"),
+)
+SAMPLE_AGE = MetricDef(
+    "gpuscope_gpu_sample_age_seconds",
+    GAUGE,
+    "Seconds since the GPU readings served were taken (since the poller started, "
+    "before the first); grows while a poll is stuck.",
+)
 CLOCK_EVENT_ACTIVE = MetricDef(
     "gpuscope_gpu_clock_event_active",
     GAUGE,
@@ -271,6 +284,8 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
 GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     INFO,
     UP,
+    DOWN_REASON,
+    SAMPLE_AGE,
     *PER_GPU,
     CLOCK_EVENT_ACTIVE,
     XID_EVENTS,

@@ -241,19 +241,20 @@ def test_failed_event_wait_is_a_collector_failure_and_waiting_goes_on(fake_nvml:
     }
     counts = XidCounts()
     watcher = XidEventWatcher(fake_nvml, handles, counts, wait_ms=10)
-    assert watcher.wait_once()  # Timeout: idle, and healthy
+    assert fake_nvml.event_sets() == 2  # one set per GPU
+    assert watcher.wait_round()  # Timeout: idle, and healthy
     assert watcher.health() == CollectorRun(COLLECTOR, True, 0.0)
     fake_nvml.emit_wait_error(pynvml.NVML_ERROR_UNKNOWN)
-    assert not watcher.wait_once()
+    assert not watcher.wait_round()
     health = watcher.health()
     assert health is not None and not health.success
     fake_nvml.emit_xid(1, 31)
-    assert watcher.wait_once()
+    assert watcher.wait_round()
     health = watcher.health()
     assert health is not None and health.success
     assert counts.of(fake_nvml.gpus[1].uuid) == {31: 1}
-    watcher.stop()  # never started: frees the event set only
-    assert fake_nvml.calls["nvmlEventSetFree"] == 1
+    watcher.stop()  # never started: frees the event sets only
+    assert fake_nvml.calls["nvmlEventSetFree"] == 2 and fake_nvml.event_sets() == 0
 
 
 def test_gpu_without_xid_events_is_explained() -> None:

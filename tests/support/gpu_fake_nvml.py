@@ -11,6 +11,14 @@ NoPermission for the process list of a MIG GPU without root, FunctionNotFound (a
 from the unversioned name, pynvml's ``NVMLLibraryMismatchError``) for a process-list
 version the driver lacks. Process lists come as pynvml returns them: ``pid`` and
 ``usedGpuMemory`` (None where NVML has no value) of a ``c_nvmlProcessInfo_v3_t``.
+
+Event sets are separate objects, as in NVML: an XID goes to every set its GPU is
+registered in, and a set in which a GPU that fell off the bus was registered answers
+GPU_IS_LOST to every later wait. Faults: ``hang`` (a named call blocks until released),
+``event_set_error`` (nvmlEventSetCreate fails), ``wait_v2_missing`` (a driver without
+the C ``nvmlEventSetWait_v2``: pynvml's wrapper raises FunctionNotFound and the C
+``nvmlEventSetWait`` is there through ``_nvmlGetFunctionPointer``), a MIG GPU that
+refuses XID registration to a non-root user (NoPermission), and per-GPU ``errors``.
 """
 
 from __future__ import annotations
@@ -139,9 +147,17 @@ class FakeNvml:
         self._gpm_buffers: dict[int, Any] = {}
         self._gpm_samples: dict[int, tuple[int, int]] = {}  # address -> (gpu index, sequence)
         self._gpm_sequence = 0
-        self._events: deque[tuple[int, int] | int] = deque()  # (gpu, xid) or an error code
-        self._registered: set[int] = set()
+        self._sets: dict[int, set[int]] = {}  # event set address -> registered GPUs
+        self._queues: dict[int, deque[tuple[int, int] | int]] = {}  # (gpu, xid) or an error
+        self._broken: set[int] = set()  # sets that held a GPU that fell off the bus
+        self._next_set = 0x9000
         self._event_cond = threading.Condition()
+        self.event_set_error: int | None = None  # nvmlEventSetCreate answers this
+        self.wait_v2_missing = False
+        # function -> calls that pass before the next ones block until ``unhang()``
+        self.hang_in: dict[str, int] = {}
+        self.hanging = threading.Event()  # set while a call is blocked
+        self._unhung = threading.Event()
         self.waits_started = 0
         self.xids_undelivered = 0
         self.privileged = False  # MIG GPUs list their processes to root only
@@ -160,27 +176,54 @@ class FakeNvml:
     # --- test controls ----------------------------------------------------------
 
     def emit_xid(self, gpu: int, xid: int) -> None:
+        """An XID on ``gpu``: queued in every set it is registered in (none: undelivered)."""
         with self._event_cond:
-            self._events.append((gpu, xid))
+            queues = [self._queues[a] for a, gpus in self._sets.items() if gpu in gpus]
+            for queue in queues:
+                queue.append((gpu, xid))
+            self.xids_undelivered += not queues
             self._event_cond.notify_all()
 
     def emit_wait_error(self, code: int) -> None:
+        """The next wait on every set answers ``code``."""
         with self._event_cond:
-            self._events.append(code)
+            for queue in self._queues.values():
+                queue.append(code)
             self._event_cond.notify_all()
 
     def wait_events_handled(self, timeout_s: float = 5.0) -> bool:
-        """True once every emitted event was taken and the watcher came back for more."""
+        """True once every emitted event was taken (or its set broke) and the watcher came
+        back for more."""
         with self._event_cond:
             start = self.waits_started
             return self._event_cond.wait_for(
-                lambda: not self._events and self.waits_started > start, timeout=timeout_s
+                lambda: self._pending() == 0 and self.waits_started > start, timeout=timeout_s
             )
+
+    def _pending(self) -> int:
+        return sum(len(q) for a, q in self._queues.items() if a not in self._broken)
+
+    def unhang(self) -> None:
+        """Let every hung call return (and later ones pass)."""
+        self.hang_in.clear()
+        self._unhung.set()
+
+    def _maybe_hang(self, function: str) -> None:
+        passes = self.hang_in.get(function)
+        if passes is not None and self.calls.get(function, 0) > passes:
+            self.hanging.set()
+            self._unhung.wait()
+
+    def event_sets(self) -> int:
+        """Event sets created and not freed."""
+        with self._event_cond:
+            return len(self._sets)
 
     # --- helpers ------------------------------------------------------------------
 
     def _enter(self, function: str, handle: Any = None) -> FakeGpu | None:
         self.calls[function] = self.calls.get(function, 0) + 1
+        self._maybe_hang(function)
         if self.driver_error is not None:
             raise self._pynvml.NVMLError(self.driver_error)
         if self.refcount == 0:
@@ -191,12 +234,21 @@ class FakeNvml:
             return None
         gpu = self._gpu(handle)
         if gpu.lost:
-            # A GPU that fell off the bus takes its event registration with it.
-            self._registered.discard(self.gpus.index(gpu))
+            self._lose_registrations(self.gpus.index(gpu))
             raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_GPU_IS_LOST)
         if function in gpu.errors:
             raise self._pynvml.NVMLError(gpu.errors[function])
         return gpu
+
+    def _lose_registrations(self, gpu: int) -> None:
+        """A GPU that fell off the bus takes its registrations with it, and breaks every
+        set it was in: each later wait on such a set answers GPU_IS_LOST."""
+        with self._event_cond:
+            for address, gpus in self._sets.items():
+                if gpu in gpus:
+                    gpus.discard(gpu)
+                    self._broken.add(address)
+            self._event_cond.notify_all()
 
     def _gpu(self, handle: Any) -> FakeGpu:
         address = ctypes.cast(handle, ctypes.c_void_p).value
@@ -214,6 +266,7 @@ class FakeNvml:
 
     def nvmlInit(self) -> None:
         self.calls["nvmlInit"] = self.calls.get("nvmlInit", 0) + 1
+        self._maybe_hang("nvmlInit")
         if self.driver_error is not None:
             raise self._pynvml.NVMLError(self.driver_error)
         self.refcount += 1
@@ -474,25 +527,51 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> Any:
         self._enter("nvmlEventSetCreate")
-        return self._pynvml.c_nvmlEventSet_t()
+        if self.event_set_error is not None:
+            raise self._pynvml.NVMLError(self.event_set_error)
+        with self._event_cond:
+            self._next_set += 16
+            address = self._next_set
+            self._sets[address], self._queues[address] = set(), deque()
+        return ctypes.cast(ctypes.c_void_p(address), self._pynvml.c_nvmlEventSet_t)
+
+    def _set_address(self, eventSet: Any) -> int:
+        address = ctypes.cast(eventSet, ctypes.c_void_p).value or 0
+        if address not in self._sets:
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return address
 
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         gpu = self._device("nvmlDeviceRegisterEvents", handle)
         if not gpu.xid_events_supported:
             raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
-        self._registered.add(self.gpus.index(gpu))
+        if gpu.mig_mode == self._pynvml.NVML_DEVICE_MIG_ENABLE and not self.privileged:
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NO_PERMISSION)
+        with self._event_cond:
+            self._sets[self._set_address(eventSet)].add(self.gpus.index(gpu))
 
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
+        # pynvml's nvmlEventSetWait calls the C nvmlEventSetWait_v2
+        if self.wait_v2_missing:
+            self.calls["nvmlEventSetWait"] = self.calls.get("nvmlEventSetWait", 0) + 1
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         self._enter("nvmlEventSetWait")
+        return self._wait(eventSet, timeoutms)
+
+    def _wait(self, eventSet: Any, timeoutms: int) -> Any:
         with self._event_cond:
+            address = self._set_address(eventSet)
+            for gpu in list(self._sets[address]):
+                if self.gpus[gpu].lost:
+                    self._lose_registrations(gpu)
             self.waits_started += 1
             self._event_cond.notify_all()
-            if not self._event_cond.wait_for(lambda: bool(self._events), timeout=timeoutms / 1000):
+            queue = self._queues[address]
+            if address in self._broken:
+                raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_GPU_IS_LOST)
+            if not self._event_cond.wait_for(lambda: bool(queue), timeout=timeoutms / 1000):
                 raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_TIMEOUT)
-            item = self._events.popleft()
-            if isinstance(item, tuple) and item[0] not in self._registered:
-                self.xids_undelivered += 1  # NVML reports only registered GPUs' events
-                raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_TIMEOUT)
+            item = queue.popleft()
         if isinstance(item, int):
             raise self._pynvml.NVMLError(item)
         gpu, xid = item
@@ -504,6 +583,28 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, eventSet: Any) -> None:
         self._enter("nvmlEventSetFree")
+        with self._event_cond:
+            address = self._set_address(eventSet)
+            del self._sets[address], self._queues[address]
+            self._broken.discard(address)
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """pynvml's private lookup, for the C ``nvmlEventSetWait`` only (the v1 wait)."""
+        if name != "nvmlEventSetWait":
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+        def c_wait(eventSet: Any, data: Any, timeoutms: Any) -> int:
+            self.calls["nvmlEventSetWait_v1"] = self.calls.get("nvmlEventSetWait_v1", 0) + 1
+            try:
+                got = self._wait(eventSet, timeoutms.value)
+            except self._pynvml.NVMLError as exc:
+                return int(exc.value)
+            target = data.contents
+            target.device, target.eventType = got.device, got.eventType
+            target.eventData = got.eventData
+            return int(self._pynvml.NVML_SUCCESS)
+
+        return c_wait
 
 
 def fake_gpu(index: int, **overrides: Any) -> FakeGpu:
