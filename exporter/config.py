@@ -139,7 +139,8 @@ class ExporterConfig(
     )
     gpu_source: GpuSourceKind = option(
         GpuSourceKind.AUTO,
-        help="GPU backend; auto tries DCGM, then NVML, else serves request metrics only",
+        help="GPU backend; auto tries NVML, else serves request metrics only (dcgm: retired, "
+        "see docs/gpu.md)",
     )
     gpu_interval_s: float = option(
         1.0,

@@ -178,7 +178,7 @@ BUILD_INFO = MetricDef(
 GPU_SOURCE = MetricDef(
     "gpuscope_gpu_source_info",
     GAUGE,
-    "The GPU source in use (source: nvml, dcgm, simulated or none) and the --gpu-source "
+    "The GPU source in use (source: nvml, simulated or none) and the --gpu-source "
     "asked for (requested); the value is always 1.",
     ("requested", "source"),
 )

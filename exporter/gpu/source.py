@@ -1,6 +1,6 @@
 """The narrow interface every GPU source implements, and the readings it returns.
 
-A source (NVML, DCGM, simulated) lists its devices and takes one sample of all of
+A source (NVML, simulated) lists its devices and takes one sample of all of
 them at a time. A reading leaves out every metric the device cannot give
 (NotSupported, NoPermission): such a metric is absent from ``/metrics``, never 0.
 Units are base units: hertz, bytes, watts, joules, ratios in 0-1.
@@ -22,7 +22,7 @@ class GpuSourceKind(StrEnum):
 
     AUTO = "auto"
     NVML = "nvml"
-    DCGM = "dcgm"
+    DCGM = "dcgm"  # retired: refused with a pointer to dcgm-exporter (``factory.RETIRED``)
     SIMULATED = "simulated"
     NONE = "none"
 
@@ -84,7 +84,7 @@ class GpuSource(Protocol):
     round and is counted as a collector failure.
     """
 
-    name: str  # "nvml", "dcgm", "simulated": the ``collector`` label
+    name: str  # "nvml", "simulated": the ``collector`` label
 
     def devices(self) -> Sequence[GpuDevice]: ...
 

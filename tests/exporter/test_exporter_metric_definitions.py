@@ -102,6 +102,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_gpu_pcie_link_generation", "gauge", "", _GPU),
     ("gpuscope_gpu_pcie_link_width", "gauge", "", _GPU),
     ("gpuscope_gpu_memory_used_bytes", "gauge", "bytes", _GPU),
+    ("gpuscope_gpu_memory_reserved_bytes", "gauge", "bytes", _GPU),
     ("gpuscope_gpu_memory_total_bytes", "gauge", "bytes", _GPU),
     ("gpuscope_gpu_power_watts", "gauge", "watts", _GPU),
     ("gpuscope_gpu_power_limit_watts", "gauge", "watts", _GPU),
