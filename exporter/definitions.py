@@ -208,6 +208,13 @@ FORWARD_SPANS_DROPPED = MetricDef(
     "Spans not forwarded to --forward-otlp, by reason.",
     ("reason",),
 )
+WEB_CONFIG_RELOADS = MetricDef(
+    "gpuscope_web_config_reloads",
+    COUNTER,
+    "Re-reads of --web-config-file and --bearer-token-file (on change or SIGHUP), by "
+    "result (refused: the previous configuration stays).",
+    ("result",),
+)
 HTTP_CONNECTIONS = MetricDef(
     "gpuscope_http_connections",
     GAUGE,
@@ -253,6 +260,7 @@ SELF_METRICS: Final[Sequence[MetricDef]] = (
     OTLP_REQUESTS_REJECTED,
     FORWARD_SPANS_SENT,
     FORWARD_SPANS_DROPPED,
+    WEB_CONFIG_RELOADS,
 )
 CONNECTION_METRICS: Final[Sequence[MetricDef]] = (
     HTTP_CONNECTIONS,

@@ -79,6 +79,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_otlp_requests_rejected", "counter", "", ("reason",)),
     ("gpuscope_forward_spans_sent", "counter", "", ()),
     ("gpuscope_forward_spans_dropped", "counter", "", ("reason",)),
+    ("gpuscope_web_config_reloads", "counter", "", ("result",)),
     ("gpuscope_http_connections", "gauge", "", ("state",)),
     ("gpuscope_http_connections_max", "gauge", "", ()),
     ("gpuscope_http_connections_closed", "counter", "", ("reason",)),
