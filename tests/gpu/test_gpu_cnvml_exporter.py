@@ -56,15 +56,17 @@ def _get(url: str) -> tuple[int, str]:
 @contextmanager
 def exporter(env: dict[str, str]) -> Iterator[str]:
     port = free_port()
-    command = [sys.executable, "-m", "gpuscope.cli", "exporter", "--listen", f"127.0.0.1:{port}",
-               "--gpu-source", "nvml", "--gpu-interval-s", "0.2", "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable, "-m", "gpuscope.cli", "exporter", "--listen", f"127.0.0.1:{port}",
+        "--gpu-source", "nvml", "--gpu-interval-s", "0.2", "--log-level", "warning",
+    ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
         while True:
             if process.poll() is not None:
-                pytest.fail(f"the exporter exited {process.returncode}: {process.stderr.read()}")
+                pytest.fail(f"the exporter exited {process.returncode}: {process.communicate()[1]}")
             try:
                 if _get(f"{url}/readyz")[0] == 200:
                     break
@@ -86,7 +88,7 @@ def gpu_series(metrics: str) -> list[str]:
     for line in metrics.splitlines():
         if not GPU_LINE.match(line):
             continue
-        name_labels, _, value = line.rpartition(" ")
+        name_labels = line.rpartition(" ")[0]
         lines.append(f"{name_labels} <varies>" if TIME_DEPENDENT.match(line) else line)
     return sorted(lines)
 
@@ -104,7 +106,9 @@ def check_golden(name: str, lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     if os.environ.get("GPUSCOPE_UPDATE_GOLDEN"):
         path.write_text(text)
-    assert path.exists(), f"no golden file {path}: run with GPUSCOPE_UPDATE_GOLDEN=1, then review it"
+    assert path.exists(), (
+        f"no golden file {path}: run with GPUSCOPE_UPDATE_GOLDEN=1, then review it"
+    )
     assert text == path.read_text()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def h200(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def run(profile: Path, body: str, *, release: str, branch: int = 580, **knobs: str) -> dict:
+def run(profile: Path, body: str, *, release: str, branch: int = 580, **knobs: str) -> Any:
     env = library.environment(profile, branch=branch, pynvml=release, knobs=knobs)
     done = library.run_python(PRELUDE + body + "\nprint(json.dumps(out))", env)
     assert done.returncode == 0, done.stderr
@@ -55,7 +56,8 @@ m = n.nvmlDeviceGetMemoryInfo(h)
 out["v1"] = [m.total, m.used]
 m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
 out["v2"] = [m2.total, m2.used, m2.reserved]
-out["sm"] = [n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM)]
+out["sm"] = [n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+             n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM)]
 out["limit_mw"] = n.nvmlDeviceGetEnforcedPowerLimit(h)
 out["link"] = [n.nvmlDeviceGetCurrPcieLinkGeneration(h), n.nvmlDeviceGetCurrPcieLinkWidth(h)]
 out["bus"] = n.nvmlDeviceGetPciInfo(h).busId
@@ -81,7 +83,9 @@ def test_an_older_branch_lacks_its_entry_points_as_symbols(h200: Path, release: 
     body = """
 out["events"] = err(lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
 out["throttle"] = err(lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
-out["numa"] = err(lambda: n.nvmlDeviceGetNumaNodeId(h)) if hasattr(n, "nvmlDeviceGetNumaNodeId") else "absent-in-pynvml"
+out["numa"] = "absent-in-pynvml"
+if hasattr(n, "nvmlDeviceGetNumaNodeId"):
+    out["numa"] = err(lambda: n.nvmlDeviceGetNumaNodeId(h))
 """
     old = run(h200, body, release=release, branch=535)
     assert old["throttle"] == 1  # the capture's clocks_event_reasons.active 0x1 (GPU idle)
@@ -135,7 +139,10 @@ out["after"] = err(lambda: n.nvmlDeviceGetTemperature(h, 0))
         ("IRQ_ISSUE", "11"),
     ):
         env = library.environment(h200, pynvml=release, knobs={"BAD_HANDLE": f"0:{code}"})
-        code_run = "import pynvml as n\nn.nvmlInit()\ntry:\n n.nvmlDeviceGetHandleByIndex(0)\nexcept n.NVMLError as e:\n print(e.value)"
+        code_run = (
+            "import pynvml as n\nn.nvmlInit()\n"
+            "try:\n n.nvmlDeviceGetHandleByIndex(0)\nexcept n.NVMLError as e:\n print(e.value)"
+        )
         assert library.run_python(code_run, env).stdout.strip() == error
 
 
@@ -177,9 +184,9 @@ def test_the_32_byte_process_stride_garbles_what_pynvml_reads(h200: Path) -> Non
     body = """
 out["pids"] = [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]
 """
-    knobs = {"SET": "gpu.0.processes.compute=301:1048576 302:2097152 303:3145728"}
-    right = run(h200, body, release=library.PYNVML_NEWEST, **knobs)
-    wrong = run(h200, body, release=library.PYNVML_NEWEST, PROCESS_STRIDE="32", **knobs)
+    listed = "gpu.0.processes.compute=301:1048576 302:2097152 303:3145728"
+    right = run(h200, body, release=library.PYNVML_NEWEST, SET=listed)
+    wrong = run(h200, body, release=library.PYNVML_NEWEST, PROCESS_STRIDE="32", SET=listed)
     assert right["pids"] == [301, 302, 303]
     assert wrong["pids"] != right["pids"] and wrong["pids"][0] == 301
     assert set(wrong["pids"][1:]) & {0, 4294967295}

@@ -21,8 +21,9 @@ from pathlib import Path
 CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu-captures"
 MIB = 2**20
 XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
-# NVML_GPM_METRIC_* ids (nvml.h): the four the exporter asks for
+# NVML_GPM_METRIC_* ids (nvml.h): the ones the exporter asks for
 GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL = 2, 3, 5, 10
+GPM_PCIE_TX, GPM_PCIE_RX = 20, 21  # NVML_GPM_METRIC_PCIE_TX_PER_SEC / RX_PER_SEC
 # compute capability major.minor -> NVML_DEVICE_ARCH_* (nvml.h)
 ARCHITECTURES = {"7.0": 5, "7.5": 6, "8.0": 7, "8.6": 7, "8.7": 7, "8.9": 8, "9.0": 9}
 
@@ -59,7 +60,9 @@ def _section(parts: dict[str, str], prefix: str) -> str:
 def query_gpu_rows(parts: dict[str, str], state: str) -> list[dict[str, str]]:
     """The ``--query-gpu`` CSV of ``state`` (idle or load), keys without their units."""
     body = _section(parts, f"{state} :: query-gpu")
-    rows = list(csv.reader([line for line in body.splitlines() if line.strip()], skipinitialspace=True))
+    rows = list(
+        csv.reader([line for line in body.splitlines() if line.strip()], skipinitialspace=True)
+    )
     header = [_UNIT.sub("", name) for name in rows[0]]
     return [dict(zip(header, row, strict=True)) for row in rows[1:]]
 
@@ -95,7 +98,10 @@ class Profile:
         return {key: value for key, value, _ in self.lines}
 
     def text(self) -> str:
-        out = [f"# profile of the C fake NVML, written by tests/support/cnvml/profiles.py from {self.source}"]
+        out = [
+            "# profile of the C fake NVML, written by tests/support/cnvml/profiles.py"
+            f" from {self.source}"
+        ]
         for key, value, comment in self.lines:
             out.append(f"{key}={value}" + (f"  # {comment}" if comment else ""))
         return "\n".join(out) + "\n"
@@ -161,8 +167,15 @@ def _migs(parts: dict[str, str], state: str) -> list[dict[str, str]]:
     return migs
 
 
-def _gpu(profile: Profile, index: int, row: dict[str, str], throughput: tuple[int, int] | None,
-         numa: str | None, migs: list[dict[str, str]], processes: list[tuple[str, str]]) -> None:
+def _gpu(
+    profile: Profile,
+    index: int,
+    row: dict[str, str],
+    throughput: tuple[int, int] | None,
+    numa: str | None,
+    migs: list[dict[str, str]],
+    processes: list[tuple[str, str]],
+) -> None:
     p = f"gpu.{index}."
 
     def put(key: str, column: str, convert: object = None, note: str = "") -> None:
@@ -192,13 +205,23 @@ def _gpu(profile: Profile, index: int, row: dict[str, str], throughput: tuple[in
     put("clock_event_reasons", "clocks_event_reasons.active")
     put("memory.total_bytes", "memory.total", lambda mib: int(mib) * MIB, "MiB")
     put("memory.reserved_bytes", "memory.reserved", lambda mib: int(mib) * MIB, "MiB")
-    put("memory.used_bytes", "memory.used", lambda mib: int(mib) * MIB, "MiB; v2 used (reserved apart)")
+    put(
+        "memory.used_bytes",
+        "memory.used",
+        lambda mib: int(mib) * MIB,
+        "MiB; v2 used (reserved apart)",
+    )
     put("utilization.gpu_percent", "utilization.gpu", int)
     put("utilization.memory_percent", "utilization.memory", int)
     put("temperature.gpu_c", "temperature.gpu", int)
     put("power.usage_mw", "power.draw", lambda w: round(w * 1000), "W")
     put("power.enforced_limit_mw", "enforced.power.limit", lambda w: round(w * 1000), "W")
-    for key, column in (("graphics", "graphics"), ("sm", "sm"), ("memory", "memory"), ("video", "video")):
+    for key, column in (
+        ("graphics", "graphics"),
+        ("sm", "sm"),
+        ("memory", "memory"),
+        ("video", "video"),
+    ):
         put(f"clock.{key}_mhz", f"clocks.current.{column}", int)
         put(f"clock.{key}_max_mhz", f"clocks.max.{column}", int)
     if _present(row.get("ecc.mode.current")) == "Enabled":
@@ -207,7 +230,11 @@ def _gpu(profile: Profile, index: int, row: dict[str, str], throughput: tuple[in
                 put(f"ecc.{scope}.{kind}", f"ecc.errors.{kind}.{scope}.total", int)
     mig_mode = _present(row.get("mig.mode.current"))
     if mig_mode is not None:
-        profile.set(p + "mig.mode", 1 if mig_mode == "Enabled" else 0, f"query-gpu mig.mode.current {mig_mode}")
+        profile.set(
+            p + "mig.mode",
+            1 if mig_mode == "Enabled" else 0,
+            f"query-gpu mig.mode.current {mig_mode}",
+        )
     if throughput is not None:
         tx, rx = throughput
         profile.set(p + "pcie.tx_bytes_per_s", tx * 1024, f"-q Tx Throughput {tx} KB/s")
@@ -218,24 +245,54 @@ def _gpu(profile: Profile, index: int, row: dict[str, str], throughput: tuple[in
     for mig in migs:
         q = f"{p}mig.{mig['index']}."
         profile.set(q + "uuid", mig["uuid"], "-L")
-        profile.set(q + "name", f"{row.get('name', 'GPU')} MIG {mig['name']}", "-L: GPU name and MIG profile")
+        profile.set(
+            q + "name",
+            f"{row.get('name', 'GPU')} MIG {mig['name']}",
+            "-L: GPU name and MIG profile",
+        )
         if "gi" in mig:
             profile.set(q + "gpu_instance_id", mig["gi"], "MIG table GI ID")
             profile.set(q + "compute_instance_id", mig["ci"], "MIG table CI ID")
-            profile.set(q + "memory.total_bytes", int(mig["total_mib"]) * MIB, "MIG table, shared memory MiB")
-            profile.set(q + "memory.used_bytes", int(mig["used_mib"]) * MIB, "MIG table, shared memory MiB")
+            profile.set(
+                q + "memory.total_bytes",
+                int(mig["total_mib"]) * MIB,
+                "MIG table, shared memory MiB",
+            )
+            profile.set(
+                q + "memory.used_bytes", int(mig["used_mib"]) * MIB, "MIG table, shared memory MiB"
+            )
     # what nvidia-smi cannot show, invented or assumed so that the fake answers at all
     if p + "power.usage_mw" in profile.values():
-        profile.set(p + "energy.at_init_mj", 0, "invented: the counter starts at 0 and grows with power.usage_mw")
-    profile.set(p + "events.supported", XID_CRITICAL_ERROR, "assumed: datacenter GPUs deliver XID events")
+        profile.set(
+            p + "energy.at_init_mj",
+            0,
+            "invented: the counter starts at 0 and grows with power.usage_mw",
+        )
+    profile.set(
+        p + "events.supported", XID_CRITICAL_ERROR, "assumed: datacenter GPUs deliver XID events"
+    )
     if architecture is not None and architecture >= 9:
         profile.set(p + "gpm.supported", 1, "GPM: Hopper and newer (nvml.h)")
         sm = _number(row.get("utilization.gpu"))
         invented = "invented: nvidia-smi shows no GPM values"
-        profile.set(p + f"gpm.{GPM_SM_UTIL}", sm if sm is not None else 0.0, invented + " (SM activity = utilization.gpu)")
+        profile.set(
+            p + f"gpm.{GPM_SM_UTIL}",
+            sm if sm is not None else 0.0,
+            invented + " (SM activity = utilization.gpu)",
+        )
         profile.set(p + f"gpm.{GPM_SM_OCCUPANCY}", 0.0, invented)
         profile.set(p + f"gpm.{GPM_ANY_TENSOR_UTIL}", 0.0, invented)
         profile.set(p + f"gpm.{GPM_DRAM_BW_UTIL}", 0.0, invented)
+        if throughput is not None:
+            # GPM's PCIe rates are MiB/s (pynvml 13.615.71's comment); the capture's -q
+            # throughput is the same link measured by nvidia-smi
+            tx, rx = throughput
+            profile.set(
+                p + f"gpm.{GPM_PCIE_TX}", tx * 1024 / MIB, f"-q Tx Throughput {tx} KB/s in MiB/s"
+            )
+            profile.set(
+                p + f"gpm.{GPM_PCIE_RX}", rx * 1024 / MIB, f"-q Rx Throughput {rx} KB/s in MiB/s"
+            )
 
 
 def _processes(parts: dict[str, str], state: str) -> dict[str, list[tuple[str, str]]]:
@@ -244,7 +301,9 @@ def _processes(parts: dict[str, str], state: str) -> dict[str, list[tuple[str, s
         body = _section(parts, f"{state} :: query-compute-apps")
     except CaptureError:
         return {}
-    rows = list(csv.reader([line for line in body.splitlines() if line.strip()], skipinitialspace=True))
+    rows = list(
+        csv.reader([line for line in body.splitlines() if line.strip()], skipinitialspace=True)
+    )
     if not rows:
         return {}
     header = [_UNIT.sub("", name) for name in rows[0]]
