@@ -336,7 +336,9 @@ class _Exchange:
         """The route template, else the raw path (this runs while the app is sending, so
         it never raises)."""
         try:
-            route = self.timeline.route or self.middleware.routes.resolve(self.scope, self.root_path)
+            route = self.timeline.route or self.middleware.routes.resolve(
+                self.scope, self.root_path
+            )
         except Exception as exc:
             stats.record_failure("route_for_response", exc)
             route = None

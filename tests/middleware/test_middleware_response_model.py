@@ -144,7 +144,11 @@ async def test_a_list_names_embeddings_by_its_route_or_its_items(
         )
         for s in span_recorder.server_spans()
     }
-    assert operations == {"/v1/embeddings": "embeddings", "/v1/models": None, "/embed": "embeddings"}
+    assert operations == {
+        "/v1/embeddings": "embeddings",
+        "/v1/models": None,
+        "/embed": "embeddings",
+    }
 
 
 @pytest.mark.parametrize(
