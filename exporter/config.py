@@ -70,6 +70,13 @@ class ExporterConfig(
         help="label sets per request metric; new ones past it go to one overflow series",
         check=_COUNT,
     )
+    max_models_per_service: int = option(
+        20,
+        help="distinct model label values per service; further ones share one "
+        'model="__overflow__" series set of that service, so one service cannot fill '
+        "--max-series for the others",
+        check=_COUNT,
+    )
     max_label_length: int = option(
         128, help="longest label value accepted from a span", unit="characters", check=_COUNT
     )

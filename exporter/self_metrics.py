@@ -77,7 +77,7 @@ class ExporterCollector(Collector):
         ]
         samples: dict[MetricDef, Iterable[tuple[Sequence[str], float]]] = {
             **{row: counter.items() for row, counter in aggregator.counters.items()},
-            defs.SERIES_OVERFLOW: [([_sample_name(f)], f.overflowed) for f in families],
+            defs.SERIES_OVERFLOW: _overflow_samples(families),
             defs.BUILD_INFO: [([__version__], 1.0)],
             defs.GPU_SOURCE: [(self.gpu_source, 1.0)],
             defs.SPANS_RECEIVED: [([], own.spans_received)],
@@ -94,6 +94,25 @@ class ExporterCollector(Collector):
 def _sample_name(family: HistogramFamily | CounterFamily) -> str:
     """The name a family's samples carry (the ``metric`` label of the overflow count)."""
     return family.name + "_total" if isinstance(family, CounterFamily) else family.name
+
+
+# Reasons of ``gpuscope_series_overflow_total{reason}``.
+MAX_SERIES = "max_series"
+MAX_MODELS_PER_SERVICE = "max_models_per_service"
+
+
+def _overflow_samples(
+    families: Sequence[HistogramFamily | CounterFamily],
+) -> list[tuple[Sequence[str], float]]:
+    """Each family's ``max_series`` overflow, and its model folds where it has a model cap."""
+    samples: list[tuple[Sequence[str], float]] = []
+    for family in families:
+        name = _sample_name(family)
+        samples.append(([name, MAX_SERIES], family.overflowed))
+        folded = family.models_folded
+        if folded is not None:
+            samples.append(([name, MAX_MODELS_PER_SERVICE], folded))
+    return samples
 
 
 def _by_reason(counts: Counter[str]) -> list[tuple[Sequence[str], float]]:

@@ -64,6 +64,7 @@ def create_app(
     processes = ProcessGpuMap()
     aggregator = SpanAggregator(
         max_series=config.max_series,
+        max_models_per_service=config.max_models_per_service,
         max_label_length=config.max_label_length,
         compute_observers=compute_observers,
         uuids_for_pid=processes.uuids_for_pid,

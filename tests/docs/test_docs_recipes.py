@@ -196,7 +196,7 @@ def test_a_new_request_metric_row_is_created_rendered_and_capped(
     assert families[-1] == EXTRA_HISTOGRAM.name
     registry = CollectorRegistry()
     registry.register(ExporterCollector(aggregator, SelfMetrics()))
-    overflow = {"metric": EXTRA_HISTOGRAM.name}
+    overflow = {"metric": EXTRA_HISTOGRAM.name, "reason": "max_series"}
     assert registry.get_sample_value("gpuscope_series_overflow_total", overflow) == 1.0
 
 
@@ -369,7 +369,9 @@ def test_an_engine_adapter_declares_every_attribute_it_reads() -> None:
         *engine_spans.COUNT_ATTRIBUTES,
         *engine_spans.TEXT_ATTRIBUTES,
     }
-    attributes = _Recording({key: 0.01 for key in engine_spans.SECONDS_ATTRIBUTES})
+    # All zero: any other one value for every duration contradicts itself (stages of
+    # 0.02 s in an inference of 0.01 s), which read_engine_span refuses.
+    attributes = _Recording({key: 0.0 for key in engine_spans.SECONDS_ATTRIBUTES})
     report = engine_spans.read_engine_span(attributes)
     assert attributes.asked <= declared
     # in gpuscope's vocabulary: the contract's phases and compute stages

@@ -71,7 +71,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_tokens", "counter", "", ("direction", "service", "model", "operation")),
     ("gpuscope_span_calls", "counter", "", _STOCK),
     ("gpuscope_span_duration_seconds", "histogram", "seconds", _STOCK),
-    ("gpuscope_series_overflow", "counter", "", ("metric",)),
+    ("gpuscope_series_overflow", "counter", "", ("metric", "reason")),
     ("gpuscope_build_info", "gauge", "", ("version",)),
     ("gpuscope_gpu_source_info", "gauge", "", ("requested", "source")),
     ("gpuscope_spans_received", "counter", "", ()),
