@@ -178,7 +178,7 @@ BUILD_INFO = MetricDef(
 GPU_SOURCE = MetricDef(
     "gpuscope_gpu_source_info",
     GAUGE,
-    "The GPU source in use (source: nvml, dcgm, simulated or none) and the --gpu-source "
+    "The GPU source in use (source: nvml, simulated or none) and the --gpu-source "
     "asked for (requested); the value is always 1.",
     ("requested", "source"),
 )
@@ -207,6 +207,13 @@ FORWARD_SPANS_DROPPED = MetricDef(
     COUNTER,
     "Spans not forwarded to --forward-otlp, by reason.",
     ("reason",),
+)
+WEB_CONFIG_RELOADS = MetricDef(
+    "gpuscope_web_config_reloads",
+    COUNTER,
+    "Re-reads of --web-config-file and --bearer-token-file (on change or SIGHUP), by "
+    "result (refused: the previous configuration stays).",
+    ("result",),
 )
 HTTP_CONNECTIONS = MetricDef(
     "gpuscope_http_connections",
@@ -253,6 +260,7 @@ SELF_METRICS: Final[Sequence[MetricDef]] = (
     OTLP_REQUESTS_REJECTED,
     FORWARD_SPANS_SENT,
     FORWARD_SPANS_DROPPED,
+    WEB_CONFIG_RELOADS,
 )
 CONNECTION_METRICS: Final[Sequence[MetricDef]] = (
     HTTP_CONNECTIONS,

@@ -23,6 +23,9 @@ from gpuscope.exporter.ingest.forward import FORWARD_DROP_REASONS
 from gpuscope.exporter.ingest.otlp import REQUEST_REJECT_REASONS
 from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily
 
+# ``gpuscope_web_config_reloads_total{result}``: re-reads of the credential files.
+RELOAD_APPLIED, RELOAD_REFUSED = "applied", "refused"
+
 
 class SelfMetrics:
     """Counters of what the exporter itself did; mutated on the event loop only."""
@@ -33,6 +36,7 @@ class SelfMetrics:
         self.requests_rejected: Counter[str] = Counter({r: 0 for r in REQUEST_REJECT_REASONS})
         self.forward_spans_sent = 0
         self.forward_spans_dropped: Counter[str] = Counter({r: 0 for r in FORWARD_DROP_REASONS})
+        self.web_config_reloads: Counter[str] = Counter({RELOAD_APPLIED: 0, RELOAD_REFUSED: 0})
 
 
 class ExporterCollector(Collector):
@@ -79,6 +83,7 @@ class ExporterCollector(Collector):
             defs.SPANS_RECEIVED: [([], own.spans_received)],
             defs.SPANS_REJECTED: _by_reason(own.spans_rejected),
             defs.OTLP_REQUESTS_REJECTED: _by_reason(own.requests_rejected),
+            defs.WEB_CONFIG_RELOADS: _by_reason(own.web_config_reloads),
         }
         if self.forwarding:
             samples[defs.FORWARD_SPANS_SENT] = [([], own.forward_spans_sent)]

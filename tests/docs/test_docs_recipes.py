@@ -293,7 +293,7 @@ def test_a_registered_gpu_source_is_what_auto_and_the_doctor_open(
 ) -> None:
     """One ``HardwareSource`` row: ``--gpu-source auto`` and ``gpuscope doctor`` try the
     registry in its order; every hardware kind of ``GpuSourceKind`` has its row."""
-    others = {GpuSourceKind.AUTO, GpuSourceKind.NONE, GpuSourceKind.SIMULATED}
+    others = {GpuSourceKind.AUTO, GpuSourceKind.NONE, GpuSourceKind.SIMULATED, *factory.RETIRED}
     kinds = [entry.kind for entry in factory.HARDWARE_SOURCES]
     assert sorted(kinds) == sorted(set(GpuSourceKind) - others)
     tried: list[str] = []
@@ -307,10 +307,12 @@ def test_a_registered_gpu_source_is_what_auto_and_the_doctor_open(
         return SimulatedSource(1)
 
     registry = (
+        # a second hardware kind for the recipe: the retired one's value, un-retired here
         factory.HardwareSource(GpuSourceKind.DCGM, refuse, OSError),
         factory.HardwareSource(GpuSourceKind.NVML, simulate, OSError),
     )
     monkeypatch.setattr(factory, "HARDWARE_SOURCES", registry)
+    monkeypatch.setattr(factory, "RETIRED", {})
     opened = open_gpu_source(GpuSourceKind.AUTO, scenario=None, simulated_count=1)
     assert isinstance(opened, SimulatedSource)
     source, errors = doctor._open(doctor.DoctorConfig())
