@@ -126,11 +126,11 @@ def test_promtool_inputs_are_shaped_like_the_engines_exposition(engine: Engine) 
         assert set(labels) >= TARGET_LABELS
         if "le" in labels:
             # as the engine writes the bound, or as Prometheus 3 stores it (500 as 500.0)
-            bounds = {b: b for b in shape.bounds} | {normalised(b): b for b in shape.bounds}
+            written = {b: b for b in shape.bounds} | {normalised(b): b for b in shape.bounds}
             le = labels["le"]
-            assert le in (*bounds, "+Inf"), f"{name} has no bucket {le}"
+            assert le in (*written, "+Inf"), f"{name} has no bucket {le}"
             others = str(sorted((k, v) for k, v in labels.items() if k != "le"))
-            buckets.setdefault((name, others), set()).add(bounds.get(le, le))
+            buckets.setdefault((name, others), set()).add(written.get(le, le))
     assert buckets or engine is engines.TRITON_ENGINE
     for (name, others), bounds in buckets.items():
         assert bounds == {*engine.exposition[name].bounds, "+Inf"}, f"{name} {others}"
