@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check alerts-check pynvml-versions
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -155,3 +155,24 @@ ray-venv: $(RAY_STAMP) install
 
 ray-check: ray-venv
 	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python $(BIN)/pytest -q -rP tests/engines/test_ray_serve_live.py
+
+# The real-engine check on Triton Inference Server: nvidia-pytriton (its wheel carries
+# tritonserver 2.51.0; installed once into .venv-triton) serving three NumPy models, a
+# real Prometheus with the shipped rules (tests/engines/test_triton_live.py); it
+# re-captures the fixtures of tests/fixtures/triton-2.51/ that make test replays.
+TRITON_VENV    := .venv-triton
+TRITON_VERSION := 0.7.0
+TRITON_STAMP   := $(TRITON_VENV)/.installed-$(TRITON_VERSION)
+
+$(TRITON_STAMP):
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet --upgrade pip
+	$(TRITON_VENV)/bin/pip install --quiet nvidia-pytriton==$(TRITON_VERSION)
+	touch $(TRITON_STAMP)
+
+triton-venv: $(TRITON_STAMP) install
+
+triton-check: triton-venv system-deps
+	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
+	GPUSCOPE_TRITON_CAPTURE=tests/fixtures/triton-2.51 \
+	$(BIN)/pytest -q -rP tests/engines/test_triton_live.py
