@@ -270,3 +270,40 @@ async def healthz_metrics(host: str, port: int) -> bytes:
         return await asyncio.wait_for(reader.read(), 10)
     finally:
         writer.close()
+
+
+async def test_trickled_bodies_at_the_cap_are_cut_for_new_clients() -> None:
+    # Every connection of the cap holds a body that trickles in: without the cut, each
+    # new client met "too many connections" for the whole request timeout.
+    cap, clients = 4, 6
+    with serve_guarded_worker(
+        max_connections=cap, idle_timeout_s=60, header_timeout_s=60, request_timeout_s=60
+    ) as (url, _):
+        host, port = address(url)
+        trickling = []
+        for _ in range(cap):
+            connection = await asyncio.open_connection(host, port)
+            connection[1].write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model": '
+            )
+            trickling.append(connection)
+        await asyncio.sleep(0.3)  # each request in the app, reading its body
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+        answers = []
+        for _ in range(clients):  # one at a time: each needs one connection of the cap
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                answers.append((await client.post("/v1/completions", json=body)).status_code)
+        # as many uploads were cut as new clients needed a connection; the rest still wait
+        cut = []
+        for reader, _ in trickling:
+            with contextlib.suppress(TimeoutError):
+                cut.append(await asyncio.wait_for(reader.read(), 1))
+        for _, writer in trickling:
+            writer.close()
+    assert answers == [200] * clients
+    assert cut, "no upload was cut, so no new client could have been let in"
+    for answer in cut:  # each cut upload was told why, then closed
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), answer
+        assert json.loads(payload)["error"]["code"] == "upload_cut"
