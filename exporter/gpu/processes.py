@@ -50,6 +50,8 @@ class ProcessJoin(StrEnum):
     NOT_SUPPORTED = "not_supported"
     OTHER_PID_NAMESPACE = "other_pid_namespace"
     NO_GPU_SOURCE = "no_gpu_source"
+    # NVML listed pids no process can have (a pynvml/driver record-size mismatch)
+    UNTRUSTED_LISTING = "untrusted_listing"
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class ProcessListing:
 
 
 class ProcessListUnavailable(Exception):
-    """The source cannot list processes at all (e.g. DCGM without pynvml)."""
+    """The source cannot list processes at all."""
 
     def __init__(self, status: ProcessJoin, why: str) -> None:
         super().__init__(why)
