@@ -108,6 +108,28 @@ class ExporterConfig(
         "microseconds a value)",
         check=_COUNT,
     )
+    max_ingest_bytes: int = option(
+        96 * MIB,
+        help="bytes that /v1/traces bodies may hold at once, all requests together: each "
+        "body as sent from before it is read (its declared length) until it is decoded, "
+        "and the one being decoded after gunzip; past it: 429 with Retry-After, counted as "
+        "ingest_memory_full (the default fits the Kubernetes manifests' memory limit with "
+        "the decoder's and the process's own)",
+        check=_COUNT,
+    )
+    max_decode_cpu_s: float = option(
+        2.0,
+        help="CPU time the ingest thread may spend decoding one OTLP/JSON request; past it: "
+        "413, counted as decode_budget",
+        check=positive,
+    )
+    ingest_timeout_s: float = option(
+        5.0,
+        help="how long a /v1/traces request may wait for its turn and its decode once its "
+        "body is in; past it: 503 with Retry-After, never counted (abandoned); below the "
+        "OpenTelemetry SDK's 10 s timeout so that the SDK has time to retry",
+        check=positive,
+    )
     forward_otlp: str | None = option(
         None,
         help="also send every received export request, unchanged, to this OTLP/HTTP URL",

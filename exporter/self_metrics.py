@@ -21,6 +21,7 @@ from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.ingest.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.ingest.forward import FORWARD_DROP_REASONS
 from gpuscope.exporter.ingest.otlp import REQUEST_REJECT_REASONS
+from gpuscope.exporter.ingest.pipeline import INGEST_REJECT_REASONS
 from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily
 
 # ``gpuscope_web_config_reloads_total{result}``: re-reads of the credential files.
@@ -33,7 +34,9 @@ class SelfMetrics:
     def __init__(self) -> None:
         self.spans_received = 0
         self.spans_rejected: Counter[str] = Counter({r: 0 for r in SPAN_REJECT_REASONS})
-        self.requests_rejected: Counter[str] = Counter({r: 0 for r in REQUEST_REJECT_REASONS})
+        self.requests_rejected: Counter[str] = Counter(
+            {r: 0 for r in (*REQUEST_REJECT_REASONS, *INGEST_REJECT_REASONS)}
+        )
         self.forward_spans_sent = 0
         self.forward_spans_dropped: Counter[str] = Counter({r: 0 for r in FORWARD_DROP_REASONS})
         self.web_config_reloads: Counter[str] = Counter({RELOAD_APPLIED: 0, RELOAD_REFUSED: 0})

@@ -38,6 +38,7 @@ from gpuscope.exporter.http.security import Authenticator, WebConfig
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.exporter.ingest.forward import OtlpForwarder
+from gpuscope.exporter.ingest.memory import IngestMemory
 from gpuscope.exporter.ingest.pipeline import Ingest
 from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.state import STATE, ExporterState
@@ -105,7 +106,12 @@ def create_app(
             logger=connections.log,
         ),
         password_checks=password_check_pool(),
-        ingest=Ingest(aggregator, limits),
+        ingest=Ingest(
+            aggregator,
+            limits,
+            memory=IngestMemory(config.max_ingest_bytes),
+            decode_cpu_s=config.max_decode_cpu_s,
+        ),
     )
     registry.register(ConnectionCollector(state.guard))
     # Connection tracking first, so that refused requests count as in flight too. The

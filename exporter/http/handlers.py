@@ -6,8 +6,9 @@
 shutting down); ``/healthz`` fails only when the GPU source cannot heal without a
 restart (a driver upgraded under it).
 
-Export requests are decoded and aggregated in the ingest thread (``ingest``), one at a
-time, the only writer of the aggregator's series; the self-monitoring counters change
+Export requests are decoded and aggregated in the ingest thread (``pipeline``), one at
+a time, senders in turn, the only writer of the aggregator's series; the bytes they hold
+meanwhile are bounded (``memory``); the self-monitoring counters change
 on the event loop's thread. A scrape renders in worker threads (reading each series
 consistently, see ``series``), so neither a large ``/metrics`` nor a large export
 request holds up the other, or the event loop.
@@ -26,30 +27,56 @@ from prometheus_client.exposition import gzip_accepted
 from gpuscope.exporter.http.render import content_type_for, scrape_pieces
 from gpuscope.exporter.http.routes import otlp_error
 from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.ingest.memory import INGEST_MEMORY_FULL
 from gpuscope.exporter.state import STATE, ExporterState
 
 log = logging.getLogger(__name__)
 
 # Reasons after which the connection closes instead of reading the rest of the body.
-_BODY_LEFT_UNREAD = frozenset((otlp.BODY_TIMEOUT, otlp.SHED_AT_CAP))
+_BODY_LEFT_UNREAD = frozenset((otlp.BODY_TIMEOUT, otlp.SHED_AT_CAP, INGEST_MEMORY_FULL))
 
 
 async def receive_traces(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         media = otlp.media_type(request.headers.get(hdrs.CONTENT_TYPE))
-        body = await _read_body(request, state)
-        encoding = request.headers.get(hdrs.CONTENT_ENCODING)
-        state.refresh_gpu_devices()
-        result = await state.ingest.run(body, encoding, media, state.drain_expired)
+        _check_declared_length(request, state)
+        # the body's share of --max-ingest-bytes, taken before it is read
+        with state.ingest.memory.holding(_most_it_can_hold(request, state)) as held:
+            body = await _read_body(request, state)
+            held.resize(len(body))
+            state.refresh_gpu_devices()
+            result = await state.ingest.run(
+                body,
+                request.headers.get(hdrs.CONTENT_ENCODING),
+                media,
+                sender=request.remote or "",
+                timeout_s=state.config.ingest_timeout_s,
+                connected=partial(_connected, request),
+                give_up=state.drain_expired,
+            )
     except otlp.OtlpError as exc:
         return _refused(request, state, exc)
     state.metrics.spans_received += result.received
     state.metrics.spans_rejected.update(result.rejected)
     if state.forwarder is not None and result.received:
-        state.forwarder.submit(body, media, encoding, result.received)
+        state.forwarder.submit(
+            body, media, request.headers.get(hdrs.CONTENT_ENCODING), result.received
+        )
     answer = otlp.encode_response(media, result.rejected_total, result.error_message())
     return web.Response(body=answer, content_type=media)
+
+
+def _most_it_can_hold(request: web.Request, state: ExporterState) -> int:
+    """The body's declared length, else the most it may be."""
+    if request.content_length is not None:
+        return request.content_length
+    return state.limits.max_body_bytes
+
+
+def _connected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and not transport.is_closing()
 
 
 def _refused(request: web.Request, state: ExporterState, exc: otlp.OtlpError) -> web.Response:
@@ -59,7 +86,7 @@ def _refused(request: web.Request, state: ExporterState, exc: otlp.OtlpError) ->
     # Error bodies follow the request's format when it is one of ours, else protobuf.
     reply_media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
     response = otlp_error(reply_media, exc.status, str(exc))
-    if exc.status == 503:
+    if exc.status in (429, 503):  # the OpenTelemetry SDK retries these after Retry-After
         response.headers[hdrs.RETRY_AFTER] = "1"
     if exc.reason in _BODY_LEFT_UNREAD:  # the rest of the body is not waited for
         response.force_close()
@@ -95,7 +122,6 @@ def _check_declared_length(request: web.Request, state: ExporterState) -> None:
 
 
 async def _read_body(request: web.Request, state: ExporterState) -> bytes:
-    _check_declared_length(request, state)
     limit = state.limits.max_body_bytes
     try:
         with state.guard.uploading(request.protocol) as cut:

@@ -78,9 +78,14 @@ BOMBS: dict[str, tuple[Callable[[], bytes], dict[str, str], str]] = {
 }
 
 
+# A 10,000-span OTLP/JSON request takes seconds to decode on a busy machine: past the
+# default decode budget and ingest timeout, which ``test_exporter_fair_ingest`` covers.
+PATIENT = {"max_decode_cpu_s": 120.0, "ingest_timeout_s": 120.0}
+
+
 @pytest.fixture
 async def exporter() -> AsyncIterator[RunningExporter]:
-    running = await start_exporter(loopback_config())
+    running = await start_exporter(loopback_config(**PATIENT))
     try:
         yield running
     finally:
@@ -151,7 +156,7 @@ async def test_health_checks_are_answered_while_a_large_request_is_decoded(
 async def test_a_shutdown_does_not_wait_for_a_decode_and_never_counts_what_it_refused(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
-    exporter = await start_exporter(loopback_config(shutdown_timeout_s=0.2))
+    exporter = await start_exporter(loopback_config(shutdown_timeout_s=0.2, **PATIENT))
     upload = await post_in_background(exporter, json_spans(10_000))
     await exporter.stop()  # the shutdown timeout runs out during the decode
     assert await upload == 503

@@ -1,0 +1,79 @@
+"""``cpu_budget``: the ingest thread's CPU time for decoding one request, enforced.
+
+OTLP/JSON goes through protobuf's JSON mapping in Python at about 7 µs a value, so a
+request within every cap (a million values) could hold the one ingest thread for seconds:
+a 2.8 KB gzip body (one attribute of 900,000 empty array values) took 7.0 s of CPU, and
+four connections posting such bodies made every other sender's export time out. Under
+``cpu_budget`` the thread's profile hook looks at its CPU time every 1,024 calls and
+stops the decode once the budget is spent (413 ``decode_budget``), or once the handler
+has given the request up, so that the thread moves on at once.
+
+The hook costs about as much again as the mapping it watches, so it is only set where
+the budget could be spent: an OTLP/JSON body whose objects and arrays (``{`` and ``[``
+in its bytes, an over-count) would take over a quarter of the budget. Protobuf is one
+C call (0.5 s for the largest body, ``docs/reliability.md``) that no hook could stop.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Final
+
+from gpuscope.exporter.ingest import otlp
+
+# ``gpuscope_otlp_requests_rejected_total{reason}``: over ``--max-decode-cpu-s`` (413).
+DECODE_BUDGET: Final = "decode_budget"
+
+# protobuf's JSON mapping, a value (``docs/reliability.md``)
+JSON_VALUE_CPU_S: Final = 7e-6
+_CHECK_EVERY: Final = 1024
+
+
+class GivenUp(BaseException):
+    """The handler gave the request up while it was decoded (not an ``Exception``, so
+    that no ``except`` of the decoder takes it for a decoding error)."""
+
+
+class _Spent(BaseException):
+    pass
+
+
+def needs_watching(data: bytes, media: str, budget_s: float) -> bool:
+    """Whether decoding ``data`` could take over a quarter of ``budget_s``."""
+    if media != otlp.JSON:
+        return False
+    containers = data.count(b"{") + data.count(b"[")
+    return containers * JSON_VALUE_CPU_S > budget_s / 4
+
+
+@contextmanager
+def cpu_budget(budget_s: float, given_up: Callable[[], bool]) -> Iterator[None]:
+    """Run the block in at most ``budget_s`` of this thread's CPU time (413
+    ``OtlpError`` past it), and stop it (``GivenUp``) once ``given_up()``."""
+    limit = time.thread_time() + budget_s
+    calls = 0
+
+    def check(frame: FrameType, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls % _CHECK_EVERY == 0 and (time.thread_time() > limit or given_up()):
+            raise _Spent
+
+    sys.setprofile(check)
+    try:
+        yield
+    except _Spent:
+        if given_up():
+            raise GivenUp from None
+        raise otlp.OtlpError(
+            413,
+            DECODE_BUDGET,
+            f"decoding this request took more than {budget_s:g} s of CPU "
+            "(--max-decode-cpu-s); send fewer values per request",
+        ) from None
+    finally:
+        sys.setprofile(None)
