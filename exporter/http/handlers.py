@@ -21,6 +21,7 @@ from functools import partial
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
 
+from gpuscope.exporter.http.auth import was_authenticated
 from gpuscope.exporter.http.render import content_type_for, scrape_pieces
 from gpuscope.exporter.http.routes import otlp_error
 from gpuscope.exporter.ingest import otlp
@@ -39,7 +40,9 @@ async def receive_traces(request: web.Request) -> web.Response:
         body = await _read_body(request, state)
         encoding = request.headers.get(hdrs.CONTENT_ENCODING)
         state.refresh_gpu_devices()
-        result = await state.ingest.run(body, encoding, media, state.drain_expired)
+        result = await state.ingest.run(
+            body, encoding, media, state.drain_expired, was_authenticated(request)
+        )
     except otlp.OtlpError as exc:
         return _refused(request, state, exc)
     state.metrics.spans_received += result.received

@@ -91,12 +91,20 @@ class Ingest:
         self._thread = ThreadPool("gpuscope-ingest", 1, sys.maxsize)
 
     async def run(
-        self, body: bytes, content_encoding: str | None, media: str, give_up: asyncio.Event
+        self,
+        body: bytes,
+        content_encoding: str | None,
+        media: str,
+        give_up: asyncio.Event,
+        authenticated: bool = False,
     ) -> IngestResult:
         """Decompress, decode and aggregate ``body``; an ``OtlpError`` if it is refused,
-        or 503 ``shutting_down`` when ``give_up`` is set before it is being aggregated."""
+        or 503 ``shutting_down`` when ``give_up`` is set before it is being aggregated.
+        ``authenticated``: the sender passed authentication (for the process join)."""
         job = _Job()
-        work = self._thread.submit(partial(self._ingest, job, body, content_encoding, media))
+        work = self._thread.submit(
+            partial(self._ingest, job, body, content_encoding, media, authenticated)
+        )
         stop = asyncio.ensure_future(give_up.wait())
         try:
             await asyncio.wait((work, stop), return_when=FIRST_COMPLETED)
@@ -114,7 +122,12 @@ class Ingest:
         return await work  # done, or being aggregated: finishes soon
 
     def _ingest(
-        self, job: _Job, body: bytes, content_encoding: str | None, media: str
+        self,
+        job: _Job,
+        body: bytes,
+        content_encoding: str | None,
+        media: str,
+        authenticated: bool = False,
     ) -> IngestResult:
         """In the ingest thread."""
         data = otlp.decompress(body, content_encoding, self.limits)
@@ -122,7 +135,7 @@ class Ingest:
         del data
         if not job.commit():
             raise _GivenUp
-        return self.aggregator.ingest(request)
+        return self.aggregator.ingest(request, authenticated)
 
     @property
     def pending(self) -> int:
