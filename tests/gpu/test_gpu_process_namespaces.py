@@ -289,9 +289,11 @@ async def test_a_sender_in_another_pid_namespace_is_not_joined_and_the_status_sa
         join = state.poller.processes.state()
         assert join.status is ProcessJoin.UNMAPPED_PIDS, join.why
         assert join.nested == 1 and join.claims.unmapped == 1
-        async with aiohttp.ClientSession() as session:
-            async with session.get(running.url + "/metrics") as response:
-                text = await response.text()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(running.url + "/metrics") as response,
+        ):
+            text = await response.text()
         found = {
             s.labels["status"]: s.value
             for s in samples(text)
