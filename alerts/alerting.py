@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from alerts.engine_rules import EngineJobs
 from alerts.recording import (
     BATCH_WAIT,
     ERRORS_RATIO,
@@ -28,6 +29,7 @@ from alerts.recording import (
 )
 from alerts.settings import SMG, THROTTLE_REASONS, Settings, Slo
 from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
+from dashboards.engines import ENGINES
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
 
@@ -397,7 +399,36 @@ def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def alerting_groups(settings: Settings) -> list[dict[str, Any]]:
+def engine_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+    """Triton's, TGI's and SGLang's own ``/metrics`` gone (one expression per engine job
+    of the engine table): a target Prometheus cannot scrape, or a job whose targets all
+    went away although it had one within ``engine_seen_window``. A job never scraped
+    there is an engine this site does not run: no alert."""
+    seen = settings.engine_seen_window
+    parts = []
+    for engine in ENGINES:
+        up = f"up{jobs.sel(engine)}"
+        parts.append(
+            f"{up} == 0\nor\n(\n  absent({up})\n"
+            f"  and on ()\n  count(max_over_time({up}[{seen}]))\n)"
+        )
+    return [
+        _alert(
+            settings,
+            "GpuscopeEngineMetricsDown",
+            "\nor\n".join(parts),
+            settings.for_(settings.for_worker),
+            "warning",
+            "Prometheus cannot scrape a serving engine's own metrics.",
+            "{{ with $labels.instance }}{{ . }} of job {{ $labels.job }} cannot be scraped"
+            "{{ else }}Job {{ $labels.job }} has no target left{{ end }}: that engine's "
+            "requests, errors and verdict read as no traffic.",
+        ),
+    ]
+
+
+def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[dict[str, Any]]:
+    jobs = jobs or EngineJobs()
     groups = {
         "gpuscope-request-alerts": [
             *request_alerts(settings),
@@ -406,7 +437,7 @@ def alerting_groups(settings: Settings) -> list[dict[str, Any]]:
         ],
         "gpuscope-gpu-alerts": [*gpu_alerts(settings), *gpu_source_alerts(settings)],
         "gpuscope-exporter-alerts": exporter_alerts(settings),
-        "gpuscope-worker-alerts": worker_alerts(settings),
+        "gpuscope-worker-alerts": [*worker_alerts(settings), *engine_alerts(settings, jobs)],
     }
     return [
         {"name": name, "interval": settings.interval, "rules": rules}

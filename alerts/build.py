@@ -65,7 +65,7 @@ def rendered(settings: Settings, jobs: EngineJobs | None = None) -> dict[str, st
         "recording.yml": render(
             with_engine_timings(recording_groups(settings), settings, jobs), releases_comment()
         ),
-        "alerting.yml": render(alerting_groups(settings)),
+        "alerting.yml": render(alerting_groups(settings, jobs)),
         "engines.yml": render(engine_groups(settings, jobs), releases_comment()),
     }
 
@@ -78,7 +78,7 @@ def prometheus_rule(settings: Settings, metadata: dict[str, Any]) -> dict[str, A
     """
     jobs = EngineJobs()
     groups = with_engine_timings(recording_groups(settings), settings, jobs)
-    groups += alerting_groups(settings) + engine_groups(settings, jobs)
+    groups += alerting_groups(settings, jobs) + engine_groups(settings, jobs)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

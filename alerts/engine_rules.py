@@ -33,9 +33,12 @@ from alerts.recording import (
     REQUESTS_RATE,
     RUNNING,
     WAITING,
+    error_ratio,
     indent,
+    le_matcher,
     rate_record,
     slo_errors_ratio,
+    slo_ratio,
     with_host,
 )
 from alerts.settings import SERVICE_MODEL, Settings, Slo, seconds_of
@@ -47,7 +50,9 @@ from dashboards.engines import (
     TGI_BATCH_SIZE,
     TGI_ENGINE,
     TRITON_ENGINE,
+    TRITON_EXECUTED_FAILURES,
     TRITON_EXECUTIONS,
+    TRITON_FAILURE,
     TRITON_INFERENCES,
     Engine,
     EngineTiming,
@@ -114,11 +119,6 @@ def _either(first: str, operator: str, second: str) -> str:
     return f"(\n  {indent(first)}\n  {operator}\n  (\n    {fallback}\n  )\n)"
 
 
-def _minus(total: str, part: str) -> str:
-    """``total`` less ``part``; where ``part`` has no series, ``total`` itself."""
-    return _either(total, "-", part)
-
-
 def _plus(first: str, second: str) -> str:
     """``first`` + ``second``; where ``second`` has no series (a counter an engine
     creates at its first increment), ``first`` itself."""
@@ -151,8 +151,6 @@ def _timing_rules(
         # a counter in µs (ms) grows by 1e6 (1e3) a second of time spent
         seconds = f"(\n  {indent(seconds)}\n)\n/ {timing.per_second:g}"
     count = _sum(settings, engine, _rate(timing.count, sel, w), by)
-    if timing.minus_count:
-        count = _minus(count, _sum(settings, engine, _rate(timing.minus_count, sel, w), by))
     rules = [
         _rule(rate_record(timing.gpuscope, "sum") + w, seconds, **labels),
         _rule(rate_record(timing.gpuscope, "count") + w, count, **labels),
@@ -170,25 +168,24 @@ def _timing_rules(
 
 def _buckets(settings: Settings, jobs: EngineJobs, engine: Engine, timing: EngineTiming) -> str:
     """The bucket rates with ``le`` in seconds. Bounds already in seconds keep their
-    ``le``; others (Triton's ms) are written one by one with the bound converted, so
-    only the bounds the engine is known to use are read."""
-    w, by = settings.window, f"{SERVICE_MODEL}, host, le"
+    ``le``; others (Triton's ms) are read one by one, each written either way (``500``
+    as the engine writes it, ``500.0`` as Prometheus 3 stores it) and added up before
+    the bound in seconds is set, so only the bounds the engine is known to use are read."""
+    w, by = settings.window, f"{SERVICE_MODEL}, host"
     if timing.per_second == 1:
-        return _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine), w), by)
+        return _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine), w), by + ", le")
     converted = [
         *(
-            (bound, f"{seconds:g}")
+            (le_matcher(bound), f"{seconds:g}")
             for bound, seconds in zip(timing.bounds, timing.seconds, strict=True)
         ),
-        ("+Inf", "+Inf"),
+        ('le="+Inf"', "+Inf"),
     ]
     return "\nor\n".join(
         "label_replace(\n  "
-        + indent(
-            _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), w), by)
-        )
-        + f',\n  "le", "{seconds}", "le", ".*"\n)'
-        for native, seconds in converted
+        + indent(_sum(settings, engine, _rate(timing.bucket, jobs.sel(engine, matcher), w), by))
+        + f',\n  "le", "{seconds}", "", ""\n)'
+        for matcher, seconds in converted
     )
 
 
@@ -245,9 +242,8 @@ def request_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
                 settings, engine, _rate(counter, jobs.sel(engine, matcher), window), SERVICE_MODEL
             )
             finished = _finished(settings, jobs, engine, window)
-            # "or ... * 0": no failure series at all is a ratio of 0, not no data
-            ratio = f"(\n  {indent(failed)}\n  or\n  {indent(finished)} * 0\n)\n/\n{finished}"
-            rules.append(_rule(ERRORS_RATIO + window, ratio, **source))
+            # no failure series at all is a ratio of 0; no request, no ratio (not NaN)
+            rules.append(_rule(ERRORS_RATIO + window, error_ratio(failed, finished), **source))
     for slo in (settings.latency_slo, settings.ttft_slo):
         rules += _slo_rules(settings, jobs, slo)
     return rules
@@ -265,17 +261,23 @@ def _slo_rules(settings: Settings, jobs: EngineJobs, slo: Slo) -> list[dict[str,
             if native is None:
                 continue
             for window in settings.slo_windows():
+                # the bound written either way (Prometheus 3 stores 500 as 500.0)
                 good = _sum(
                     settings,
                     engine,
-                    _rate(timing.bucket, jobs.sel(engine, f'le="{native}"'), window),
+                    _rate(timing.bucket, jobs.sel(engine, le_matcher(native)), window),
                     SERVICE_MODEL,
                 )
                 total = _sum(
                     settings, engine, _rate(timing.count, jobs.sel(engine), window), SERVICE_MODEL
                 )
-                ratio = f"1 - (\n  {indent(good)}\n  /\n  {indent(total)}\n)"
-                rules.append(_rule(slo_errors_ratio(slo) + window, ratio, source=engine.source))
+                rules.append(
+                    _rule(
+                        slo_errors_ratio(slo) + window,
+                        slo_ratio(good, total),
+                        source=engine.source,
+                    )
+                )
     return rules
 
 
@@ -307,10 +309,18 @@ def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
     triton, tgi = TRITON_ENGINE, TGI_ENGINE
     inferences = _sum(settings, triton, _rate(TRITON_INFERENCES, jobs.sel(triton), w), by)
     executions = _sum(settings, triton, _rate(TRITON_EXECUTIONS, jobs.sel(triton), w), by)
+    # A failed execution adds to the executions and not to the inferences: each request
+    # the backend failed is counted back as one inference, exact where every failed
+    # request carried one (a request with a batch dimension of n would count n)
+    failed = _sum(
+        settings, triton, _rate(TRITON_FAILURE, jobs.sel(triton, TRITON_EXECUTED_FAILURES), w), by
+    )
+    inferences = _plus(inferences, failed)
     # TGI's gauge is the running batch, set to 0 when it ends: its mean while one runs
     running_batch = f"avg_over_time(({TGI_BATCH_SIZE}{jobs.sel(tgi)} > 0)[{w}:])"
     rules += [
-        # inferences (a request's batch dimension, 1 for most LLM requests) per execution
+        # inferences (a request's batch dimension, 1 for most LLM requests) per execution,
+        # failed ones included
         _rule(
             BATCH_SIZE_MEAN + w,
             f"{inferences}\n/\n(\n  {indent(executions)}\n  > 0\n)",

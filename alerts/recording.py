@@ -244,28 +244,28 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
     for window in sorted({*settings.slo_windows(), w}, key=seconds_of):
         record = f"{ERRORS_RATIO}{window}"
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
-        spans = _error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
+        spans = error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM: requests the engine finished with an error, of all it finished
         vllm_failed = _vllm(settings, f"rate({failed}[{window}])", SERVICE_MODEL)
         vllm_finished = _vllm(settings, f"rate({finished}[{window}])", SERVICE_MODEL)
-        rules.append(_rule(record, _error_ratio(vllm_failed, vllm_finished), source=VLLM))
+        rules.append(_rule(record, error_ratio(vllm_failed, vllm_finished), source=VLLM))
     return rules
 
 
-def _error_ratio(errors: str, total: str) -> str:
+def error_ratio(errors: str, total: str) -> str:
     # "> 0": a window without requests has no ratio (absent), not a NaN one (0/0)
     return f"(\n  {indent(errors)}\n  or\n  {indent(total)} * 0\n)\n/\n({total} > 0)"
 
 
 def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
     total = f"{slo.histogram}_count{settings.sel(settings.slo_selector)}"
-    le = f'le=~"{_le_pattern(slo.le)}"'
+    le = le_matcher(slo.le)
     good = f"{slo.histogram}_bucket{settings.sel(settings.slo_selector + ', ' + le)}"
     rules = []
     for window in settings.slo_windows():
         record = f"{slo_errors_ratio(slo)}{window}"
-        spans = _slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
+        spans = slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
         rules.append(_rule(record, spans, source=SPANS))
         # vLLM's histogram, where the objective's bound is one of its buckets (a bound
         # between two buckets cannot be counted; no ratio rather than a wrong one)
@@ -282,19 +282,28 @@ def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
                 f"rate({native.native}_count{settings.vllm_sel()}[{window}])",
                 SERVICE_MODEL,
             )
-            rules.append(_rule(record, _slo_ratio(vllm_good, vllm_total), source=VLLM))
+            rules.append(_rule(record, slo_ratio(vllm_good, vllm_total), source=VLLM))
     return rules
 
 
-def _slo_ratio(good: str, total: str) -> str:
+def slo_ratio(good: str, total: str) -> str:
     # "> 0": no requests in the window is no ratio (absent), not NaN
     return f"1 - (\n  {indent(good)}\n  /\n  ({indent(total)} > 0)\n)"
 
 
-def _le_pattern(le: str) -> str:
-    """``1.0`` and ``1`` both: exporters and Prometheus versions write bounds differently."""
+def le_pattern(le: str) -> str:
+    """The regex of bucket bound ``le`` written either way, ``1.0`` or ``1`` (``500.0`` or
+    ``500``): exporters write whole bounds with or without ``.0``, and Prometheus 3
+    stores a classic histogram's ``le="500"`` as ``le="500.0"``."""
     whole = le.removesuffix(".0")
-    return f"{whole}(\\\\.0)?" if whole != le else le.replace(".", "\\\\.")
+    if whole.isdigit():
+        return f"{whole}(\\\\.0)?"
+    return le.replace(".", "\\\\.")
+
+
+def le_matcher(le: str) -> str:
+    """The matcher of bucket bound ``le`` in either form (``le_pattern``)."""
+    return f'le=~"{le_pattern(le)}"'
 
 
 def _sum_rate(selector: str, window: str) -> str:

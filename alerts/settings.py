@@ -115,6 +115,9 @@ class Settings:
     for_kv_cache: str = "10m"
     for_kv_cache_capacity: str = "15m"
     for_worker: str = "5m"
+    # an engine job (Triton, TGI, SGLang) whose targets all went away alerts when it had
+    # one within this window; a job never seen is an engine the site does not run
+    engine_seen_window: str = "1d"
     increase_window: str = "10m"  # XID, ECC, overflow and drop counts
     spans_idle_window: str = "10m"
 

@@ -67,14 +67,18 @@ TEXT_ATTRIBUTES: Final = (spans.GEN_AI_REQUEST_MODEL, VLLM_RESPONSE_MODEL)
 
 
 class EngineSpanInvalid(ValueError):
-    """An engine span attribute that is not a finite, non-negative number.
+    """An engine span attribute that is not a finite number in its range, or durations
+    that contradict each other.
 
-    ``is_duration`` tells a bad duration from another bad value (a token count).
+    ``is_duration`` tells a bad duration from another bad value (a token count);
+    ``inconsistent`` marks values each valid alone that cannot all be true (a time to
+    first token after the request ended, stages longer than the compute they split).
     """
 
-    def __init__(self, message: str, *, is_duration: bool) -> None:
+    def __init__(self, message: str, *, is_duration: bool, inconsistent: bool = False) -> None:
         super().__init__(message)
         self.is_duration = is_duration
+        self.inconsistent = inconsistent
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +98,24 @@ def is_engine_request_span(name: str) -> bool:
     return name in ENGINE_REQUEST_SPANS
 
 
-def read_engine_span(attributes: Mapping[str, object]) -> EngineReport:
+def read_engine_span(
+    attributes: Mapping[str, object], span_seconds: float | None = None
+) -> EngineReport:
     """The phases of an engine request span; raises ``EngineSpanInvalid`` on bad values.
 
     ``attributes`` may hold more keys than these; only the ones above are read.
+    ``span_seconds``, the span's own duration where the caller knows it, bounds the
+    durations it holds too.
     """
     queue = _seconds(attributes, VLLM_QUEUE)
     prefill = _seconds(attributes, VLLM_PREFILL)
     decode = _seconds(attributes, VLLM_DECODE)
     inference = _seconds(attributes, VLLM_INFERENCE)
+    ttft = _seconds(attributes, VLLM_TTFT)
+    e2e = _seconds(attributes, VLLM_E2E)
     if inference is None and prefill is not None and decode is not None:
         inference = prefill + decode
+    _check_consistent(queue, prefill, decode, inference, ttft, e2e, span_seconds)
     phases = _present(queue=queue, compute=inference)
     stages = _present(prefill=prefill, decode=decode)
     tokens_in = _count(attributes, VLLM_PROMPT_TOKENS)
@@ -116,12 +127,43 @@ def read_engine_span(attributes: Mapping[str, object]) -> EngineReport:
     return EngineReport(
         phases=phases,
         stages=stages,
-        time_to_first_token=_seconds(attributes, VLLM_TTFT),
+        time_to_first_token=ttft,
         time_per_output_token=tpot,
         input_tokens=tokens_in,
         output_tokens=tokens_out,
         model=model,
     )
+
+
+def _check_consistent(
+    queue: float | None,
+    prefill: float | None,
+    decode: float | None,
+    inference: float | None,
+    ttft: float | None,
+    e2e: float | None,
+    span_seconds: float | None,
+) -> None:
+    """Each part at most what holds it (``spans.DURATION_SLACK_S`` of slack): the stages
+    within inference, queue + inference and TTFT within end to end and within the span."""
+    stages = None if prefill is None or decode is None else prefill + decode
+    in_phases = [seconds for seconds in (queue, inference) if seconds is not None]
+    phases = sum(in_phases) if in_phases else None
+    parts = (
+        ("prefill + decode", stages, "inference", inference),
+        ("queue + inference", phases, "end to end", e2e),
+        ("time to first token", ttft, "end to end", e2e),
+        ("end to end", e2e, "the span", span_seconds),
+        ("queue + inference", phases, "the span", span_seconds),
+        ("time to first token", ttft, "the span", span_seconds),
+    )
+    for part_name, part, whole_name, whole in parts:
+        if part is not None and whole is not None and part > whole + spans.DURATION_SLACK_S:
+            raise EngineSpanInvalid(
+                f"{part_name} ({part:g} s) is longer than {whole_name} ({whole:g} s)",
+                is_duration=True,
+                inconsistent=True,
+            )
 
 
 def _present(**values: float | None) -> dict[str, float]:
@@ -153,8 +195,10 @@ def _count(attributes: Mapping[str, object], key: str) -> int | None:
         raise EngineSpanInvalid(
             f"{key} must be an integer, got {type(value).__name__}", is_duration=False
         )
-    if value < 0:
-        raise EngineSpanInvalid(f"{key} is {value}, below 0", is_duration=False)
+    if not 0 <= value <= spans.MAX_COUNT:
+        raise EngineSpanInvalid(
+            f"{key} is {value}, not a count in 0-{spans.MAX_COUNT}", is_duration=False
+        )
     return value
 
 

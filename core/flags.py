@@ -643,6 +643,14 @@ def spelling(config_type: type[Settings], field_name: str) -> str:
     raise KeyError(f"{config_type.__qualname__} has no field {field_name!r}")
 
 
+def environment_twin(config_type: type[Settings], field_name: str) -> str:
+    """The ``GPUSCOPE_*`` variable that sets ``field_name`` of ``config_type``."""
+    for record in _flags(config_type):
+        if record.field == field_name:
+            return record.env
+    raise KeyError(f"{config_type.__qualname__} has no field {field_name!r}")
+
+
 def field_of(config_type: type[Settings], flag: str) -> str | None:
     """The field a flag (or one of its old spellings) sets, or None when none does."""
     for record in _flags(config_type):

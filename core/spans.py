@@ -20,6 +20,17 @@ INSTRUMENTATION_NAME: Final = "gpuscope"
 # with every observation at most a day, ``_sum`` stays finite and exact to well under a
 # millisecond for 10^9 observations.
 MAX_DURATION_S: Final = 86_400.0
+# The largest count one span may report: tokens in one direction, a batch's size. Any
+# int64 used to be accepted, and one span of 2^63-1 tokens left a float counter where
+# every later increment rounds away (+5,000 became +0). The longest context windows
+# served are 10^7 tokens; with every count at most that, a token counter stays exact
+# (float64 holds every integer to 2^53) for 9 * 10^8 spans of the largest size.
+MAX_COUNT: Final = 10_000_000
+# What a span's durations may disagree by and still count: the phases together, a
+# compute's stages together, time to first token, each at most what holds them (the
+# span, the compute phase). Engines measure these from separate clock readings, so
+# they may round past each other; a request's clock does not run a millisecond fast.
+DURATION_SLACK_S: Final = 0.001
 
 # HTTP semantic conventions (stable names).
 HTTP_REQUEST_METHOD: Final = "http.request.method"

@@ -60,7 +60,7 @@ def build() -> Dashboard:
     board = new_dashboard(
         UID,
         "gpuscope / GPU",
-        "Per-GPU counters from the exporter's GPU source (NVML, DCGM or simulated): is the "
+        "Per-GPU counters from the exporter's GPU source (NVML or simulated): is the "
         "GPU busy, throttled, limited by PCIe, short of memory or failing?",
         GPU_CHAIN,
     )
@@ -210,7 +210,7 @@ def _activity(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "SM occupancy",
-            "Resident warps over the SMs' warp capacity (GPM/DCGM). Under ~70 % while "
+            "Resident warps over the SMs' warp capacity (GPM). Under ~70 % while "
             "requests queue means the batcher is not feeding the GPU.",
             per_gpu(gpu_rows.SM_OCCUPANCY),
             "percentunit",
@@ -222,7 +222,7 @@ def _activity(board: Dashboard) -> None:
         timeseries(
             "SM, tensor and DRAM activity",
             "Fraction of SMs busy, of time tensor cores were busy, and of peak DRAM bandwidth "
-            "used (GPM/DCGM).",
+            "used (GPM).",
             [
                 query(f"max by ({PER_GPU}) ({series(gauge)}{GPU})", f"{LEGEND} {name}")
                 for name, gauge in (
@@ -313,9 +313,11 @@ def _memory_power(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "Memory used against total",
-            "Device memory in use and in total.",
+            "Device memory allocated by processes, the driver's reserved memory (NVML memory "
+            "v2; absent on drivers that give v1 only, whose used includes it) and the total.",
             [
                 *per_gpu(gpu_rows.MEMORY_USED, "{{instance}} GPU {{gpu}} used"),
+                *per_gpu(gpu_rows.MEMORY_RESERVED, "{{instance}} GPU {{gpu}} reserved"),
                 *per_gpu(gpu_rows.MEMORY_TOTAL, "{{instance}} GPU {{gpu}} total"),
             ],
             "bytes",

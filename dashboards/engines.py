@@ -187,8 +187,7 @@ class EngineTiming:
     ``sums`` are native samples whose rates add up to the rate of the histogram's
     ``_sum`` (in the engine's unit, ``per_second`` of them a second); ``minus_sums`` are
     taken off it (SGLang's compute: end to end minus queue). ``count`` is the native
-    sample counting the requests measured, less ``minus_count`` where that exists
-    (Triton's cache hits, which have no compute). ``bucket`` and ``bounds``, where the
+    sample counting the requests measured. ``bucket`` and ``bounds``, where the
     engine has a histogram, give quantiles; ``bounds`` are its ``le`` as written, and
     ``seconds`` the same bounds in seconds."""
 
@@ -198,7 +197,6 @@ class EngineTiming:
     count: str
     per_second: float = 1.0  # native units in a second: 1e6 for µs, 1e3 for ms
     minus_sums: tuple[str, ...] = ()
-    minus_count: str = ""
     bucket: str = ""
     bounds: tuple[str, ...] = ()
 
@@ -281,8 +279,14 @@ _TRITON_LABELS = ("model", "version")
 _TRITON_OPTIONAL = ("gpu_uuid", "namespace")
 TRITON_SUCCESS = "nv_inference_request_success"
 TRITON_FAILURE = "nv_inference_request_failure"  # label reason
-TRITON_INFERENCES = "nv_inference_count"  # + the request's batch size, per request
-TRITON_EXECUTIONS = "nv_inference_exec_count"  # + 1 per model execution
+# + the request's batch size, per successful request (none for a cache hit)
+TRITON_INFERENCES = "nv_inference_count"
+# + 1 per model execution, failed or not (the backend reports each batch it ran)
+TRITON_EXECUTIONS = "nv_inference_exec_count"
+# requests that failed in a model execution: the backend reported them failed
+# (src/infer_request.cc ReportStatistics); REJECTED and CANCELED ones never ran, and
+# OTHER is mostly a pre-execution check (src/backend_model_instance.cc)
+TRITON_EXECUTED_FAILURES = 'reason="BACKEND"'
 TRITON_REQUEST_US = "nv_inference_request_duration_us"
 TRITON_QUEUE_US = "nv_inference_queue_duration_us"
 TRITON_COMPUTE_US = (
@@ -341,15 +345,12 @@ TRITON_ENGINE = Engine(
         # queue and request durations include requests answered from the response
         # cache, as nv_inference_request_success counts them
         EngineTiming(PHASE_HISTOGRAM, phase("queue"), (TRITON_QUEUE_US,), TRITON_SUCCESS, 1e6),
-        # compute = input + infer + output; cache hits have none, so they are not counted
-        EngineTiming(
-            PHASE_HISTOGRAM,
-            phase("compute"),
-            TRITON_COMPUTE_US,
-            TRITON_SUCCESS,
-            1e6,
-            minus_count=TRITON_CACHE_HITS,
-        ),
+        # compute = input + infer + output, per successful request like queue: a
+        # response-cache hit has none (only the misses add to these counters), so with
+        # the cache on compute's mean is the misses' compute times their share, and the
+        # phases add up to each request's time (src/infer_stats.cc: UpdateSuccessCacheHit
+        # adds queue and request duration, no compute)
+        EngineTiming(PHASE_HISTOGRAM, phase("compute"), TRITON_COMPUTE_US, TRITON_SUCCESS, 1e6),
         EngineTiming(DURATION_HISTOGRAM, "", (TRITON_REQUEST_US,), TRITON_SUCCESS, 1e6),
         # from the request's start to its first response (the first token of a
         # decoupled model); only with histogram_latencies=true
@@ -373,7 +374,8 @@ TRITON_ENGINE = Engine(
         stages=(),
         ttft="first response, with --metrics-config histogram_latencies=true",
         tpot="",
-        batch_size="mean: nv_inference_count / nv_inference_exec_count",
+        batch_size="mean: (nv_inference_count + failed executed requests) "
+        "/ nv_inference_exec_count",
         kv_cache="",
         gpu_join="per host",
         quantiles="means only from the counters; TTFT quantiles from the optional "

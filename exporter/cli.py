@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # Imported here: opening NVML/DCGM is the GPU package's business, and only this
+    # Imported here: opening NVML is the GPU package's business, and only this
     # command (not the tests that inject fakes) needs it.
     from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 

@@ -70,6 +70,13 @@ class ExporterConfig(
         help="label sets per request metric; new ones past it go to one overflow series",
         check=_COUNT,
     )
+    max_models_per_service: int = option(
+        20,
+        help="distinct model label values per service; further ones share one "
+        'model="__overflow__" series set of that service, so one service cannot fill '
+        "--max-series for the others",
+        check=_COUNT,
+    )
     max_label_length: int = option(
         128, help="longest label value accepted from a span", unit="characters", check=_COUNT
     )
@@ -139,13 +146,20 @@ class ExporterConfig(
     )
     gpu_source: GpuSourceKind = option(
         GpuSourceKind.AUTO,
-        help="GPU backend; auto tries DCGM, then NVML, else serves request metrics only",
+        help="GPU backend; auto tries NVML, else serves request metrics only (dcgm: retired, "
+        "see docs/gpu.md)",
     )
     gpu_interval_s: float = option(
         1.0,
         help="time between GPU polls (in the background, never during a scrape)",
         check=positive,
         deprecated=("--gpu-interval",),
+    )
+    gpu_poll_deadline_s: float | None = option(
+        None,
+        help="how long a GPU poll may take before its GPUs read down (gpuscope_gpu_up 0, "
+        "reason poll_overdue) and /readyz fails; default twice --gpu-interval-s, at least 2",
+        check=positive,
     )
     gpu_scenario: Path | None = option(
         None, help="scenario file for the simulated GPU source", check=readable_file

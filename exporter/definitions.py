@@ -23,6 +23,7 @@ from gpuscope.exporter.ingest.series import (
     LATENCY_BUCKETS,
     CounterFamily,
     HistogramFamily,
+    ModelCap,
 )
 
 
@@ -80,15 +81,18 @@ class MetricDef:
         family.add_metric([], value)
         return family
 
-    def histogram(self, max_series: int) -> HistogramFamily:
-        """The capped hot-path histogram of this metric."""
+    def histogram(self, max_series: int, model_cap: ModelCap | None = None) -> HistogramFamily:
+        """The capped hot-path histogram of this metric (its models capped per service by
+        ``model_cap`` when it has ``service`` and ``model`` labels)."""
         assert self.type is MetricType.HISTOGRAM, self.name
-        return HistogramFamily(self.name, self.help, self.labels, self.buckets, max_series)
+        return HistogramFamily(
+            self.name, self.help, self.labels, self.buckets, max_series, model_cap=model_cap
+        )
 
-    def counter(self, max_series: int) -> CounterFamily:
-        """The capped hot-path counter of this metric."""
+    def counter(self, max_series: int, model_cap: ModelCap | None = None) -> CounterFamily:
+        """The capped hot-path counter of this metric (``model_cap`` as for histograms)."""
         assert self.type is MetricType.COUNTER, self.name
-        return CounterFamily(self.name, self.help, self.labels, max_series)
+        return CounterFamily(self.name, self.help, self.labels, max_series, model_cap=model_cap)
 
 
 COUNTER, GAUGE, HISTOGRAM = MetricType.COUNTER, MetricType.GAUGE, MetricType.HISTOGRAM
@@ -169,8 +173,9 @@ SPAN_DURATION = MetricDef(
 SERIES_OVERFLOW = MetricDef(
     "gpuscope_series_overflow",
     COUNTER,
-    "Observations sent to a metric's overflow series because it hit --max-series.",
-    ("metric",),
+    "Observations sent to a metric's overflow series, by reason: max_series (it hit "
+    "--max-series) or max_models_per_service (its service hit --max-models-per-service).",
+    ("metric", "reason"),
 )
 BUILD_INFO = MetricDef(
     "gpuscope_build_info", GAUGE, "gpuscope build; the value is always 1.", ("version",)
@@ -178,7 +183,7 @@ BUILD_INFO = MetricDef(
 GPU_SOURCE = MetricDef(
     "gpuscope_gpu_source_info",
     GAUGE,
-    "The GPU source in use (source: nvml, dcgm, simulated or none) and the --gpu-source "
+    "The GPU source in use (source: nvml, simulated or none) and the --gpu-source "
     "asked for (requested); the value is always 1.",
     ("requested", "source"),
 )
@@ -207,6 +212,13 @@ FORWARD_SPANS_DROPPED = MetricDef(
     COUNTER,
     "Spans not forwarded to --forward-otlp, by reason.",
     ("reason",),
+)
+WEB_CONFIG_RELOADS = MetricDef(
+    "gpuscope_web_config_reloads",
+    COUNTER,
+    "Re-reads of --web-config-file and --bearer-token-file (on change or SIGHUP), by "
+    "result (refused: the previous configuration stays).",
+    ("result",),
 )
 HTTP_CONNECTIONS = MetricDef(
     "gpuscope_http_connections",
@@ -253,6 +265,7 @@ SELF_METRICS: Final[Sequence[MetricDef]] = (
     OTLP_REQUESTS_REJECTED,
     FORWARD_SPANS_SENT,
     FORWARD_SPANS_DROPPED,
+    WEB_CONFIG_RELOADS,
 )
 CONNECTION_METRICS: Final[Sequence[MetricDef]] = (
     HTTP_CONNECTIONS,

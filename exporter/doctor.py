@@ -3,7 +3,9 @@
 It opens the GPU source the exporter would open, takes two samples 150 ms apart
 (GPM rates need two) and reports, per GPU and metric group, supported or not and
 why (driver, architecture, permission), from the very readings the exporter
-would serve. It also lists the processes on each GPU once, as the exporter would, and
+would serve; where a metric comes by a lesser way (memory v1, PCIe bytes estimated,
+GPM answering NaN) it says so in the group's ``note``, and it names the pynvml
+release in use. It also lists the processes on each GPU once, as the exporter would, and
 says whether spans can be joined to GPUs by their pid here, why not (no GPU, no
 permission, another pid namespace), and what happens instead. ``--json`` prints the
 same as JSON (``scripts/gpu-check`` reads it), also when no GPU source opens
@@ -13,13 +15,14 @@ same as JSON (``scripts/gpu-check`` reads it), also when no GPU source opens
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO, runtime_checkable
 
 from gpuscope import flags
 from gpuscope.exporter.gpu import factory
@@ -32,6 +35,21 @@ from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind
 from gpuscope.flags import Settings, at_least, option
 
 SAMPLE_GAP_S = 0.15  # GPM needs two samples at least 100 ms apart
+
+
+@runtime_checkable
+class NotesMethods(Protocol):
+    """A source that says how a metric group is obtained where that is unusual (NVML)."""
+
+    def notes(self) -> Mapping[int, Mapping[str, str]]: ...
+
+
+def pynvml_version() -> str | None:
+    """The installed nvidia-ml-py release (which symbols exist depends on it)."""
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,9 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
     reasons: Mapping[int, Mapping[str, str]] = (
         source.unsupported_metrics() if isinstance(source, ExplainsSupport) else {}
     )
+    notes: Mapping[int, Mapping[str, str]] = (
+        source.notes() if isinstance(source, NotesMethods) else {}
+    )
     gpus = []
     for device in source.devices():
         reading = readings.get(device.index)
@@ -67,12 +88,17 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
                 "name": device.name,
                 "driver_version": device.driver_version,
                 "up": bool(reading and reading.up),
-                "metrics": _groups(reading, reasons.get(device.index, {})),
+                "metrics": _groups(
+                    reading, reasons.get(device.index, {}), notes.get(device.index, {})
+                ),
             }
         )
+    unopened: Mapping[int, str] = getattr(source, "unopened_gpus", dict)()  # NVML only
     return {
         "source": source.name,
+        "pynvml_version": pynvml_version() if source.name == GpuSourceKind.NVML else None,
         "gpus": gpus,
+        "unopened_gpus": {str(index): why for index, why in unopened.items()},
         "process_join": process_join(source, proc_root=proc_root),
     }
 
@@ -106,7 +132,9 @@ def process_join(source: GpuSource | None, *, proc_root: Path = PROC) -> dict[st
     }
 
 
-def _groups(reading: GpuReading | None, reasons: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def _groups(
+    reading: GpuReading | None, reasons: Mapping[str, str], notes: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {}
     for group, fields in METRIC_GROUPS.items():
         if group in reasons:
@@ -119,11 +147,15 @@ def _groups(reading: GpuReading | None, reasons: Mapping[str, str]) -> dict[str,
             result[group] = {"supported": True, "why": None}
         else:
             result[group] = {"supported": False, "why": "no value from this source"}
+        result[group]["note"] = notes.get(group)
     return result
 
 
 def render(report: Mapping[str, Any], out: TextIO) -> None:
+    version = report.get("pynvml_version")
     print(f"GPU source: {report['source']}", file=out)
+    if version is not None:
+        print(f"pynvml (nvidia-ml-py): {version}", file=out)
     for gpu in report["gpus"]:
         state = "" if gpu["up"] else "  [NOT ANSWERING]"
         driver = gpu["driver_version"]
@@ -133,7 +165,10 @@ def render(report: Mapping[str, Any], out: TextIO) -> None:
         for group, entry in gpu["metrics"].items():
             mark = "yes" if entry["supported"] else "no "
             why = f"  - {entry['why']}" if entry["why"] else ""
-            print(f"  {mark}  {group}{why}", file=out)
+            note = f"  ({entry['note']})" if entry.get("note") else ""
+            print(f"  {mark}  {group}{why}{note}", file=out)
+    for index, why in report.get("unopened_gpus", {}).items():
+        print(f"\nGPU {index}  [NOT OPENED]  {why}", file=out)
     render_process_join(report["process_join"], out)
 
 

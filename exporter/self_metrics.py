@@ -23,6 +23,9 @@ from gpuscope.exporter.ingest.forward import FORWARD_DROP_REASONS
 from gpuscope.exporter.ingest.otlp import REQUEST_REJECT_REASONS
 from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily
 
+# ``gpuscope_web_config_reloads_total{result}``: re-reads of the credential files.
+RELOAD_APPLIED, RELOAD_REFUSED = "applied", "refused"
+
 
 class SelfMetrics:
     """Counters of what the exporter itself did; mutated on the event loop only."""
@@ -33,6 +36,7 @@ class SelfMetrics:
         self.requests_rejected: Counter[str] = Counter({r: 0 for r in REQUEST_REJECT_REASONS})
         self.forward_spans_sent = 0
         self.forward_spans_dropped: Counter[str] = Counter({r: 0 for r in FORWARD_DROP_REASONS})
+        self.web_config_reloads: Counter[str] = Counter({RELOAD_APPLIED: 0, RELOAD_REFUSED: 0})
 
 
 class ExporterCollector(Collector):
@@ -73,12 +77,13 @@ class ExporterCollector(Collector):
         ]
         samples: dict[MetricDef, Iterable[tuple[Sequence[str], float]]] = {
             **{row: counter.items() for row, counter in aggregator.counters.items()},
-            defs.SERIES_OVERFLOW: [([_sample_name(f)], f.overflowed) for f in families],
+            defs.SERIES_OVERFLOW: _overflow_samples(families),
             defs.BUILD_INFO: [([__version__], 1.0)],
             defs.GPU_SOURCE: [(self.gpu_source, 1.0)],
             defs.SPANS_RECEIVED: [([], own.spans_received)],
             defs.SPANS_REJECTED: _by_reason(own.spans_rejected),
             defs.OTLP_REQUESTS_REJECTED: _by_reason(own.requests_rejected),
+            defs.WEB_CONFIG_RELOADS: _by_reason(own.web_config_reloads),
         }
         if self.forwarding:
             samples[defs.FORWARD_SPANS_SENT] = [([], own.forward_spans_sent)]
@@ -89,6 +94,25 @@ class ExporterCollector(Collector):
 def _sample_name(family: HistogramFamily | CounterFamily) -> str:
     """The name a family's samples carry (the ``metric`` label of the overflow count)."""
     return family.name + "_total" if isinstance(family, CounterFamily) else family.name
+
+
+# Reasons of ``gpuscope_series_overflow_total{reason}``.
+MAX_SERIES = "max_series"
+MAX_MODELS_PER_SERVICE = "max_models_per_service"
+
+
+def _overflow_samples(
+    families: Sequence[HistogramFamily | CounterFamily],
+) -> list[tuple[Sequence[str], float]]:
+    """Each family's ``max_series`` overflow, and its model folds where it has a model cap."""
+    samples: list[tuple[Sequence[str], float]] = []
+    for family in families:
+        name = _sample_name(family)
+        samples.append(([name, MAX_SERIES], family.overflowed))
+        folded = family.models_folded
+        if folded is not None:
+            samples.append(([name, MAX_MODELS_PER_SERVICE], folded))
+    return samples
 
 
 def _by_reason(counts: Counter[str]) -> list[tuple[Sequence[str], float]]:

@@ -77,10 +77,13 @@ def with_ports(options: DemoOptions) -> DemoOptions:
 def check_ports(options: DemoOptions) -> None:
     for name, field in (("exporter", "exporter_port"), ("worker", "worker_port")):
         port, flag = getattr(options, field), flags.spelling(DemoOptions, field)
+        twin = flags.environment_twin(DemoOptions, field)
         if port_taken(port):
+            # `make demo` passes no flags, but the environment reaches the demo through make
             raise DemoFailed(
                 f"127.0.0.1:{port} is already in use, so the {name} cannot listen there "
-                f"(is another demo, worker or exporter running?); stop it or pass {flag} 0"
+                f"(is another demo, worker or exporter running?); stop it, or pass {flag} 0 "
+                f"for any free port (through make: {twin}=0 make demo)"
             )
 
 

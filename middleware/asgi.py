@@ -128,8 +128,8 @@ class GpuscopeMiddleware:
     counted and logged, never propagated.
 
     Behind an engine that traces itself (vLLM), the engine's request span is folded
-    into this server span (``engine_bridge``) and the model is read from the response
-    (``response_fields``) when the app does not set it.
+    into this server span (``engine_bridge``) and the model is read from a successful
+    response (``response_fields``) when the app does not set it.
     """
 
     def __init__(
@@ -295,8 +295,12 @@ class _Exchange:
             if kind == "http.response.start" and self.status is None:
                 # A buggy app's second start never reaches the client: keep the first.
                 self.status = message["status"]
-                self.sniff_response = self.timeline.model is None and response_fields.sniffable(
-                    message.get("headers")
+                # Successful answers only: an error body may echo the request (FastAPI's 422
+                # does), and then the client, not the app, would pick the model label.
+                self.sniff_response = (
+                    self.timeline.model is None
+                    and _successful(self.status)
+                    and response_fields.sniffable(message.get("headers"))
                 )
             elif kind == "http.response.body" and self.sniff_response:
                 self.sniff_response = False  # the first chunk only: constant cost
@@ -317,8 +321,8 @@ class _Exchange:
     def _read_response_fields(self, body: object) -> None:
         if not isinstance(body, bytes | bytearray | memoryview):
             return
-        found = response_fields.read(bytes(body[: response_fields.SNIFF_BYTES]))
         timeline = self.timeline
+        found = response_fields.read(bytes(body[: response_fields.SNIFF_BYTES]), self._route())
         if found.model is not None and timeline.model is None:
             timeline.model = found.model
         if found.operation is not None and timeline.operation is None:
@@ -327,6 +331,19 @@ class _Exchange:
             self.span.set_attribute(spans.GEN_AI_RESPONSE_MODEL, found.model)
         if found.response_id is not None:
             self.span.set_attribute(spans.GEN_AI_RESPONSE_ID, found.response_id)
+
+    def _route(self) -> str | None:
+        """The route template, else the raw path (this runs while the app is sending, so
+        it never raises)."""
+        try:
+            route = self.timeline.route or self.middleware.routes.resolve(
+                self.scope, self.root_path
+            )
+        except Exception as exc:
+            stats.record_failure("route_for_response", exc)
+            route = None
+        path = self.scope.get("path")
+        return route or (path if isinstance(path, str) else None)
 
     def end(self) -> None:
         """After the app returned or raised: end the span if the response did not."""
@@ -424,6 +441,10 @@ class _Exchange:
         if tpot is not None:
             attributes[spans.TIME_PER_OUTPUT_TOKEN] = tpot
         return attributes
+
+
+def _successful(status: object) -> bool:
+    return isinstance(status, int) and 200 <= status <= 299
 
 
 def _add_engine_report(attributes: dict[str, AttributeValue], timeline: RequestTimeline) -> None:

@@ -4,8 +4,13 @@
 with ``otlp_encoding`` (several times cheaper per span), over the standard library's
 HTTP client (no third-party HTTP library at run time), and retries the way the OTLP
 specification asks: on 429, 502, 503, 504 and connection errors, with exponential
-backoff (honouring ``Retry-After``), until its timeout. Spans the receiver rejects in
-a ``partial_success`` are counted (``spans_rejected_by_receiver``), not retried.
+backoff (honouring ``Retry-After``), until its timeout. Once its process shuts down,
+retries end sooner: the span pipeline calls ``retry_until`` with the end of a short
+window (``span_pipeline.SHUTDOWN_RETRY_S``), after which a failed attempt is final and
+a backoff under way ends. Before, a worker whose exporter had gone with it (a SIGKILLed
+``gpuscope demo``) backed off 0.25 + 0.5 + 1 + 2 + 4 s on one batch and lingered 8 s.
+Spans the receiver rejects in a ``partial_success`` are counted
+(``spans_rejected_by_receiver``), not retried.
 ``CountingExporter`` counts what was delivered and what was not in ``stats``, and
 never lets an exception out.
 """
@@ -15,12 +20,14 @@ from __future__ import annotations
 import gzip
 import http.client
 import logging
+import math
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -70,11 +77,15 @@ class OtlpHttpExporter(SpanExporter):
             **({"Content-Encoding": "gzip"} if self.gzip else {}),
             **(headers or {}),
         }
-        self._closing = threading.Event()
+        # ``_closing`` and ``_retries_end`` change under ``_retry_rules``, which also
+        # wakes a backoff under way so that it re-reads them.
+        self._retry_rules = threading.Condition()
+        self._closing = False
+        self._retries_end = math.inf  # monotonic time after which nothing is retried
         self._failing = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._closing.is_set():
+        if self._closing:
             return SpanExportResult.FAILURE
         body = encode_export_request(spans)
         if self.gzip:
@@ -98,10 +109,30 @@ class OtlpHttpExporter(SpanExporter):
                 retryable = answer.status in RETRYABLE_STATUS
                 retry_after = _retry_after(answer.retry_after)
             wait = backoff if retry_after is None else retry_after
-            if not retryable or time.monotonic() + wait >= deadline or self._closing.wait(wait):
+            if not retryable or not self._waited_to_retry(wait, deadline):
                 self._failed(len(spans), problem)
                 return SpanExportResult.FAILURE
             backoff = min(backoff * 2, 5.0)
+
+    def _waited_to_retry(self, wait: float, deadline: float) -> bool:
+        """Sleep ``wait`` s before a retry; False at once (no retry) if the retry would
+        come after ``deadline`` or the retry window, or when shutdown comes meanwhile."""
+        retry_at = time.monotonic() + wait
+        with self._retry_rules:
+            while True:
+                if self._closing or retry_at >= min(deadline, self._retries_end):
+                    return False
+                left = retry_at - time.monotonic()
+                if left <= 0:
+                    return True
+                self._retry_rules.wait(left)
+
+    def retry_until(self, end: float) -> None:
+        """Retry nothing after the monotonic time ``end`` (the process is shutting down);
+        a backoff that would end later stops now."""
+        with self._retry_rules:
+            self._retries_end = min(self._retries_end, end)
+            self._retry_rules.notify_all()
 
     def _post(self, body: bytes, timeout_s: float) -> _Answer:
         """One POST; an HTTP error status is an answer, not an exception."""
@@ -155,7 +186,9 @@ class OtlpHttpExporter(SpanExporter):
             self._failing = False
 
     def shutdown(self) -> None:
-        self._closing.set()
+        with self._retry_rules:
+            self._closing = True
+            self._retry_rules.notify_all()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # nothing is buffered here; the span processor holds the queue
@@ -166,6 +199,13 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None  # an HTTP date: fall back to our own backoff
+
+
+@runtime_checkable
+class RetryingExporter(Protocol):
+    """An exporter whose retries can be cut short at shutdown."""
+
+    def retry_until(self, end: float) -> None: ...
 
 
 class CountingExporter(SpanExporter):
@@ -183,6 +223,10 @@ class CountingExporter(SpanExporter):
         ok = result is SpanExportResult.SUCCESS
         stats.count(stats.SPANS_EXPORTED if ok else stats.SPANS_EXPORT_FAILED, len(spans))
         return result
+
+    def retry_until(self, end: float) -> None:
+        if isinstance(self.inner, RetryingExporter):
+            self.inner.retry_until(end)
 
     def shutdown(self) -> None:
         self.inner.shutdown()

@@ -7,6 +7,13 @@ Only the first ``SNIFF_BYTES`` of the first body chunk are searched, so the cost
 constant whatever the response size, and nothing is buffered or changed. The model is
 the served model name, the same value vLLM puts in the ``model_name`` label of its own
 metrics.
+
+Only a successful (2xx) response is read (the middleware decides): an error body may
+echo what the client sent, and FastAPI's 422 does, so a client could otherwise name any
+model it likes. The operation comes from ``"object"`` and the route together: OpenAI's
+``"list"`` is the embeddings response and also ``/v1/models``' answer, so it names the
+embeddings operation only on an embeddings route or when its items are ``"embedding"``
+objects; anything else stays unknown.
 """
 
 from __future__ import annotations
@@ -18,14 +25,16 @@ SNIFF_BYTES: Final = 1024
 MAX_MODEL_LENGTH: Final = 128
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\\x00-\x1f]{1,128})"')
 _OBJECT = re.compile(rb'"object"\s*:\s*"([a-z._]{1,40})"')
+_EMBEDDING_ITEM = re.compile(rb'"object"\s*:\s*"embedding"')
 _ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,128})"')
-# OpenAI's ``object`` values -> gen_ai.operation.name
+# OpenAI's ``object`` values -> gen_ai.operation.name; ``"list"`` needs more (``_operation``)
 _OPERATIONS: Final = {
     b"text_completion": "text_completion",
     b"chat.completion": "chat",
     b"chat.completion.chunk": "chat",
-    b"list": "embeddings",
 }
+_LIST: Final = b"list"
+EMBEDDINGS: Final = "embeddings"
 SNIFFED_CONTENT_TYPES: Final = (b"application/json", b"text/event-stream")
 
 
@@ -47,14 +56,15 @@ class ResponseFields(NamedTuple):
     response_id: str | None
 
 
-def read(body: bytes) -> ResponseFields:
-    """What the start of ``body`` says; None where absent."""
-    model, operation = model_and_operation(body)
+def read(body: bytes, route: str | None = None) -> ResponseFields:
+    """What the start of ``body`` says; None where absent. ``route`` is the request's
+    route template (or path), which tells an embeddings list from another list."""
+    model, operation = model_and_operation(body, route)
     found = _ID.search(body[:SNIFF_BYTES])
     return ResponseFields(model, operation, found.group(1).decode() if found else None)
 
 
-def model_and_operation(body: bytes) -> tuple[str | None, str | None]:
+def model_and_operation(body: bytes, route: str | None = None) -> tuple[str | None, str | None]:
     """``(model, operation)`` found in the start of ``body``; None where absent."""
     head = body[:SNIFF_BYTES]
     model_match = _MODEL.search(head)
@@ -63,5 +73,16 @@ def model_and_operation(body: bytes) -> tuple[str | None, str | None]:
         text = model_match.group(1).decode("utf-8", "replace")
         model = text if text.isprintable() else None
     object_match = _OBJECT.search(head)
-    operation = _OPERATIONS.get(object_match.group(1)) if object_match is not None else None
+    operation = _operation(object_match.group(1), head, route) if object_match else None
     return model, operation
+
+
+def _operation(kind: bytes, head: bytes, route: str | None) -> str | None:
+    if kind != _LIST:
+        return _OPERATIONS.get(kind)
+    # A list is an embeddings response on an embeddings route, or when it lists
+    # embeddings; /v1/models (a list of "model" objects) and any other list are unknown.
+    on_embeddings_route = route is not None and route.rstrip("/").endswith("/embeddings")
+    if on_embeddings_route or _EMBEDDING_ITEM.search(head) is not None:
+        return EMBEDDINGS
+    return None

@@ -27,9 +27,15 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
 
 from gpuscope.middleware import stats
+from gpuscope.middleware.export import RetryingExporter
 
 # After the deadline, how long an export already on the wire may take to give up.
 _ABORT_GRACE_S = 0.5
+# From the start of shutdown, how long failed exports are still retried. Past it each
+# queued batch gets one attempt within the shutdown's deadline: a receiver that refuses
+# connections or answers 503 now has most likely gone with this process (its pod, the
+# demo that started both), and retrying it would hold the exit for the whole deadline.
+SHUTDOWN_RETRY_S = 1.0
 
 
 class CountingBatchSpanProcessor(SpanProcessor):
@@ -118,6 +124,8 @@ class CountingBatchSpanProcessor(SpanProcessor):
             self._closing = True
             self._deadline = time.monotonic() + timeout_s
             self._changed.notify()
+        if isinstance(self.exporter, RetryingExporter):
+            self.exporter.retry_until(time.monotonic() + min(SHUTDOWN_RETRY_S, timeout_s))
         self._thread.join(max(0.0, self._deadline - time.monotonic()))
         # Stops the exporter's retries and backoff; an export on the wire then gives up.
         self.exporter.shutdown()

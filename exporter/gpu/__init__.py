@@ -1,1 +1,1 @@
-"""GPU sources (NVML, DCGM, simulated) behind one narrow interface, polled in the background."""
+"""GPU sources (NVML, simulated) behind one narrow interface, polled in the background."""

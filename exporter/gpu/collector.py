@@ -5,9 +5,11 @@ with a ``field``) need no code here.
 
 Every scrape builds new metric families, so a GPU that went away (lost, MIG
 reconfigured) simply has no series: nothing stale, nothing to unregister. A metric
-that a reading lacks is absent; a GPU that is down keeps only ``gpu_up 0``
-and ``gpu_info``. The process join's status is one series per state, 1 for the
-current one (a state set), so an alert can test ``{status="ok"} == 0``.
+that a reading lacks is absent; a GPU that is down keeps only ``gpu_up 0``,
+``gpu_down_reason{reason}`` and ``gpu_info``. The sample age is read from the poller's
+clock at each scrape, so it grows while a poll is stuck. The process join's status is
+one series per state, 1 for the current one (a state set), so an alert can test
+``{status="ok"} == 0``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as rows
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import ProcessJoin
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import DownReason, GpuDevice, GpuReading
 
 # (label values, value) of one sample
 Sample = tuple[Sequence[str], float]
@@ -42,6 +44,12 @@ class GpuCollector(Collector):
         samples: dict[MetricDef, list[Sample]] = {
             rows.INFO: [(_info_labels(device), 1.0) for device in snapshot.devices],
             rows.UP: [(_labels(r), 1.0 if r.up else 0.0) for r in snapshot.readings],
+            rows.DOWN_REASON: [
+                ([*_labels(r), r.down_reason or DownReason.LOST], 1.0)
+                for r in snapshot.readings
+                if not r.up
+            ],
+            rows.SAMPLE_AGE: [([], self._poller.sample_age_s())],
             **self._labelled(live),
             **self._process_join(),
             rows.COLLECTOR_SUCCESS: [

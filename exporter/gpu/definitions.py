@@ -25,6 +25,19 @@ UP = MetricDef(
     "1 if the GPU could be read in the last poll, else 0.",
     GPU_LABELS,
 )
+DOWN_REASON = MetricDef(
+    "gpuscope_gpu_down_reason",
+    GAUGE,
+    "1 with the reason a GPU reads gpuscope_gpu_up 0 (lost, reset_required, "
+    "insufficient_power, poll_overdue, released, ...); absent while it is up.",
+    (*GPU_LABELS, "reason"),
+)
+SAMPLE_AGE = MetricDef(
+    "gpuscope_gpu_sample_age_seconds",
+    GAUGE,
+    "Seconds since the GPU readings served were taken (since the poller started, "
+    "before the first); grows while a poll is stuck.",
+)
 CLOCK_EVENT_ACTIVE = MetricDef(
     "gpuscope_gpu_clock_event_active",
     GAUGE,
@@ -53,7 +66,8 @@ PROCESS_JOIN_STATUS = MetricDef(
     "gpuscope_gpu_process_join_status",
     GAUGE,
     "1 for the state of the join of span pids to the GPUs their processes hold "
-    "(ok, pending, no_permission, not_supported, other_pid_namespace), 0 for the others.",
+    "(ok, pending, no_permission, not_supported, other_pid_namespace, untrusted_listing), "
+    "0 for the others.",
     ("status",),
 )
 PROCESS_JOIN_PROCESSES = MetricDef(
@@ -112,28 +126,28 @@ UTILIZATION = MetricDef(
 SM_OCCUPANCY = MetricDef(
     "gpuscope_gpu_sm_occupancy_ratio",
     GAUGE,
-    "Resident warps over the SMs' warp capacity (GPM/DCGM).",
+    "Resident warps over the SMs' warp capacity (GPM).",
     GPU_LABELS,
     field="sm_occupancy_ratio",
 )
 SM_ACTIVE = MetricDef(
     "gpuscope_gpu_sm_active_ratio",
     GAUGE,
-    "Fraction of SMs busy (GPM/DCGM).",
+    "Fraction of SMs busy (GPM).",
     GPU_LABELS,
     field="sm_active_ratio",
 )
 TENSOR_ACTIVE = MetricDef(
     "gpuscope_gpu_tensor_active_ratio",
     GAUGE,
-    "Fraction of time tensor cores were busy (GPM/DCGM).",
+    "Fraction of time tensor cores were busy (GPM).",
     GPU_LABELS,
     field="tensor_active_ratio",
 )
 DRAM_ACTIVE = MetricDef(
     "gpuscope_gpu_dram_active_ratio",
     GAUGE,
-    "DRAM bandwidth used over its maximum (GPM/DCGM).",
+    "DRAM bandwidth used over its maximum (GPM).",
     GPU_LABELS,
     field="dram_active_ratio",
 )
@@ -154,9 +168,17 @@ PCIE_LINK_WIDTH = MetricDef(
 MEMORY_USED = MetricDef(
     "gpuscope_gpu_memory_used_bytes",
     GAUGE,
-    "Device memory in use.",
+    "Device memory allocated by processes (NVML memory v2: the driver's reserved memory "
+    "is apart; with v1 drivers it is counted here, see gpuscope doctor).",
     GPU_LABELS,
     field="memory_used_bytes",
+)
+MEMORY_RESERVED = MetricDef(
+    "gpuscope_gpu_memory_reserved_bytes",
+    GAUGE,
+    "Device memory the driver reserves for itself (NVML memory v2; absent with v1).",
+    GPU_LABELS,
+    field="memory_reserved_bytes",
 )
 MEMORY_TOTAL = MetricDef(
     "gpuscope_gpu_memory_total_bytes",
@@ -189,14 +211,16 @@ TEMPERATURE = MetricDef(
 PCIE_TRANSMIT = MetricDef(
     "gpuscope_gpu_pcie_transmit_bytes",
     COUNTER,
-    "Bytes sent by the GPU over PCIe.",
+    "Bytes sent by the GPU over PCIe: NVML's byte counter (driver R555+), else GPM's PCIe "
+    "rate integrated (Hopper+), else 20 ms samples of nvmlDeviceGetPcieThroughput "
+    "integrated (an estimate); gpuscope doctor says which.",
     GPU_LABELS,
     field="pcie_transmit_bytes_total",
 )
 PCIE_RECEIVE = MetricDef(
     "gpuscope_gpu_pcie_receive_bytes",
     COUNTER,
-    "Bytes received by the GPU over PCIe.",
+    "Bytes received by the GPU over PCIe; obtained as the transmit counter is.",
     GPU_LABELS,
     field="pcie_receive_bytes_total",
 )
@@ -222,6 +246,7 @@ PER_GPU: Final[tuple[MetricDef, ...]] = (
     PCIE_LINK_GENERATION,
     PCIE_LINK_WIDTH,
     MEMORY_USED,
+    MEMORY_RESERVED,
     MEMORY_TOTAL,
     POWER,
     POWER_LIMIT,
@@ -243,6 +268,7 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "clock_event_reasons": ("clock_event_reasons",),
     "utilization": (UTILIZATION.field,),
     "memory": (MEMORY_USED.field, MEMORY_TOTAL.field),
+    "memory_reserved": (MEMORY_RESERVED.field,),
     "power": (POWER.field,),
     "power_limit": (POWER_LIMIT.field,),
     "energy": (ENERGY.field,),
@@ -258,6 +284,8 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
 GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     INFO,
     UP,
+    DOWN_REASON,
+    SAMPLE_AGE,
     *PER_GPU,
     CLOCK_EVENT_ACTIVE,
     XID_EVENTS,

@@ -5,6 +5,9 @@
 ``scripts/gpu-check`` (through the doctor) all open sources here. The simulated
 source takes its GPU count and scenario from flags; ``none`` opens nothing. With
 ``require`` (``--require-gpu``), ending with no GPU is an error instead of a warning.
+
+``RETIRED`` holds the values of ``--gpu-source`` that no longer open anything, each
+with the message that says what to use instead (DCGM: dcgm-exporter's series).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuscope.exporter.gpu.dcgm import DcgmSource, DcgmUnavailable
 from gpuscope.exporter.gpu.nvml.source import NvmlSource, NvmlUnavailable
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
@@ -38,9 +40,16 @@ class HardwareSource:
 
 # In the order ``--gpu-source auto`` tries them.
 HARDWARE_SOURCES: tuple[HardwareSource, ...] = (
-    HardwareSource(GpuSourceKind.DCGM, DcgmSource, DcgmUnavailable),
     HardwareSource(GpuSourceKind.NVML, NvmlSource, NvmlUnavailable),
 )
+
+RETIRED: dict[GpuSourceKind, str] = {
+    GpuSourceKind.DCGM: (
+        "--gpu-source dcgm was retired: gpuscope reads the GPUs through NVML (--gpu-source "
+        "nvml or auto); where DCGM runs, use NVIDIA's dcgm-exporter beside gpuscope "
+        "(docs/gpu.md, 'DCGM: through dcgm-exporter')"
+    ),
+}
 
 
 def open_gpu_source(
@@ -85,6 +94,8 @@ def _open(
         raise ValueError(
             f"--gpu-scenario applies to --gpu-source simulated only, not {str(kind)!r}"
         )
+    if kind in RETIRED:
+        raise ValueError(RETIRED[kind])
     if kind == GpuSourceKind.NONE:
         return None, ["--gpu-source none"]
     if kind == GpuSourceKind.SIMULATED:

@@ -1,13 +1,25 @@
 """Samples a GPU source in one background thread and keeps the latest snapshot.
 
-A scrape reads ``snapshot()``: one attribute load of an immutable object, so it
-never waits on NVML, however slow a sample is. When the whole source fails a
-round, its known GPUs are reported down (``up=False``) rather than served stale.
+A scrape reads ``snapshot()``: one attribute load of an immutable object and a look at
+the clock, so it never waits on NVML, however slow a sample is. When the whole source
+fails a round, its known GPUs are reported down (``up=False``) rather than served stale.
+
+**A hung call.** An NVML call can block in the driver for good, and an abandoned C call
+cannot be interrupted: the poller keeps its one sampling thread (never a second one
+beside a hung call, which would only queue behind the driver's lock) and watches it
+from the reading side. A round still running ``deadline_s`` after it started makes
+``snapshot()`` answer every known GPU down (reason ``poll_overdue``) and the source's
+collector failed, ``unready()`` say why, and ``sample_age_s()`` keep growing. When the
+call returns, the next completed round is served as usual.
 
 Every ``process_interval_s`` (first in round 1, before the round is published) the
 same thread lists the processes on the GPUs into ``processes``, the ``ProcessGpuMap``
 that joins span pids to GPUs; a failed listing leaves the last map in place and does
 not fail the round.
+
+``release()`` asks the thread to let go of the source between rounds (``Releasable``:
+NVML's ``nvmlShutdown``) and to stop polling, every GPU then reading down with reason
+``released``; ``acquire()`` takes it again.
 """
 
 from __future__ import annotations
@@ -20,9 +32,27 @@ from dataclasses import dataclass
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun, ReportsCollectorHealth
 from gpuscope.exporter.gpu.processes import PROCESS_LIST_INTERVAL_S, ProcessGpuMap, ProcessJoin
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource
+from gpuscope.exporter.gpu.source import (
+    DownReason,
+    GpuDevice,
+    GpuReading,
+    GpuSource,
+    Releasable,
+    ReportsUnrecoverable,
+)
 
 log = logging.getLogger(__name__)
+
+# The shortest poll deadline: a healthy round on 8 GPUs takes well under a second (the
+# PCIe throughput fallback alone is 2 x 20 ms per GPU), the first one also lists the
+# processes and allocates the GPM samples.
+MIN_DEADLINE_S = 2.0
+STOP_JOIN_S = 1.0  # how long stop() waits for the sampling thread, at most
+
+
+def default_deadline(interval_s: float) -> float:
+    """Two poll intervals, at least ``MIN_DEADLINE_S``."""
+    return max(2 * interval_s, MIN_DEADLINE_S)
 
 
 @dataclass(frozen=True)
@@ -40,7 +70,8 @@ class GpuPoller:
 
     ``processes`` is the map to keep up to date (the one whose ``uuids_for_pid`` the
     span aggregator reads); without one the poller makes its own, so that its status
-    is served either way.
+    is served either way. ``deadline_s`` (default: ``default_deadline(interval_s)``) is
+    how long a round may run before its GPUs are reported down.
     """
 
     def __init__(
@@ -51,11 +82,16 @@ class GpuPoller:
         timer: Callable[[], float] = time.perf_counter,
         processes: ProcessGpuMap | None = None,
         process_interval_s: float = PROCESS_LIST_INTERVAL_S,
+        deadline_s: float | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"GPU poll interval must be positive, got {interval_s}")
+        deadline_s = default_deadline(interval_s) if deadline_s is None else deadline_s
+        if not deadline_s > 0:
+            raise ValueError(f"GPU poll deadline must be positive, got {deadline_s}")
         self.source = source
         self.interval_s = interval_s
+        self.deadline_s = deadline_s
         self._timer = timer
         self.processes = ProcessGpuMap() if processes is None else processes
         self.processes.unavailable(ProcessJoin.PENDING, "the first listing is not in yet")
@@ -63,9 +99,15 @@ class GpuPoller:
         self._processes_due: float | None = None  # None: list in the next round
         self._process_error = ""
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop, release or acquire asked
         self._round_done = threading.Condition()
         self._thread: threading.Thread | None = None
         self._snapshot = GpuSnapshot(0, tuple(source.devices()), (), ())
+        self._round_started: float | None = None  # set while a round runs
+        self._step = ""  # what the running round is doing: for the overdue reason
+        self._sampled_at = timer()  # when the served readings were taken
+        self._want_released = False
+        self._released = False
 
     def start(self) -> None:
         if self._thread is not None:
@@ -73,17 +115,85 @@ class GpuPoller:
         self._thread = threading.Thread(target=self._run, name="gpuscope-gpu-poller", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_JOIN_S) -> None:
+        """Stop polling and close the source, waiting at most ``timeout_s`` for the thread.
+
+        A thread still in a call after that is left behind (a daemon thread: it does not
+        hold the process up at exit), and the source is then *not* closed: nvmlShutdown
+        from this thread would either wait on the lock the hung call holds, hanging the
+        shutdown with it, or free the library state that call is still using.
+        """
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning(
+                    "the GPU poller is stuck in %s; exiting without closing %s",
+                    self._step or "a call",
+                    self.source.name,
+                )
+                return
         self.source.close()
 
     def devices(self) -> Sequence[GpuDevice]:
         return self._snapshot.devices
 
     def snapshot(self) -> GpuSnapshot:
-        return self._snapshot
+        """The last round, or, while a round is overdue, every known GPU down."""
+        snapshot = self._snapshot
+        overdue = self.overdue()
+        if overdue is None:
+            return snapshot
+        readings = tuple(
+            GpuReading(d.index, d.uuid, up=False, down_reason=DownReason.POLL_OVERDUE)
+            for d in snapshot.devices
+        )
+        runs = (CollectorRun(self.source.name, False, overdue),)
+        return GpuSnapshot(snapshot.round, snapshot.devices, readings, runs)
+
+    def overdue(self) -> float | None:
+        """Seconds the running round has taken, if past its deadline; else None."""
+        started = self._round_started
+        if started is None:
+            return None
+        elapsed = self._timer() - started
+        return elapsed if elapsed > self.deadline_s else None
+
+    def sample_age_s(self) -> float:
+        """Seconds since the served readings were taken (since start, before the first)."""
+        return max(0.0, self._timer() - self._sampled_at)
+
+    def unready(self) -> str | None:
+        """Why the GPU side is not ready (for ``/readyz``), or None."""
+        overdue = self.overdue()
+        if overdue is not None:
+            return (
+                f"GPU poll round {self._snapshot.round + 1} stuck in {self._step} for "
+                f"{overdue:.1f} s (deadline {self.deadline_s:g} s): a {self.source.name} "
+                "call is not returning"
+            )
+        if self._released:
+            return f"{self.source.name} released on request (SIGUSR1); SIGUSR2 takes it again"
+        if self._snapshot.round < 1:
+            return "first GPU poll pending"
+        return None
+
+    def unrecoverable(self) -> str | None:
+        """Why only a restart can help (for ``/healthz``), or None."""
+        source = self.source
+        return source.unrecoverable() if isinstance(source, ReportsUnrecoverable) else None
+
+    def release(self) -> None:
+        """Ask the thread to let go of the source after its current round (returns at once)."""
+        self._want_released = True
+        self._wake.set()
+
+    def acquire(self) -> None:
+        """Ask the thread to take the source again and poll (returns at once)."""
+        self._want_released = False
+        self._wake.set()
 
     def wait_for_round(self, round_number: int, timeout_s: float) -> bool:
         """Block until at least ``round_number`` rounds completed (the tests wait on it)."""
@@ -95,6 +205,13 @@ class GpuPoller:
     def poll_once(self) -> GpuSnapshot:
         """One round: sample, time it, publish the new snapshot."""
         started = self._timer()
+        self._round_started, self._step = started, f"{self.source.name} sample"
+        try:
+            return self._poll(started)
+        finally:
+            self._round_started = None
+
+    def _poll(self, started: float) -> GpuSnapshot:
         previous = self._snapshot
         health: list[CollectorRun] = []
         try:
@@ -106,12 +223,16 @@ class GpuPoller:
         except Exception as exc:  # a failing source is a metric, never a crash
             log.warning("GPU source %s failed: %s", self.source.name, exc)
             devices = previous.devices
-            readings = tuple(GpuReading(index=d.index, uuid=d.uuid, up=False) for d in devices)
+            readings = _down(devices, DownReason.SOURCE_FAILED)
             health = []
             success = False
         runs = [CollectorRun(self.source.name, success, self._timer() - started), *health]
+        self._step = "the process listing"
         self._list_processes()
-        snapshot = GpuSnapshot(previous.round + 1, devices, readings, tuple(runs))
+        self._sampled_at = started
+        return self._publish(GpuSnapshot(previous.round + 1, devices, readings, tuple(runs)))
+
+    def _publish(self, snapshot: GpuSnapshot) -> GpuSnapshot:
         with self._round_done:
             self._snapshot = snapshot
             self._round_done.notify_all()
@@ -134,7 +255,42 @@ class GpuPoller:
     def _run(self) -> None:
         next_due = self._timer()
         while not self._stop.is_set():
+            if self._want_released != self._released:
+                self._switch()
+                next_due = self._timer()
+            if self._released:
+                self._wake.wait()
+                self._wake.clear()
+                continue
             self.poll_once()
             # fixed-rate schedule; a round that overran starts the next one at once
             next_due = max(next_due + self.interval_s, self._timer())
-            self._stop.wait(max(0.0, next_due - self._timer()))
+            self._wake.wait(max(0.0, next_due - self._timer()))
+            self._wake.clear()
+
+    def _switch(self) -> None:
+        """Release or take the source again, between rounds (on this thread, never beside
+        a running call)."""
+        source = self.source
+        if self._want_released:
+            if isinstance(source, Releasable):
+                source.release()
+            self._released = True
+            previous = self._snapshot
+            readings = _down(previous.devices, DownReason.RELEASED)
+            # no run while released: asked for, so no collector failure (and no alert)
+            self._publish(GpuSnapshot(previous.round, previous.devices, readings, ()))
+            log.info("GPU source %s released; SIGUSR2 takes it again", source.name)
+            return
+        self._released = False
+        self._processes_due = None
+        if isinstance(source, Releasable):
+            try:
+                source.acquire()
+            except Exception as exc:  # the rounds retry it, and report it failed meanwhile
+                log.warning("taking GPU source %s again failed: %s", source.name, exc)
+        log.info("GPU source %s taken again", source.name)
+
+
+def _down(devices: Sequence[GpuDevice], reason: str) -> tuple[GpuReading, ...]:
+    return tuple(GpuReading(d.index, d.uuid, up=False, down_reason=reason) for d in devices)

@@ -64,6 +64,8 @@ class ProcessJoin(StrEnum):
     NOT_SUPPORTED = "not_supported"
     OTHER_PID_NAMESPACE = "other_pid_namespace"
     NO_GPU_SOURCE = "no_gpu_source"
+    # NVML listed pids no process can have (a pynvml/driver record-size mismatch)
+    UNTRUSTED_LISTING = "untrusted_listing"
     # GPU processes run in pid namespaces of their own and spans named bare pids
     UNMAPPED_PIDS = "unmapped_pids"
 
@@ -89,7 +91,7 @@ class ProcessListing:
 
 
 class ProcessListUnavailable(Exception):
-    """The source cannot list processes at all (e.g. DCGM without pynvml)."""
+    """The source cannot list processes at all."""
 
     def __init__(self, status: ProcessJoin, why: str) -> None:
         super().__init__(why)

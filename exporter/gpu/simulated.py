@@ -40,6 +40,7 @@ POWER_IDLE_W = 72.0
 POWER_LIMIT_W = 700.0
 MEMORY_TOTAL_BYTES = 80 * 2**30
 MEMORY_IDLE_BYTES = 0.5 * 2**30
+MEMORY_RESERVED_BYTES = 0.5 * 2**30  # the driver's own, as NVML memory v2 reports it apart
 PCIE_GEN5_X16_BYTES_PER_S = 63e9  # usable per direction
 PCIE_IDLE_BYTES_PER_S = 2e6
 # host->device bytes per request of a batch, device->host bytes per request
@@ -234,6 +235,7 @@ class SimulatedSource:
                 max((e.level for e in events if e.fault == "memory_used"), default=0.0)
                 * MEMORY_TOTAL_BYTES,
             ),
+            "memory_reserved_bytes": MEMORY_RESERVED_BYTES,
             "memory_total_bytes": MEMORY_TOTAL_BYTES,
             "power_watts": power,
             "power_limit_watts": POWER_LIMIT_W,

@@ -1,6 +1,6 @@
 """The narrow interface every GPU source implements, and the readings it returns.
 
-A source (NVML, DCGM, simulated) lists its devices and takes one sample of all of
+A source (NVML, simulated) lists its devices and takes one sample of all of
 them at a time. A reading leaves out every metric the device cannot give
 (NotSupported, NoPermission): such a metric is absent from ``/metrics``, never 0.
 Units are base units: hertz, bytes, watts, joules, ratios in 0-1.
@@ -16,13 +16,24 @@ from typing import Protocol, runtime_checkable
 from gpuscope.exporter.gpu import definitions as metrics
 
 
+class DownReason(StrEnum):
+    """Why a GPU reads ``gpuscope_gpu_up 0`` when it is not one NVML error's (those are in
+    ``nvml.errors.ERRORS``: ``lost``, ``reset_required``, ``insufficient_power``, ...)."""
+
+    LOST = "lost"  # the default: the GPU does not answer
+    SOURCE_FAILED = "source_failed"  # the whole source failed this round (driver error)
+    POLL_OVERDUE = "poll_overdue"  # the poll round did not finish by its deadline (hung call)
+    RELEASED = "released"  # NVML released on request (SIGUSR1), until told to take it again
+    UNANSWERED = "unanswered"  # every metric it should give failed this round
+
+
 class GpuSourceKind(StrEnum):
     """The values of ``--gpu-source``: a backend, ``auto`` (the first of
     ``factory.HARDWARE_SOURCES`` that opens, else none) or none."""
 
     AUTO = "auto"
     NVML = "nvml"
-    DCGM = "dcgm"
+    DCGM = "dcgm"  # retired: refused with a pointer to dcgm-exporter (``factory.RETIRED``)
     SIMULATED = "simulated"
     NONE = "none"
 
@@ -52,6 +63,9 @@ class GpuReading:
     index: int
     uuid: str
     up: bool = True
+    # why ``up`` is False: a ``DownReason`` (or an NVML error's, see ``nvml.errors``); ""
+    # while up. The ``reason`` label of ``gpuscope_gpu_down_reason``.
+    down_reason: str = ""
     values: Mapping[str, float] = field(default_factory=dict)
     # reason (e.g. "sw_power_cap", "hw_thermal_slowdown", "gpu_idle") -> active now
     clock_event_reasons: Mapping[str, bool] | None = None
@@ -84,13 +98,35 @@ class GpuSource(Protocol):
     round and is counted as a collector failure.
     """
 
-    name: str  # "nvml", "dcgm", "simulated": the ``collector`` label
+    name: str  # "nvml", "simulated": the ``collector`` label
 
     def devices(self) -> Sequence[GpuDevice]: ...
 
     def sample(self) -> Sequence[GpuReading]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Releasable(Protocol):
+    """A source that can let go of the driver while the exporter runs (NVML), so that a
+    GPU reset or a MIG change by another tool finds no client. Both are called from the
+    poller's thread, between rounds."""
+
+    def release(self) -> None:
+        """Close the library (``nvmlShutdown``); ``sample()`` is not called until ``acquire``."""
+
+    def acquire(self) -> None:
+        """Open it again; may raise as opening at start-up does (the poller retries)."""
+
+
+@runtime_checkable
+class ReportsUnrecoverable(Protocol):
+    """A source that knows when it cannot heal in this process (a driver upgraded under
+    it), so that liveness fails and the supervisor restarts the exporter."""
+
+    def unrecoverable(self) -> str | None:
+        """Why a restart is needed, or None."""
 
 
 @runtime_checkable

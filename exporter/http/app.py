@@ -20,7 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 from gpuscope.connections import ConnectionGuard, ConnectionLimits
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.gpu.poller import STOP_JOIN_S, GpuPoller
 from gpuscope.exporter.gpu.processes import ProcessGpuMap
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
 from gpuscope.exporter.http import connections
@@ -64,6 +64,7 @@ def create_app(
     processes = ProcessGpuMap(require_auth=config.process_join_needs_auth)
     aggregator = SpanAggregator(
         max_series=config.max_series,
+        max_models_per_service=config.max_models_per_service,
         max_label_length=config.max_label_length,
         compute_observers=compute_observers,
         uuids_for_pid=processes.uuids_for_claim,
@@ -127,7 +128,12 @@ async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIt
     if state.gpu_source is None:
         yield
         return
-    poller = GpuPoller(state.gpu_source, state.config.gpu_interval_s, processes=processes)
+    poller = GpuPoller(
+        state.gpu_source,
+        state.config.gpu_interval_s,
+        processes=processes,
+        deadline_s=state.config.gpu_poll_deadline_s,
+    )
     collector = GpuCollector(poller)
     poller.start()
     state.registry.register(collector)
@@ -137,7 +143,10 @@ async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIt
         yield
     finally:
         state.registry.unregister(collector)
-        await asyncio.to_thread(poller.stop)  # joins the thread, closes the source
+        # joins the thread (bounded: a call hung in the driver is left behind) and closes
+        # the source, within half the shutdown timeout
+        join_s = min(STOP_JOIN_S, state.config.shutdown_timeout_s / 2)
+        await asyncio.to_thread(poller.stop, join_s)
 
 
 async def _forwarder(app: web.Application) -> AsyncIterator[None]:

@@ -38,12 +38,12 @@ PASSWORD_CHECK_THREADS: Final = 2
 PASSWORD_CHECKS_PENDING: Final = 16
 RETRY_AFTER_S: Final = "1"
 PROBE_PATHS: Final = frozenset(("/healthz", "/readyz"))
-_AUTHENTICATED: Final = "gpuscope.authenticated"  # request key: credentials checked
+_AUTHENTICATED: Final = web.RequestKey("gpuscope_authenticated", bool)  # credentials checked
 
 
 def was_authenticated(request: web.Request) -> bool:
     """Whether the auth middleware checked this request's credentials and took them."""
-    return bool(request.get(_AUTHENTICATED, False))
+    return request.get(_AUTHENTICATED, False)
 
 
 def password_check_pool() -> ThreadPool:

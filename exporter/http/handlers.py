@@ -2,7 +2,9 @@
 
 ``POST /v1/traces`` (OTLP/HTTP, protobuf or JSON, optionally gzipped), ``GET /metrics``
 (text, or OpenMetrics with exemplars when asked; gzip when accepted), ``GET /healthz``
-(serving), ``GET /readyz`` (started, first GPU poll done, not shutting down).
+(serving), ``GET /readyz`` (started, first GPU poll done, no poll stuck, NVML not released, not
+shutting down); ``/healthz`` fails only when the GPU source cannot heal without a
+restart (a driver upgraded under it).
 
 Export requests are decoded and aggregated in the ingest thread (``ingest``), one at a
 time, the only writer of the aggregator's series; the self-monitoring counters change
@@ -183,6 +185,11 @@ async def serve_metrics(request: web.Request) -> web.StreamResponse:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """200 unless the GPU source cannot heal in this process (a restart can)."""
+    poller = request.app[STATE].poller
+    why = poller.unrecoverable() if poller is not None else None
+    if why is not None:
+        return web.Response(status=503, text=f"unhealthy: {why}\n")
     return web.Response(text="ok\n")
 
 
@@ -190,6 +197,7 @@ async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.started or state.stopping:
         return web.Response(status=503, text="not ready: starting or stopping\n")
-    if state.poller is not None and state.poller.snapshot().round < 1:
-        return web.Response(status=503, text="not ready: first GPU poll pending\n")
+    why = state.poller.unready() if state.poller is not None else None
+    if why is not None:  # first poll pending, a poll stuck, NVML released
+        return web.Response(status=503, text=f"not ready: {why}\n")
     return web.Response(text="ready\n")

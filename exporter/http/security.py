@@ -15,6 +15,13 @@ for node_exporter works here::
 Keys this exporter does not implement are refused by name rather than ignored, so a
 config that asks for more protection than it gets fails at start.
 
+Both files are read by ``read_bounded``: opened without blocking, refused unless they
+are regular files (a FIFO, a directory, ``/dev/zero`` behind a symlink), at most
+``MAX_FILE_BYTES`` and within ``READ_DEADLINE_S``. Whatever the YAML parser or the
+checks raise (``RecursionError`` from deep nesting included) becomes a ``ConfigError``
+naming the flag, so a bad file stops the exporter at start with one line and is never
+applied on a reload.
+
 Basic auth, when configured, guards every endpoint. ``/v1/traces`` takes the bearer
 token instead when one is configured (OTLP SDKs send headers, not passwords).
 bcrypt is slow on purpose (tens of ms); a verified ``(user, password digest)`` pair is
@@ -30,13 +37,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import re
 import ssl
+import stat
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import bcrypt
 import yaml
@@ -45,6 +55,10 @@ from gpuscope.exporter.config import ConfigError
 from gpuscope.exporter.http.placeholders import refuse_placeholder_token, refuse_placeholder_users
 
 _FLAG = "--web-config-file"
+# A web config with a few hundred users is tens of KiB; a token file a few hundred bytes.
+MAX_FILE_BYTES: Final = 1024 * 1024
+READ_DEADLINE_S: Final = 2.0
+_READ_CHUNK = 64 * 1024
 _TLS_KEYS = {
     "cert_file",
     "key_file",
@@ -77,11 +91,57 @@ class WebConfig:
     basic_auth_users: Mapping[str, bytes] = field(default_factory=dict)
 
 
-def load_web_config(path: Path) -> WebConfig:
-    """Parse an exporter-toolkit web config; errors name the flag and the key."""
+def read_bounded(path: Path, flag: str) -> bytes:
+    """The bytes of the regular file ``path``, read without ever blocking on what the
+    path names: ``ConfigError`` (naming ``flag``) for anything else, for a file over
+    ``MAX_FILE_BYTES`` and for one not read within ``READ_DEADLINE_S``."""
+    where = f"{flag}: cannot read {str(path)!r}"
     try:
-        document = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where}: {_one_line(exc)}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{where}: not a regular file ({_file_kind(mode)})")
+        data, deadline = bytearray(), time.monotonic() + READ_DEADLINE_S
+        while chunk := os.read(fd, _READ_CHUNK):
+            data += chunk
+            if len(data) > MAX_FILE_BYTES:
+                raise ConfigError(f"{where}: larger than {MAX_FILE_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{where}: not read within {READ_DEADLINE_S:g} s")
+        return bytes(data)
+    except OSError as exc:
+        raise ConfigError(f"{where}: {_one_line(exc)}") from exc
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"))
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
+
+
+def load_web_config(path: Path) -> WebConfig:
+    """Parse an exporter-toolkit web config; errors name the flag and the key. Any
+    failure at all is a ``ConfigError``: a reload must never die of a file."""
+    raw = read_bounded(path, _FLAG)
+    try:
+        return _web_config(raw, path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # RecursionError, MemoryError, odd types: never let one out
+        raise ConfigError(
+            f"{_FLAG}: cannot read {str(path)!r}: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+
+
+def _web_config(raw: bytes, path: Path) -> WebConfig:
+    try:
+        document = yaml.safe_load(raw.decode("utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{_FLAG}: cannot read {str(path)!r}: {_one_line(exc)}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"{_FLAG}: {str(path)!r} must hold a mapping")
@@ -131,6 +191,9 @@ def _tls_context(section: Any, base: Path) -> ssl.SSLContext:
     if not section.get("cert_file") or not section.get("key_file"):
         raise ConfigError(f"{_FLAG}: tls_server_config needs both cert_file and key_file")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if section.get(key):
+            _check_regular(base / section[key], f"tls_server_config.{key}")
     try:
         context.load_cert_chain(base / section["cert_file"], base / section["key_file"])
         if section.get("client_ca_file"):
@@ -156,10 +219,22 @@ def _tls_context(section: Any, base: Path) -> ssl.SSLContext:
     return context
 
 
-def read_bearer_token(path: Path) -> str:
+def _check_regular(path: Path, key: str) -> None:
+    """OpenSSL opens certificate files itself and would wait forever on a FIFO."""
     try:
-        token = path.read_bytes().decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return  # OpenSSL's own error says what is missing
+    if not stat.S_ISREG(mode):
+        kind = _file_kind(mode)
+        raise ConfigError(f"{_FLAG}: {key} {str(path)!r} is not a regular file ({kind})")
+
+
+def read_bearer_token(path: Path) -> str:
+    raw = read_bounded(path, "--bearer-token-file")
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
         raise ConfigError(
             f"--bearer-token-file: cannot read {str(path)!r}: {_one_line(exc)}"
         ) from exc

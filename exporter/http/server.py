@@ -8,7 +8,8 @@
     await exporter.stop()
 
 While it runs, the web config and bearer token files are read again on SIGHUP and when
-they change (``reload``).
+they change (``reload``); SIGUSR1 releases the GPU source (NVML) and SIGUSR2 takes it
+again (``GpuPoller.release``).
 
 Shutdown order: ``/readyz`` turns 503 and the listener closes; connections without
 a request in flight are closed; requests in flight (bodies still uploading included)
@@ -181,6 +182,9 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)  # the handler only sets a flag
     loop.add_signal_handler(signal.SIGHUP, reread.set)  # before start: never the default
+    release, acquire = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, release.set)  # NVML released, until SIGUSR2
+    loop.add_signal_handler(signal.SIGUSR2, acquire.set)
     try:
         exporter = await start_exporter(
             config,
@@ -191,15 +195,25 @@ async def serve(
         )
         log.info("serving on %s", exporter.url)
         rereading = asyncio.create_task(_reread_on(reread, exporter), name="gpuscope-sighup")
+        switching = asyncio.create_task(
+            _release_on(release, acquire, exporter), name="gpuscope-usr"
+        )
         try:
             with AcceptErrorLog(loop):
                 await stop.wait()
             log.info("shutting down")
         finally:
             rereading.cancel()
+            switching.cancel()
             await exporter.stop()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (
+            signal.SIGTERM,
+            signal.SIGINT,
+            signal.SIGHUP,
+            signal.SIGUSR1,
+            signal.SIGUSR2,
+        ):
             loop.remove_signal_handler(signum)
 
 
@@ -208,3 +222,24 @@ async def _reread_on(signalled: asyncio.Event, exporter: RunningExporter) -> Non
         await signalled.wait()
         signalled.clear()
         await exporter.credentials.reload("SIGHUP")
+
+
+async def _release_on(
+    release: asyncio.Event, acquire: asyncio.Event, exporter: RunningExporter
+) -> None:
+    """SIGUSR1 lets go of the GPU source (NVML) until SIGUSR2 (see docs/gpu.md)."""
+    while True:
+        waits = {asyncio.ensure_future(e.wait()): e for e in (release, acquire)}
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        poller = exporter.app[STATE].poller
+        for task in done:
+            signalled = waits[task]
+            signalled.clear()
+            if poller is None:
+                log.info("no GPU source to release or take again")
+            elif signalled is release:
+                poller.release()
+            else:
+                poller.acquire()

@@ -26,7 +26,13 @@ Each span's attribute list is walked once and only the keys in ``_SERVER_SLOTS``
 ``_BATCH_SLOTS`` have their values read: with the upb protobuf backend, touching a
 value costs far more than skipping it. A span that breaks the contract (wrong type,
 NaN or negative duration, over-long label, bad ids) is rejected as a whole with a
-reason; the other spans of the same request still count.
+reason; the other spans of the same request still count. So is a span whose numbers
+each pass but contradict each other (phases longer than the span, stages longer than
+their compute, a first token after the end): ``inconsistent_durations``. Every count
+and duration a span gives is bounded (``spans.MAX_COUNT``, ``spans.MAX_DURATION_S``, the
+span's own end - start included), so no single span can freeze a counter or fill a
+histogram's ``_sum``. A span counted once is not counted again: a (trace id, span id)
+among the recently counted ones (``RecentSpans``) is rejected as ``duplicate``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from gpuscope.exporter import definitions as defs
 from gpuscope.exporter.gpu.pid_namespaces import PidClaim
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
 from gpuscope.exporter.ingest.pid_claims import read_pid_claim
-from gpuscope.exporter.ingest.series import SpanRef
+from gpuscope.exporter.ingest.recent_spans import RecentSpans
+from gpuscope.exporter.ingest.series import ModelCap, SpanRef
 from gpuscope.exporter.ingest.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
@@ -55,6 +62,8 @@ WRONG_ATTRIBUTE_TYPE = "wrong_attribute_type"
 INVALID_ATTRIBUTE_VALUE = "invalid_attribute_value"
 INVALID_LABEL = "invalid_label"
 MISSING_ATTRIBUTE = "missing_attribute"
+INCONSISTENT_DURATIONS = "inconsistent_durations"
+DUPLICATE = "duplicate"
 SPAN_REJECT_REASONS = (
     INVALID_ID,
     INVALID_DURATION,
@@ -62,7 +71,10 @@ SPAN_REJECT_REASONS = (
     INVALID_ATTRIBUTE_VALUE,
     INVALID_LABEL,
     MISSING_ATTRIBUTE,
+    INCONSISTENT_DURATIONS,
+    DUPLICATE,
 )
+_MAX_DURATION_NS = int(spans.MAX_DURATION_S * 1e9)
 
 _STRING, _INT, _DOUBLE = "string_value", "int_value", "double_value"
 
@@ -88,6 +100,7 @@ _SERVER_SLOTS |= {
 }
 _SERVER_SLOT_COUNT = _STAGE0 + len(spans.COMPUTE_STAGES)
 _SLOT_KEYS = {slot: key for key, (slot, _) in _SERVER_SLOTS.items()}
+_COMPUTE_INDEX = spans.PHASES.index("compute")
 _SECONDS_SLOTS = (_TTFT, _TPOT, *range(_PHASE0, _SERVER_SLOT_COUNT))
 
 # Engine request span: the attributes ``engine_spans.read_engine_span`` reads, by type.
@@ -144,13 +157,19 @@ class SpanAggregator:
         self,
         *,
         max_series: int = 2000,
+        max_models_per_service: int = 20,
         max_label_length: int = 128,
         compute_observers: Sequence[ComputeObserver] = (),
         uuids_for_pid: UuidsForPid | None = None,
+        recent_spans: int = RecentSpans.DEFAULT_CAPACITY,
     ) -> None:
         # One capped family per row of the tables, in their (scrape) order.
-        histograms = {row: row.histogram(max_series) for row in defs.SPAN_HISTOGRAMS}
-        counters = {row: row.counter(max_series) for row in defs.SPAN_COUNTERS}
+        # One model cap for every family, so a model is folded in all of them or none.
+        self.model_cap = ModelCap(max_models_per_service)
+        histograms = {
+            row: row.histogram(max_series, self.model_cap) for row in defs.SPAN_HISTOGRAMS
+        }
+        counters = {row: row.counter(max_series, self.model_cap) for row in defs.SPAN_COUNTERS}
         self.histograms = tuple(histograms.values())
         self.counters = counters  # row -> family, for the collector
         self.duration = histograms[defs.REQUEST_DURATION]
@@ -165,6 +184,7 @@ class SpanAggregator:
         self.max_label_length = max_label_length
         self.compute_observers = tuple(compute_observers)
         self._gpu_index: dict[str, str] = {}
+        self.recent = RecentSpans(recent_spans)
         # Caches of validated label values and phase label tuples; cleared when full.
         self._cache_limit = 4 * max_series + 64
         self._known_labels: set[str] = set()
@@ -220,9 +240,19 @@ class SpanAggregator:
 
     def _aggregate(self, span: Any, service: str, own: bool, process_uuid: str = "") -> bool:
         """Feed one span to its family; False for spans that feed none."""
+        counted = span.kind == SPAN_KIND_SERVER or (own and span.name == spans.BATCH_SPAN_NAME)
+        if not counted:
+            return False
+        # Only spans that feed a family are remembered: the phase child spans are not.
+        key = span.trace_id + span.span_id
+        if key in self.recent:
+            raise SpanRejected(DUPLICATE, "a span with this trace and span id was counted already")
+        self._feed(span, service, own, process_uuid)
+        self.recent.add(key)  # once counted in full: a rejected span may be sent again
+        return True
+
+    def _feed(self, span: Any, service: str, own: bool, process_uuid: str) -> None:
         if not own:
-            if span.kind != SPAN_KIND_SERVER:
-                return False
             engine = None
             if engine_spans.is_engine_request_span(span.name):
                 engine = self._engine_span(span, service, process_uuid)
@@ -231,17 +261,12 @@ class SpanAggregator:
                 self._observe_engine_span(*engine)
         elif span.kind == SPAN_KIND_SERVER:
             self._server_span(span, service, process_uuid)
-        elif span.name == spans.BATCH_SPAN_NAME:
-            self._batch_span(span, service)
         else:
-            return False
-        return True
+            self._batch_span(span, service)
 
     def _stock_span(self, span: Any, service: str) -> None:
         ref = _span_ref(span)
-        start, end = span.start_time_unix_nano, span.end_time_unix_nano
-        if start == 0 or end < start:
-            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        _span_times(span)  # bounded like every other span, before it counts
         try:
             self.stock.observe(span, service, ref, self._label)
         except StatusUnreadable as exc:
@@ -257,16 +282,17 @@ class SpanAggregator:
         too (it is another instrumentation's SERVER span).
         """
         ref = _span_ref(span)
-        start, end = span.start_time_unix_nano, span.end_time_unix_nano
-        if start == 0 or end < start:
-            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        start, end = _span_times(span)
         values = _read_engine_attributes(span.attributes)
         if values.get(engine_spans.COUNTED_BY_SERVER_SPAN) is True:
             return None
         try:
-            report = engine_spans.read_engine_span(values)
+            report = engine_spans.read_engine_span(values, (end - start) / 1e9)
         except engine_spans.EngineSpanInvalid as exc:
-            reason = INVALID_DURATION if exc.is_duration else INVALID_ATTRIBUTE_VALUE
+            if exc.inconsistent:
+                reason = INCONSISTENT_DURATIONS
+            else:
+                reason = INVALID_DURATION if exc.is_duration else INVALID_ATTRIBUTE_VALUE
             raise SpanRejected(reason, str(exc)) from exc
         model = self._label(report.model, spans.GEN_AI_REQUEST_MODEL)
         gpu = self._gpu_index.get(process_uuid, "") if process_uuid else ""
@@ -297,9 +323,7 @@ class SpanAggregator:
 
     def _server_span(self, span: Any, resource_service: str, process_uuid: str = "") -> None:
         ref = _span_ref(span)
-        start, end = span.start_time_unix_nano, span.end_time_unix_nano
-        if start == 0 or end < start:
-            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        start, end = _span_times(span)
         values = _read_attributes(span.attributes, _SERVER_SLOTS, _SERVER_SLOT_COUNT)
         label = self._label
         service = label(values[_SERVICE], spans.SERVICE_NAME) or resource_service
@@ -326,12 +350,14 @@ class SpanAggregator:
         phases = values[_PHASE0:_STAGE0]
         stages = values[_STAGE0:_SERVER_SLOT_COUNT]
         ttft, tpot = values[_TTFT], values[_TPOT]
+        duration = (end - start) / 1e9
+        _check_server_durations(duration, phases, stages, ttft)
         tokens_in = _count(values[_IN], spans.GEN_AI_USAGE_INPUT_TOKENS)
         tokens_out = _count(values[_OUT], spans.GEN_AI_USAGE_OUTPUT_TOKENS)
         # Validated in full: from here on nothing can reject the span half-counted.
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.duration.observe(
-            (service, model, operation, route, code_label, uuid, gpu), (end - start) / 1e9, ref
+            (service, model, operation, route, code_label, uuid, gpu), duration, ref
         )
         base = (service, model, uuid, gpu)
         with_operation = (service, model, operation, uuid, gpu)
@@ -363,9 +389,7 @@ class SpanAggregator:
 
     def _batch_span(self, span: Any, resource_service: str) -> None:
         ref = _span_ref(span)
-        start, end = span.start_time_unix_nano, span.end_time_unix_nano
-        if start == 0 or end < start:
-            raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+        start, end = _span_times(span)
         values = _read_attributes(span.attributes, _BATCH_SLOTS, len(_BATCH_SLOTS))
         size = _count(values[_B_SIZE], spans.BATCH_SIZE)
         if size is None:
@@ -475,6 +499,50 @@ def _span_ref(span: Any) -> tuple[bytes, bytes, int]:
 
 
 def _count(value: int | None, key: str) -> int | None:
-    if value is not None and value < 0:
-        raise SpanRejected(INVALID_ATTRIBUTE_VALUE, f"{key} is {value}, below 0")
+    if value is not None and not 0 <= value <= spans.MAX_COUNT:
+        raise SpanRejected(
+            INVALID_ATTRIBUTE_VALUE, f"{key} is {value}, not a count in 0-{spans.MAX_COUNT:,}"
+        )
     return value
+
+
+def _span_times(span: Any) -> tuple[int, int]:
+    """``(start, end)`` in epoch ns, rejected unless end - start is 0 to a day."""
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if start == 0 or end < start:
+        raise SpanRejected(INVALID_DURATION, f"end {end} before start {start}")
+    if end - start > _MAX_DURATION_NS:
+        raise SpanRejected(
+            INVALID_DURATION,
+            f"the span lasts {(end - start) / 1e9:g} s, over {spans.MAX_DURATION_S:g} s",
+        )
+    return start, end
+
+
+def _check_server_durations(
+    duration: float,
+    phases: Sequence[float | None],
+    stages: Sequence[float | None],
+    ttft: float | None,
+) -> None:
+    """The phases together and the first token within the span, the stages within
+    compute; ``spans.DURATION_SLACK_S`` of slack for rounding."""
+    slack = spans.DURATION_SLACK_S
+    in_phases = sum(seconds for seconds in phases if seconds is not None)
+    if in_phases > duration + slack:
+        raise SpanRejected(
+            INCONSISTENT_DURATIONS,
+            f"the phases add up to {in_phases:g} s, over the span's {duration:g} s",
+        )
+    if ttft is not None and ttft > duration + slack:
+        raise SpanRejected(
+            INCONSISTENT_DURATIONS,
+            f"{spans.TIME_TO_FIRST_TOKEN} is {ttft:g} s, over the span's {duration:g} s",
+        )
+    compute = phases[_COMPUTE_INDEX]
+    in_stages = sum(seconds for seconds in stages if seconds is not None)
+    if compute is not None and in_stages > compute + slack:
+        raise SpanRejected(
+            INCONSISTENT_DURATIONS,
+            f"the compute stages add up to {in_stages:g} s, over compute's {compute:g} s",
+        )

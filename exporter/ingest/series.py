@@ -15,6 +15,12 @@ exporter itself defines (``BOUNDED_LABELS``: ``phase``, ``direction``, ``gpu``) 
 sets only the others (route, model, service, ...) to ``OVERFLOW``: per-phase and
 per-direction sums stay exact however many routes a sender invents. There are at
 most as many overflow series as combinations of bounded values (5 phases x GPUs).
+
+``--max-series`` is shared by every sender, so a second cap keeps one service from
+filling it with model names (which a client may choose): ``ModelCap``, shared by the
+request families, admits at most ``max_models_per_service`` distinct ``model`` values per
+``service``; a further one is folded into ``model="__overflow__"`` of that service (its
+other labels kept) and counted apart from the ``--max-series`` overflow.
 """
 
 from __future__ import annotations
@@ -38,6 +44,67 @@ BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 
 
 # (trace_id, span_id, end time in epoch ns) of the span an exemplar points to.
 SpanRef = tuple[bytes, bytes, int]
+
+# The labels ``ModelCap`` reads: the sender's service and the model it names.
+SERVICE_LABEL, MODEL_LABEL = "service", "model"
+
+
+class ModelCap:
+    """Distinct ``model`` values per ``service``, one decision for every family.
+
+    Asked only when a family is about to create a series (never on the hot path of a
+    known label set), so what it holds is bounded by the series that exist: at most one
+    entry per series created, however many names a sender invents. The empty model (a
+    span that names none) is always admitted and counts toward nothing.
+    """
+
+    def __init__(self, max_models_per_service: int) -> None:
+        if max_models_per_service < 1:
+            raise ValueError(
+                f"max_models_per_service must be at least 1, got {max_models_per_service}"
+            )
+        self.max_models_per_service = max_models_per_service
+        self._models: dict[str, set[str]] = {}
+
+    def admit(self, service: str, model: str) -> bool:
+        """Whether ``model`` may have series of its own under ``service``."""
+        if not model:
+            return True
+        models = self._models.setdefault(service, set())
+        if model in models:
+            return True
+        if len(models) >= self.max_models_per_service:
+            return False
+        models.add(model)
+        return True
+
+
+class _ModelFolding:
+    """A family's use of the shared ``ModelCap``: where its service and model labels are,
+    and how many observations it folded into ``model="__overflow__"``."""
+
+    __slots__ = ("cap", "folded", "model", "service")
+
+    def __init__(self, cap: ModelCap, label_names: Sequence[str]) -> None:
+        self.cap = cap
+        self.service = list(label_names).index(SERVICE_LABEL)
+        self.model = list(label_names).index(MODEL_LABEL)
+        self.folded = 0
+
+    def fold(self, labels: tuple[str, ...]) -> tuple[str, ...]:
+        """``labels``, with the model folded when its service is at the cap."""
+        if self.cap.admit(labels[self.service], labels[self.model]):
+            return labels
+        self.folded += 1
+        folded = list(labels)
+        folded[self.model] = OVERFLOW
+        return tuple(folded)
+
+
+def _model_folding(cap: ModelCap | None, label_names: Sequence[str]) -> _ModelFolding | None:
+    if cap is None or SERVICE_LABEL not in label_names or MODEL_LABEL not in label_names:
+        return None
+    return _ModelFolding(cap, label_names)
 
 
 class HistogramSeries:
@@ -96,6 +163,7 @@ class HistogramFamily:
         buckets: Sequence[float],
         max_series: int,
         bounded_labels: Collection[str] = BOUNDED_LABELS,
+        model_cap: ModelCap | None = None,
     ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets:
             raise ValueError(f"{name}: buckets must be distinct and in increasing order")
@@ -111,6 +179,12 @@ class HistogramFamily:
         self.overflowed = 0
         self._series: dict[tuple[str, ...], HistogramSeries] = {}
         self._kept, self._overflow_key = overflow_key(self.label_names, bounded_labels)
+        self._models = _model_folding(model_cap, self.label_names)
+
+    @property
+    def models_folded(self) -> int | None:
+        """Observations folded by the model cap; None for a family without one."""
+        return None if self._models is None else self._models.folded
 
     def observe(self, labels: tuple[str, ...], value: float, span: SpanRef) -> None:
         series = self._series.get(labels)
@@ -130,6 +204,11 @@ class HistogramFamily:
         if len(self._series) >= self.max_series:
             self.overflowed += 1
             labels = _overflow_labels(labels, self._kept, self._overflow_key)
+            series = self._series.get(labels)
+            if series is not None:
+                return series
+        elif self._models is not None:
+            labels = self._models.fold(labels)
             series = self._series.get(labels)
             if series is not None:
                 return series
@@ -155,6 +234,7 @@ class CounterFamily:
         label_names: Sequence[str],
         max_series: int,
         bounded_labels: Collection[str] = BOUNDED_LABELS,
+        model_cap: ModelCap | None = None,
     ) -> None:
         if max_series < 1:
             raise ValueError(f"{name}: max_series must be at least 1, got {max_series}")
@@ -165,6 +245,12 @@ class CounterFamily:
         self.overflowed = 0
         self._values: dict[tuple[str, ...], float] = {}
         self._kept, self._overflow_key = overflow_key(self.label_names, bounded_labels)
+        self._models = _model_folding(model_cap, self.label_names)
+
+    @property
+    def models_folded(self) -> int | None:
+        """Increments folded by the model cap; None for a family without one."""
+        return None if self._models is None else self._models.folded
 
     def inc(self, labels: tuple[str, ...], amount: float) -> None:
         values = self._values
@@ -174,6 +260,8 @@ class CounterFamily:
             if len(values) >= self.max_series:
                 self.overflowed += 1
                 labels = _overflow_labels(labels, self._kept, self._overflow_key)
+            elif self._models is not None:
+                labels = self._models.fold(labels)
             values.setdefault(labels, 0.0)
         values[labels] += amount
 

@@ -150,7 +150,7 @@ WHERE_BY_GROUP = {
     "gpuscope-request-alerts": {"source", "service", "model"},
 }
 # absent() has no target, so no instance: only the job its selector names
-WHERE_EXCEPTIONS = {"GpuscopeExporterAbsent": {"job"}}
+WHERE_EXCEPTIONS = {"GpuscopeExporterAbsent": {"job"}, "GpuscopeEngineMetricsDown": {"job"}}
 
 
 def _where(group: str, rule: dict[str, Any]) -> set[str]:

@@ -196,7 +196,7 @@ def test_a_new_request_metric_row_is_created_rendered_and_capped(
     assert families[-1] == EXTRA_HISTOGRAM.name
     registry = CollectorRegistry()
     registry.register(ExporterCollector(aggregator, SelfMetrics()))
-    overflow = {"metric": EXTRA_HISTOGRAM.name}
+    overflow = {"metric": EXTRA_HISTOGRAM.name, "reason": "max_series"}
     assert registry.get_sample_value("gpuscope_series_overflow_total", overflow) == 1.0
 
 
@@ -293,7 +293,7 @@ def test_a_registered_gpu_source_is_what_auto_and_the_doctor_open(
 ) -> None:
     """One ``HardwareSource`` row: ``--gpu-source auto`` and ``gpuscope doctor`` try the
     registry in its order; every hardware kind of ``GpuSourceKind`` has its row."""
-    others = {GpuSourceKind.AUTO, GpuSourceKind.NONE, GpuSourceKind.SIMULATED}
+    others = {GpuSourceKind.AUTO, GpuSourceKind.NONE, GpuSourceKind.SIMULATED, *factory.RETIRED}
     kinds = [entry.kind for entry in factory.HARDWARE_SOURCES]
     assert sorted(kinds) == sorted(set(GpuSourceKind) - others)
     tried: list[str] = []
@@ -307,10 +307,12 @@ def test_a_registered_gpu_source_is_what_auto_and_the_doctor_open(
         return SimulatedSource(1)
 
     registry = (
+        # a second hardware kind for the recipe: the retired one's value, un-retired here
         factory.HardwareSource(GpuSourceKind.DCGM, refuse, OSError),
         factory.HardwareSource(GpuSourceKind.NVML, simulate, OSError),
     )
     monkeypatch.setattr(factory, "HARDWARE_SOURCES", registry)
+    monkeypatch.setattr(factory, "RETIRED", {})
     opened = open_gpu_source(GpuSourceKind.AUTO, scenario=None, simulated_count=1)
     assert isinstance(opened, SimulatedSource)
     source, errors = doctor._open(doctor.DoctorConfig())
@@ -367,7 +369,9 @@ def test_an_engine_adapter_declares_every_attribute_it_reads() -> None:
         *engine_spans.COUNT_ATTRIBUTES,
         *engine_spans.TEXT_ATTRIBUTES,
     }
-    attributes = _Recording({key: 0.01 for key in engine_spans.SECONDS_ATTRIBUTES})
+    # All zero: any other one value for every duration contradicts itself (stages of
+    # 0.02 s in an inference of 0.01 s), which read_engine_span refuses.
+    attributes = _Recording({key: 0.0 for key in engine_spans.SECONDS_ATTRIBUTES})
     report = engine_spans.read_engine_span(attributes)
     assert attributes.asked <= declared
     # in gpuscope's vocabulary: the contract's phases and compute stages

@@ -153,8 +153,9 @@ def test_bad_span_is_rejected_alone_with_its_reason(
     spans = SpanFactory()
     good = spans.server(0.01, phases={"queue": 0.001})
     bad = spans.server(0.01, phases={"queue": 0.001}, attrs=attributes)
+    other_good = spans.server(0.01, phases={"queue": 0.001})
     aggregator = SpanAggregator()
-    result = aggregator.ingest(encode([good, bad, good]))
+    result = aggregator.ingest(encode([good, bad, other_good]))
     assert result.rejected == {reason: 1}
     assert result.aggregated == 2
     assert result.first_error is not None
@@ -200,7 +201,8 @@ def test_label_sets_past_the_cap_go_to_one_overflow_series() -> None:
     assert reg.get_sample_value("gpuscope_request_duration_seconds_count", overflow) == 6
     assert (
         reg.get_sample_value(
-            "gpuscope_series_overflow_total", {"metric": "gpuscope_request_duration_seconds"}
+            "gpuscope_series_overflow_total",
+            {"metric": "gpuscope_request_duration_seconds", "reason": "max_series"},
         )
         == 6
     )

@@ -71,7 +71,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_tokens", "counter", "", ("direction", "service", "model", "operation")),
     ("gpuscope_span_calls", "counter", "", _STOCK),
     ("gpuscope_span_duration_seconds", "histogram", "seconds", _STOCK),
-    ("gpuscope_series_overflow", "counter", "", ("metric",)),
+    ("gpuscope_series_overflow", "counter", "", ("metric", "reason")),
     ("gpuscope_build_info", "gauge", "", ("version",)),
     ("gpuscope_gpu_source_info", "gauge", "", ("requested", "source")),
     ("gpuscope_spans_received", "counter", "", ()),
@@ -79,6 +79,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_otlp_requests_rejected", "counter", "", ("reason",)),
     ("gpuscope_forward_spans_sent", "counter", "", ()),
     ("gpuscope_forward_spans_dropped", "counter", "", ("reason",)),
+    ("gpuscope_web_config_reloads", "counter", "", ("result",)),
     ("gpuscope_http_connections", "gauge", "", ("state",)),
     ("gpuscope_http_connections_max", "gauge", "", ()),
     ("gpuscope_http_connections_closed", "counter", "", ("reason",)),
@@ -89,6 +90,8 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
         ("gpu", "uuid", "name", "pci_bus_id", "numa_node", "driver_version"),
     ),
     ("gpuscope_gpu_up", "gauge", "", _GPU),
+    ("gpuscope_gpu_down_reason", "gauge", "", (*_GPU, "reason")),
+    ("gpuscope_gpu_sample_age_seconds", "gauge", "seconds", ()),
     ("gpuscope_gpu_sm_clock_hertz", "gauge", "hertz", _GPU),
     ("gpuscope_gpu_sm_clock_max_hertz", "gauge", "hertz", _GPU),
     ("gpuscope_gpu_memory_clock_hertz", "gauge", "hertz", _GPU),
@@ -101,6 +104,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_gpu_pcie_link_generation", "gauge", "", _GPU),
     ("gpuscope_gpu_pcie_link_width", "gauge", "", _GPU),
     ("gpuscope_gpu_memory_used_bytes", "gauge", "bytes", _GPU),
+    ("gpuscope_gpu_memory_reserved_bytes", "gauge", "bytes", _GPU),
     ("gpuscope_gpu_memory_total_bytes", "gauge", "bytes", _GPU),
     ("gpuscope_gpu_power_watts", "gauge", "watts", _GPU),
     ("gpuscope_gpu_power_limit_watts", "gauge", "watts", _GPU),
@@ -168,9 +172,13 @@ def _spans() -> list[ReadableSpan]:
 async def test_a_scrape_serves_the_golden_families_with_their_labels(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
-    scenario = parse_scenario({"events": [{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]})
+    events = [
+        {"at": 0, "gpu": 0, "fault": "xid", "xid": 79},
+        {"at": 0, "duration": 600, "gpu": 1, "fault": "fall_off_bus"},  # for gpu_down_reason
+    ]
+    scenario = parse_scenario({"events": events})
     config = loopback_config(gpu_interval_s=0.05, forward_otlp="http://127.0.0.1:9/v1/traces")
-    exporter = await start_exporter(config, gpu_source=SimulatedSource(1, scenario))
+    exporter = await start_exporter(config, gpu_source=SimulatedSource(2, scenario))
     try:
         body = encode(_spans()).SerializeToString()
         assert (await post_spans(exporter_http, exporter, body))[0] == 200

@@ -6,7 +6,6 @@ and SIGHUP never stops the exporter (before, it killed it without a word)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import re
 import shutil
@@ -17,42 +16,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import bcrypt
 import pytest
 
 from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, make_self_signed
 from support.raw_http import get_request, raw_exchange, status_of
+from support.web_config import basic, metrics_status, until_reloaded, users
 
 BODY = encode([SpanFactory().server(0.01)]).SerializeToString()
-
-
-def users(**passwords: str) -> str:
-    """A web config's basic_auth_users section (cost 4, so checks are fast)."""
-    lines = ["basic_auth_users:"]
-    for user, password in passwords.items():
-        hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-        lines.append(f"  {user}: '{hashed}'")
-    return "\n".join(lines) + "\n"
-
-
-def basic(user: str, password: str) -> dict[str, bytes]:
-    return {"Authorization": b"Basic " + base64.b64encode(f"{user}:{password}".encode())}
-
-
-async def metrics_status(exporter: RunningExporter, headers: dict[str, bytes]) -> int:
-    answer = await raw_exchange(exporter.host, exporter.port, get_request("/metrics", headers))
-    return status_of(answer)
-
-
-async def until_reloaded(exporter: RunningExporter, count: int, *, applied: bool = True) -> None:
-    """Until the watcher has read a changed file ``count`` times, applied or not."""
-    files = exporter.credentials
-    for _ in range(3000):
-        if (files.reloads if applied else files.refusals) >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the changed file was never read again")
 
 
 @pytest.fixture

@@ -138,9 +138,12 @@ def test_lost_gpu_keeps_only_up_and_info_and_unsupported_metrics_are_absent() ->
     text = generate_latest(registry).decode()
     lost_series = [line for line in text.splitlines() if f'uuid="{simulated_uuid(0)}"' in line]
     assert sorted(line.split("{")[0] for line in lost_series) == [
+        "gpuscope_gpu_down_reason",
         "gpuscope_gpu_info",
         "gpuscope_gpu_up",
     ]
+    reason = {"gpu": "0", "uuid": simulated_uuid(0), "reason": "lost"}
+    assert registry.get_sample_value("gpuscope_gpu_down_reason", reason) == 1.0
     assert registry.get_sample_value("gpuscope_gpu_up", labels(0)) == 0.0
     assert registry.get_sample_value("gpuscope_gpu_sm_occupancy_ratio", labels(1)) is None
     assert registry.get_sample_value("gpuscope_gpu_sm_active_ratio", labels(1)) is not None

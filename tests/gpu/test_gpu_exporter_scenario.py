@@ -83,7 +83,7 @@ async def test_faults_reach_metrics_and_a_lost_gpu_comes_back(
     lost = await scrape_at(exporter, clock, exporter_http, 160)
     assert value(lost, "gpuscope_gpu_up", gpu1) == 0
     gpu1_series = {s.name for s in lost if s.labels.get("uuid") == simulated_uuid(1)}
-    assert gpu1_series == {"gpuscope_gpu_up", "gpuscope_gpu_info"}
+    assert gpu1_series == {"gpuscope_gpu_up", "gpuscope_gpu_down_reason", "gpuscope_gpu_info"}
     assert value(lost, "gpuscope_gpu_up", gpu0) == 1
     assert value(lost, "gpuscope_gpu_power_watts", gpu0) is not None
 

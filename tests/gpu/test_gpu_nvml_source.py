@@ -53,7 +53,8 @@ def test_reads_every_metric_in_base_units(fake_nvml: FakeNvml) -> None:
     assert reading.values.get("power_limit_watts") == 700.0
     assert reading.values.get("energy_joules_total") == 1000.0
     assert reading.values.get("temperature_celsius") == 55.0
-    assert reading.values.get("memory_used_bytes") == 10 * 2**30
+    assert reading.values.get("memory_used_bytes") == 10 * 2**30  # v2: reserved apart
+    assert reading.values.get("memory_reserved_bytes") == 512 * 2**20
     assert (
         reading.values.get("pcie_transmit_bytes_total"),
         reading.values.get("pcie_receive_bytes_total"),
@@ -171,24 +172,6 @@ def test_transient_error_leaves_the_metric_absent_for_one_round_only(fake_nvml: 
     source.close()
 
 
-def test_pcie_counters_fall_back_to_integrated_throughput_only_when_fields_are_missing() -> None:
-    fake = FakeNvml([fake_gpu(0, pcie_fields_supported=False, pcie_throughput_kib_s=(100, 400))])
-    clock = ManualClock()
-    source = open_source(fake, clock)
-    first = source.sample()[0]
-    assert (
-        first.values.get("pcie_transmit_bytes_total"),
-        first.values.get("pcie_receive_bytes_total"),
-    ) == (0.0, 0.0)
-    clock.now += 2.0
-    second = source.sample()[0]
-    assert second.values.get("pcie_transmit_bytes_total") == pytest.approx(100 * 1024 * 2.0)
-    assert second.values.get("pcie_receive_bytes_total") == pytest.approx(400 * 1024 * 2.0)
-    assert "estimated" in source.notes()[0]["pcie_bytes"]
-    assert fake.calls["nvmlDeviceGetFieldValues"] == 1  # the fields are not asked again
-    source.close()
-
-
 def test_lost_gpu_goes_down_alone_and_comes_back_without_restart(fake_nvml: FakeNvml) -> None:
     source = open_source(fake_nvml)
     assert [r.up for r in source.sample()] == [True, True]
@@ -258,19 +241,20 @@ def test_failed_event_wait_is_a_collector_failure_and_waiting_goes_on(fake_nvml:
     }
     counts = XidCounts()
     watcher = XidEventWatcher(fake_nvml, handles, counts, wait_ms=10)
-    assert watcher.wait_once()  # Timeout: idle, and healthy
+    assert fake_nvml.event_sets() == 2  # one set per GPU
+    assert watcher.wait_round()  # Timeout: idle, and healthy
     assert watcher.health() == CollectorRun(COLLECTOR, True, 0.0)
     fake_nvml.emit_wait_error(pynvml.NVML_ERROR_UNKNOWN)
-    assert not watcher.wait_once()
+    assert not watcher.wait_round()
     health = watcher.health()
     assert health is not None and not health.success
     fake_nvml.emit_xid(1, 31)
-    assert watcher.wait_once()
+    assert watcher.wait_round()
     health = watcher.health()
     assert health is not None and health.success
     assert counts.of(fake_nvml.gpus[1].uuid) == {31: 1}
-    watcher.stop()  # never started: frees the event set only
-    assert fake_nvml.calls["nvmlEventSetFree"] == 1
+    watcher.stop()  # never started: frees the event sets only
+    assert fake_nvml.calls["nvmlEventSetFree"] == 2 and fake_nvml.event_sets() == 0
 
 
 def test_gpu_without_xid_events_is_explained() -> None:
@@ -339,11 +323,11 @@ def test_a_transient_error_in_the_pcie_fields_does_not_switch_to_estimates(
     source.close()
 
 
-def test_pcie_fields_a_gpu_answers_not_supported_for_fall_back_to_estimates() -> None:
+def test_pcie_fields_a_gpu_answers_not_supported_for_fall_back_to_gpm() -> None:
     fake = FakeNvml([fake_gpu(0, pcie_field_return=pynvml.NVML_ERROR_NOT_SUPPORTED)])
     source = open_source(fake)
     source.sample()
-    assert "estimated" in source.notes()[0]["pcie_bytes"]
+    assert "GPM's PCIe rates" in source.notes()[0]["pcie_bytes"]
     source.close()
 
 

@@ -28,7 +28,6 @@ from gpuscope import spans as contract
 from gpuscope.exporter.definitions import REQUEST_DURATION
 from gpuscope.exporter.doctor import DoctorConfig, diagnose, no_source_report, run
 from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.dcgm import DcgmSource
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import (
@@ -41,7 +40,6 @@ from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.exporter_fixtures import T0, encode
-from support.gpu_fake_dcgm import FakeDcgmHost, FakeValue
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
 EXPORTER_PID = 50
@@ -268,13 +266,13 @@ def test_pids_of_another_pid_namespace_are_said_and_not_joined(
     fake_nvml: FakeNvml, proc: FakeProc
 ) -> None:
     # host pids, as NVML reports them, seen from a container without hostPID
-    fake_nvml.gpus[0].compute_processes = [(812345, 1)]
-    fake_nvml.gpus[1].compute_processes = [(812346, 1)]
+    fake_nvml.gpus[0].compute_processes = [(31234, 1)]
+    fake_nvml.gpus[1].compute_processes = [(31235, 1)]
     join = joined(fake_nvml, proc)
     state = join.state()
     assert state.status is ProcessJoin.OTHER_PID_NAMESPACE
-    assert "812345, 812346" in state.why and "hostPID" in state.why
-    assert state.mapped == 0 and join.uuids_for_pid(812345) == ()
+    assert "31234, 31235" in state.why and "hostPID" in state.why
+    assert state.mapped == 0 and join.uuids_for_pid(31234) == ()
 
 
 def test_a_lost_gpu_is_left_out_and_a_driver_failure_keeps_the_last_map(
@@ -360,44 +358,6 @@ def test_a_source_that_cannot_list_processes_says_so() -> None:
     assert registry.get_sample_value("gpuscope_gpu_process_join_status", labels) == 1.0
     assert registry.get_sample_value("gpuscope_gpu_process_join_processes") == 0.0
     assert ProcessGpuMap().state().status is ProcessJoin.NO_GPU_SOURCE
-
-
-def test_dcgm_lists_processes_through_nvml(proc: FakeProc) -> None:
-    host = FakeDcgmHost(gpus={0: {203: FakeValue(50)}, 1: {203: FakeValue(50)}})
-    fake = FakeNvml(
-        [fake_gpu(0, uuid="GPU-dcgm-1", compute_processes=[(301, 1)])]  # not GPU-dcgm-0
-    )
-    source = DcgmSource(host.bindings(), load_nvml=lambda: fake)
-    join = join_map(proc)
-    join.refresh(source)
-    state = join.state()
-    assert state.status is ProcessJoin.OK
-    assert join.uuids_for_pid(100) == ("GPU-dcgm-1",)
-    assert "NVML does not find this GPU" in state.listing.refused["GPU-dcgm-0"].why
-    source.close()
-    assert fake.refcount == 0  # the NVML it opened for this is shut down with it
-
-    source = DcgmSource(host.bindings(), load_nvml=lambda: fake)
-    join.refresh(source)
-    fake.driver_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
-    join.refresh(source)  # the session closes; the next listing opens it again
-    assert join.state().status is ProcessJoin.NOT_SUPPORTED
-    assert "NVML failed listing" in join.state().why
-    fake.driver_error = None
-    join.refresh(source)
-    assert join.uuids_for_pid(100) == ("GPU-dcgm-1",)
-    source.close()
-
-
-def test_dcgm_without_pynvml_says_not_supported(proc: FakeProc) -> None:
-    def missing() -> object:
-        raise ImportError("No module named 'pynvml'")
-
-    host = FakeDcgmHost(gpus={0: {203: FakeValue(50)}})
-    join = join_map(proc)
-    join.refresh(DcgmSource(host.bindings(), load_nvml=missing))
-    assert join.state().status is ProcessJoin.NOT_SUPPORTED
-    assert "install nvidia-ml-py" in join.state().why
 
 
 def test_scenario_process_events_validate() -> None:

@@ -43,10 +43,18 @@ def test_the_demo_refuses_ports_that_are_taken(capsys: pytest.CaptureFixture[str
         taken.listen()
         port = taken.getsockname()[1]
         options = DemoOptions(exporter_port=free_port(), worker_port=port, exit=True)
-        with pytest.raises(DemoFailed, match=f"127.0.0.1:{port} is already in use.*--worker-port"):
+        with pytest.raises(DemoFailed, match=f"127.0.0.1:{port} is already in use") as refused:
             run_demo(options)
+        # the hint names the flag, and the twin that reaches the demo through `make demo`
+        assert "pass --worker-port 0" in str(refused.value)
+        assert "GPUSCOPE_DEMO_WORKER_PORT=0 make demo" in str(refused.value)
         assert main(["--exporter-port", str(port), "--exit"]) == 1
     assert "already in use" in capsys.readouterr().err
+
+
+def test_the_port_hints_environment_twin_sets_the_port() -> None:
+    # what the refusal tells a `make demo` user to set must really choose any free port
+    assert flags.parse(DemoOptions, [], {"GPUSCOPE_DEMO_WORKER_PORT": "0"}).worker_port == 0
 
 
 def test_demo_arguments_are_checked() -> None:

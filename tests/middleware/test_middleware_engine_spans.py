@@ -89,7 +89,7 @@ def test_bad_values_are_refused_with_the_key(key: str, value: object) -> None:
             "org/m-7b",
             "chat",
         ),
-        (b'{"object": "list", "model": "emb", "data": []}', "emb", "embeddings"),
+        (b'{"object": "list", "model": "emb", "data": []}', "emb", None),  # route unknown
         (b'{"object":"error","message":"bad"}', None, None),
         (b'{"model":"a\\"b"}', None, None),  # escaped quote: not read, never mis-read
         (b'{"model":"' + b"x" * 200 + b'"}', None, None),  # over the label length

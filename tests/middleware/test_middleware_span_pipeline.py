@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuscope.middleware import setup_tracing, stats
-from gpuscope.middleware.span_pipeline import BoundedTracerProvider
+from gpuscope.middleware.span_pipeline import SHUTDOWN_RETRY_S, BoundedTracerProvider
 
 FATES = (
     stats.SPANS_EXPORTED,
@@ -82,6 +82,35 @@ def test_shutdown_keeps_to_its_deadline_while_retries_would_take_longer(refusing
     wait_idle(provider)
     counts = stats.snapshot()
     assert sum(counts[fate] for fate in FATES) == 10, counts
+
+
+def test_retries_stop_soon_after_shutdown_begins_whatever_the_deadline(refusing_url: str) -> None:
+    """Before, a receiver gone with the process (a SIGKILLed demo's exporter) held the
+    shutdown for its whole deadline (one batch's backoff alone is 7.75 s; 10 s here).
+    Now failed exports are retried for ``SHUTDOWN_RETRY_S`` after shutdown begins, then
+    each batch left gets one attempt."""
+    stats.reset()
+    provider = setup_tracing(
+        refusing_url,
+        "svc",
+        timeout_s=30.0,
+        max_export_batch_size=4,
+        schedule_delay_ms=10,
+        set_global=False,
+    )
+    tracer = provider.get_tracer("t")
+    for i in range(4):  # one batch, being retried when shutdown begins
+        tracer.start_span(f"span-{i}").end()
+    time.sleep(0.3)  # past the 10 ms export delay: that batch is in its backoff now
+    for i in range(40):  # ten batches queued behind it
+        tracer.start_span(f"later-{i}").end()
+    started = time.monotonic()
+    provider.shutdown(timeout_s=10.0)
+    elapsed = time.monotonic() - started
+    wait_idle(provider)
+    counts = stats.snapshot()
+    assert elapsed < SHUTDOWN_RETRY_S + 1.5, f"shutdown took {elapsed:.1f} s"
+    assert counts[stats.SPANS_EXPORT_FAILED] == 44, counts  # every batch was tried
 
 
 def test_the_counters_are_stable_and_scrapeable() -> None:

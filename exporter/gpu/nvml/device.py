@@ -4,6 +4,16 @@ Metrics come in groups (one NVML call or a few); a group the device does not giv
 (NotSupported, NoPermission, FunctionNotFound) is remembered with the reason and
 not asked again, so it stays absent and ``gpuscope doctor`` can say why. GpuIsLost
 and driver errors propagate as ``GpuLostError`` / ``NvmlDriverError``.
+
+Where a driver or pynvml release lacks the preferred call, an older one stands in and
+``notes`` (or, for what is then missing, ``unsupported``) says so:
+
+* memory: ``nvmlDeviceGetMemoryInfo_v2`` (pynvml's ``version=nvmlMemory_v2``, R510+)
+  gives used and reserved apart; v1 counts the driver's reserved memory (about 0.5 GiB
+  on an idle H100) as used, so with v1 ``memory_reserved`` is absent.
+* clock event reasons: ``nvmlDeviceGetCurrentClocksEventReasons`` (R535+), else
+  ``nvmlDeviceGetCurrentClocksThrottleReasons``, its older name with the same bits.
+* PCIe bytes: see ``pcie``.
 """
 
 from __future__ import annotations
@@ -56,9 +66,8 @@ def _ecc(nvml: Any, h: Any) -> dict[str, Any]:
     return {"ecc_errors_total": counts}
 
 
-def _memory(nvml: Any, h: Any) -> dict[str, Any]:
-    info = nvml.nvmlDeviceGetMemoryInfo(h)
-    return {"memory_used_bytes": float(info.used), "memory_total_bytes": float(info.total)}
+CLOCK_EVENTS = "nvmlDeviceGetCurrentClocksEventReasons"
+CLOCK_THROTTLE = "nvmlDeviceGetCurrentClocksThrottleReasons"  # before R535; same bits
 
 
 # group -> reader(nvml, handle); units converted to base units here
@@ -73,15 +82,9 @@ READERS: dict[str, Reader] = {
     "memory_clock_max": lambda n, h: {
         "memory_clock_max_hz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM) * MHZ
     },
-    "clock_event_reasons": lambda n, h: {
-        "clock_event_reasons": decode_clock_event_reasons(
-            int(n.nvmlDeviceGetCurrentClocksEventReasons(h))
-        )
-    },
     "utilization": lambda n, h: {
         "utilization_ratio": n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
     },
-    "memory": _memory,
     "power": lambda n, h: {"power_watts": n.nvmlDeviceGetPowerUsage(h) / 1000.0},
     "power_limit": lambda n, h: {
         "power_limit_watts": n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
@@ -114,8 +117,14 @@ class NvmlDeviceReader:
         self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
         self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
         self.architecture = self._architecture()
-        self._pcie = PcieByteCounter(nvml, handle)
         self._gpm = self._open_gpm()
+        self._pcie = PcieByteCounter(nvml, handle, self._gpm)
+        self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
+        if not self._memory_v2:
+            self._v1_memory("this pynvml has no nvmlMemory_v2 (nvidia-ml-py too old)")
+        self._clock_reasons = [
+            name for name in (CLOCK_EVENTS, CLOCK_THROTTLE) if hasattr(nvml, name)
+        ]
         # for the process join; asks NVML nothing until the first listing
         self.processes = DeviceProcessLister(
             nvml,
@@ -131,11 +140,15 @@ class NvmlDeviceReader:
                 self._attempt(
                     group, functools.partial(_merge, values, reader, self._nvml, self.handle)
                 )
-        if "pcie_bytes" not in self.unsupported:
-            self._attempt("pcie_bytes", lambda: values.update(self._pcie_values(now)))
+        if "memory" not in self.unsupported:
+            self._attempt("memory", lambda: values.update(self._memory()))
+        if "clock_event_reasons" not in self.unsupported:
+            self._attempt("clock_event_reasons", lambda: values.update(self._clock_events()))
         gpm = self._gpm
-        if gpm is not None and "gpm" not in self.unsupported:
-            self._attempt("gpm", lambda: values.update(gpm.read(now)))
+        if gpm is not None and "gpm" not in self.unsupported:  # before PCIe: it may feed it
+            self._attempt("gpm", lambda: values.update(self._gpm_values(gpm, now)))
+        if "pcie_bytes" not in self.unsupported:
+            self._attempt("pcie_bytes", lambda: values.update(self._pcie_values()))
         return GpuReading(
             index=self.device.index,
             uuid=self.device.uuid,
@@ -147,16 +160,78 @@ class NvmlDeviceReader:
         )
 
     def close(self) -> None:
+        self._pcie.close()
         if self._gpm is not None:
             self._gpm.close()
 
-    def _pcie_values(self, now: float) -> dict[str, float]:
-        tx, rx = self._pcie.read(now)
-        if self._pcie.integrating:
-            self.notes["pcie_bytes"] = (
-                "estimated: the byte-count fields are missing, so nvmlDeviceGetPcieThroughput "
-                "(20 ms samples, KB/s) is integrated over the poll interval"
-            )
+    def _memory(self) -> dict[str, float]:
+        nvml, h = self._nvml, self.handle
+        if self._memory_v2:
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2)
+            except nvml.NVMLError as exc:
+                mismatch = getattr(nvml, "NVMLError_ArgumentVersionMismatch", ())
+                if classify(nvml, exc) is not NvmlErrorKind.UNSUPPORTED and not isinstance(
+                    exc, mismatch
+                ):
+                    raise
+                self._v1_memory(f"nvmlDeviceGetMemoryInfo_v2 answers {exc}")
+            else:
+                return {
+                    "memory_used_bytes": float(info.used),
+                    "memory_reserved_bytes": float(info.reserved),
+                    "memory_total_bytes": float(info.total),
+                }
+        info = nvml.nvmlDeviceGetMemoryInfo(h)
+        return {"memory_used_bytes": float(info.used), "memory_total_bytes": float(info.total)}
+
+    def _v1_memory(self, why: str) -> None:
+        self._memory_v2 = False
+        driver = self.device.driver_version or "unknown"
+        self.unsupported["memory_reserved"] = (
+            f"driver {driver}: {why}; memory v1 gives no reserved figure (v2 needs R510+)"
+        )
+        self.notes["memory"] = (
+            "memory v1 (nvmlDeviceGetMemoryInfo): used includes the driver's reserved memory"
+        )
+
+    def _clock_events(self) -> dict[str, Any]:
+        nvml = self._nvml
+        while self._clock_reasons:
+            try:
+                mask = int(getattr(nvml, self._clock_reasons[0])(self.handle))
+            except nvml.NVMLError as exc:
+                missing = getattr(nvml, "NVMLError_FunctionNotFound", ())
+                if not isinstance(exc, missing) or len(self._clock_reasons) == 1:
+                    raise
+                self._clock_reasons.pop(0)  # a driver before R535: the older name
+                continue
+            if self._clock_reasons[0] == CLOCK_THROTTLE:
+                self.notes["clock_event_reasons"] = (
+                    f"through {CLOCK_THROTTLE} (the name before R535, same bits)"
+                )
+            return {"clock_event_reasons": decode_clock_event_reasons(mask)}
+        self.unsupported["clock_event_reasons"] = (
+            f"this pynvml has neither {CLOCK_EVENTS} nor {CLOCK_THROTTLE}"
+        )
+        return {}
+
+    def _gpm_values(self, gpm: GpmSampler, now: float) -> dict[str, float]:
+        values = gpm.read(now)
+        if gpm.nan:
+            self.notes["gpm"] = f"GPM answered NaN for {', '.join(sorted(gpm.nan))}: left out"
+        else:
+            self.notes.pop("gpm", None)
+        return values
+
+    def _pcie_values(self) -> dict[str, float]:
+        counters = self._pcie.read(gpm_usable="gpm" not in self.unsupported)
+        note = self._pcie.note
+        if note is not None:
+            self.notes["pcie_bytes"] = note
+        if counters is None:
+            return {}
+        tx, rx = counters
         return {"pcie_transmit_bytes_total": tx, "pcie_receive_bytes_total": rx}
 
     def _attempt(self, group: str, action: Callable[[], object]) -> None:

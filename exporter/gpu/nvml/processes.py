@@ -7,15 +7,17 @@ version the driver has is kept. A GPU that refuses (NoPermission: MIG without ro
 NotSupported: some vGPU guests) is remembered with the reason and not asked again,
 as the metric groups of ``device`` are.
 
-``NvmlProcessSession`` opens NVML only for this, for a source that reads its metrics
-elsewhere (DCGM): its GPUs are found by UUID.
+A list holding a pid no process can have (0, 0xFFFFFFFF, above the kernel's
+``pid_max``) is not used: it is what pynvml reads when its process record and the
+driver's differ in size (a ``_v3`` call that writes 32-byte records read as 24-byte
+ones gives 0 and 4294967295 from the second record on), and the real pids in it cannot
+be told from the garbage. That GPU is then ``untrusted_listing`` for that listing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuscope.exporter.gpu.nvml.errors import (
@@ -28,11 +30,11 @@ from gpuscope.exporter.gpu.nvml.errors import (
 from gpuscope.exporter.gpu.processes import (
     ProcessJoin,
     ProcessListing,
-    ProcessListUnavailable,
     RefusedListing,
 )
 
-log = logging.getLogger(__name__)
+PID_MAX_FILE = Path("/proc/sys/kernel/pid_max")
+PID_MAX_LIMIT = 4_194_304  # the kernel's PID_MAX_LIMIT on 64-bit: no pid is ever above it
 
 COMPUTE = "nvmlDeviceGetComputeRunningProcesses"
 GRAPHICS = "nvmlDeviceGetGraphicsRunningProcesses"
@@ -56,8 +58,12 @@ class _Transient(Exception):
 class DeviceProcessLister:
     """One GPU's running processes; used from the poller thread only."""
 
-    def __init__(self, nvml: Any, handle: Any, *, device: str, driver: str) -> None:
+    def __init__(
+        self, nvml: Any, handle: Any, *, device: str, driver: str, pid_max: int | None = None
+    ) -> None:
         self._nvml = nvml
+        self._pid_max = read_pid_max() if pid_max is None else pid_max
+        self.untrusted: RefusedListing | None = None  # the last listing's, if it had bad pids
         self._handle = handle
         self._device = device
         self._driver = driver
@@ -76,6 +82,7 @@ class DeviceProcessLister:
 
         Raises ``GpuLostError`` and ``NvmlDriverError`` like the metric readers do.
         """
+        self.untrusted = None
         if self.refused is not None:
             return None
         if self._mig is None:
@@ -95,6 +102,17 @@ class DeviceProcessLister:
             return None
         except _Transient:
             return self._last
+        impossible = sorted(p for p in pids if not 0 < p <= self._pid_max)
+        if impossible:
+            shown = ", ".join(map(str, impossible[:3]))
+            self.untrusted = RefusedListing(
+                ProcessJoin.UNTRUSTED_LISTING,
+                f"NVML listed impossible pids ({shown}; pid_max is {self._pid_max}): the "
+                "process record this pynvml reads differs in size from the one this driver "
+                f"({self._driver}) writes, so no pid of the list can be trusted; install the "
+                "nvidia-ml-py release that matches the driver",
+            )
+            return None
         self._last = tuple(sorted(pids))
         return self._last
 
@@ -136,6 +154,14 @@ class DeviceProcessLister:
         raise _Refused(RefusedListing(status, why)) from exc
 
 
+def read_pid_max(path: Path = PID_MAX_FILE) -> int:
+    """The kernel's largest pid; PID_MAX_LIMIT where the file cannot be read."""
+    try:
+        return int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return PID_MAX_LIMIT
+
+
 def _mig_enabled(nvml: Any, handle: Any) -> bool:
     function = getattr(nvml, "nvmlDeviceGetMigMode", None)
     if function is None:
@@ -157,80 +183,11 @@ def collect(listers: Sequence[tuple[str, DeviceProcessLister]]) -> ProcessListin
             listed = lister.pids()
         except GpuLostError:
             continue  # the next sample reports it down
+        why_not = lister.refused or lister.untrusted
         if listed is not None:
             pids[uuid] = listed
-        elif lister.refused is not None:
-            refused[uuid] = lister.refused
+        elif why_not is not None:
+            refused[uuid] = why_not
         if lister.note is not None:
             notes[uuid] = lister.note
     return ProcessListing(pids, refused, notes)
-
-
-class NvmlProcessSession:
-    """NVML opened only to list the processes of GPUs known by UUID (for DCGM).
-
-    ``load`` returns the pynvml module (or a fake). Without pynvml, or when NVML will
-    not start, ``listing`` raises ``ProcessListUnavailable``; a driver error closes the
-    session and the next listing opens it again.
-    """
-
-    def __init__(self, uuids: Sequence[str], load: Callable[[], Any]) -> None:
-        self._uuids = tuple(uuids)
-        self._load = load
-        self._nvml: Any | None = None
-        self._listers: list[tuple[str, DeviceProcessLister]] = []
-        self._refused: dict[str, RefusedListing] = {}
-
-    def listing(self) -> ProcessListing:
-        if self._nvml is None:
-            self._open()
-        try:
-            found = collect(self._listers)
-        except NvmlDriverError as exc:
-            self.close()
-            raise ProcessListUnavailable(ProcessJoin.NOT_SUPPORTED, str(exc)) from exc
-        return ProcessListing(found.pids, {**self._refused, **found.refused}, found.notes)
-
-    def close(self) -> None:
-        nvml, self._nvml, self._listers = self._nvml, None, []
-        if nvml is None:
-            return
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            log.debug("nvmlShutdown: %s", exc)
-
-    def _open(self) -> None:
-        try:
-            nvml = self._load()
-        except ImportError as exc:
-            raise ProcessListUnavailable(
-                ProcessJoin.NOT_SUPPORTED,
-                f"GPU processes are listed through NVML, and pynvml is missing ({exc}); "
-                "install nvidia-ml-py",
-            ) from exc
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            raise ProcessListUnavailable(
-                ProcessJoin.NOT_SUPPORTED, f"GPU processes are listed through NVML: {exc}"
-            ) from exc
-        self._nvml = nvml
-        driver = "unknown"  # only for messages
-        with contextlib.suppress(nvml.NVMLError):
-            driver = _text(nvml.nvmlSystemGetDriverVersion())
-        self._listers, self._refused = [], {}
-        for uuid in self._uuids:
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-            except nvml.NVMLError as exc:
-                self._refused[uuid] = RefusedListing(
-                    ProcessJoin.NOT_SUPPORTED, f"NVML does not find this GPU: {exc}"
-                )
-                continue
-            lister = DeviceProcessLister(nvml, handle, device=uuid, driver=driver)
-            self._listers.append((uuid, lister))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,11 +1,17 @@
 """The NVML GPU source (``nvidia-ml-py``), with per-GPU loss and driver recovery.
 
 The pynvml module is injected (default: ``import pynvml``), so tests pass a fake of
-its surface and there is no package-level NVML state. A GPU that answers GpuIsLost
-reports ``up=False`` while the others keep reporting; each later poll tries to get
-its handle back by index, so it returns without a restart when the driver does.
-A driver-wide error shuts NVML down and re-initialises it with exponential
-backoff; until then ``sample()`` raises, which the poller counts as a failure.
+its surface and there is no package-level NVML state. A GPU that answers an error that
+puts it down (GpuIsLost, ResetRequired, InsufficientPower, ..., see ``errors.ERRORS``)
+reports ``up=False`` with that reason while the others keep reporting; each later poll
+tries to get its handle back by index, so it returns without a restart when the driver
+does, and is registered for XID events again. A GPU that cannot be opened at start
+(its handle refused: NoPermission, InsufficientPower, IrqIssue, ...) is left out with
+its reason (``unopened_gpus()``, which ``gpuscope doctor`` prints) until NVML is opened
+again. A driver-wide error shuts NVML down and re-initialises it with exponential
+backoff; until then ``sample()`` raises, which the poller counts as a failure; one that
+cannot heal in this process (LibRmVersionMismatch) is also ``unrecoverable()``, which
+fails liveness. ``release()`` / ``acquire()`` let go of NVML and take it again.
 ``processes()`` lists each GPU's processes for the process join (``processes``).
 """
 
@@ -18,23 +24,29 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
-from gpuscope.exporter.gpu.nvml.device import NvmlDeviceReader
+from gpuscope.exporter.gpu.nvml.device import READERS, NvmlDeviceReader
 from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
     NvmlDriverError,
     NvmlErrorKind,
     classify,
+    down_reason,
+    is_fatal,
 )
 from gpuscope.exporter.gpu.nvml.events import XidCounts, XidEventWatcher
 from gpuscope.exporter.gpu.nvml.processes import collect
 from gpuscope.exporter.gpu.processes import ProcessListing
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
+from gpuscope.exporter.gpu.source import DownReason, GpuDevice, GpuReading, GpuSourceKind
 
 log = logging.getLogger(__name__)
 
 
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be used now (no library, no driver, driver error)."""
+
+
+class UnopenedGpu(Exception):
+    """One GPU refused to be opened; the others are opened without it."""
 
 
 class Backoff:
@@ -62,6 +74,24 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _numa_node(nvml: Any, handle: Any) -> int | None:
+    """The GPU's NUMA node, where pynvml (12.550+) and the driver have the call."""
+    get = getattr(nvml, "nvmlDeviceGetNumaNodeId", None)
+    if get is None:
+        return None  # nvidia-ml-py before 12.550
+    try:
+        return int(get(handle))
+    except nvml.NVMLError:
+        return None  # single-socket hosts and old drivers (FunctionNotFound) have none
+
+
+def _answered(reading: GpuReading, reader: NvmlDeviceReader) -> bool:
+    """Whether a GPU gave anything this round, or has nothing to give (all unsupported)."""
+    if reading.values or reading.clock_event_reasons is not None:
+        return True
+    return reading.ecc_errors_total is not None or READERS.keys() <= reader.unsupported.keys()
+
+
 class NvmlSource:
     name: str = GpuSourceKind.NVML
 
@@ -83,6 +113,9 @@ class NvmlSource:
         self._watcher: XidEventWatcher | None = None
         self._retry_at: float | None = None  # set while NVML is down
         self.last_error = ""
+        self._fatal = ""  # set while the last failure cannot heal in this process
+        self._unopened: dict[int, str] = {}  # GPU index -> why it could not be opened
+        self._down: dict[str, str] = {}  # uuid -> reason, for GPUs that are down now
         self._initialised = False
         self._start()  # an unusable NVML at start-up is the caller's to handle
 
@@ -100,12 +133,40 @@ class NvmlSource:
             for position, device in enumerate(self._devices):
                 readings.append(self._read(position, device, now))
         except NvmlDriverError as exc:
-            self._go_down(str(exc))
+            self._go_down(str(exc), fatal=is_fatal(self._nvml, exc))
             raise NvmlUnavailable(str(exc)) from exc
         return readings
 
     def close(self) -> None:
         self._shutdown()
+
+    # --- Releasable, ReportsUnrecoverable -------------------------------------------
+
+    def release(self) -> None:
+        """Let go of NVML (``nvmlShutdown``): the XID thread stops, handles are dropped;
+        the devices and the XID counts are kept for ``acquire``."""
+        self._shutdown()
+        self._retry_at = None
+
+    def acquire(self) -> None:
+        """Open NVML again; on failure, ``sample()`` retries with backoff."""
+        try:
+            self._start()
+        except NvmlUnavailable as exc:
+            self._go_down(str(exc), fatal=is_fatal(self._nvml, exc))
+            raise
+
+    def unrecoverable(self) -> str | None:
+        if not self._fatal:
+            return None
+        return (
+            f"NVML cannot recover in this process ({self._fatal}): the NVIDIA driver was "
+            "probably upgraded under it; restart the exporter"
+        )
+
+    def unopened_gpus(self) -> Mapping[int, str]:
+        """GPU index -> why it could not be opened (it has no device, no series)."""
+        return dict(self._unopened)
 
     # --- extras: collector health, support ----------------------------------------
 
@@ -150,21 +211,42 @@ class NvmlSource:
     def _read(self, position: int, device: GpuDevice, now: float) -> GpuReading:
         reader = self._readers[position] or self._recover(position, device)
         if reader is None:
-            return GpuReading(index=device.index, uuid=device.uuid, up=False)
+            return self._down_reading(device, self._down.get(device.uuid, DownReason.LOST))
         try:
-            return reader.read(now, self._xids.of(device.uuid), self._watches_xids(device.uuid))
+            reading = reader.read(now, self._xids.of(device.uuid), self._watches_xids(device.uuid))
         except GpuLostError as exc:
-            log.warning("%s", exc)
             reader.close()
             self._readers[position] = None
-            return GpuReading(index=device.index, uuid=device.uuid, up=False)
+            return self._mark_down(device, down_reason(self._nvml, exc.__cause__), str(exc))
+        if not _answered(reading, reader):
+            # every group it gives failed (UNKNOWN to all, ...): nothing to serve
+            return self._mark_down(device, DownReason.UNANSWERED, "no metric answered")
+        if self._down.pop(device.uuid, None) is not None:
+            log.info("GPU %d (%s) is back", device.index, device.uuid)
+            self._watch_again(device.uuid, reader)
+        return reading
+
+    def _down_reading(self, device: GpuDevice, reason: str) -> GpuReading:
+        return GpuReading(index=device.index, uuid=device.uuid, up=False, down_reason=reason)
+
+    def _mark_down(self, device: GpuDevice, reason: str, detail: str) -> GpuReading:
+        if self._down.get(device.uuid) != reason:  # once per change, not every poll
+            log.warning("GPU %d (%s) is down (%s): %s", device.index, device.uuid, reason, detail)
+        self._down[device.uuid] = reason
+        return self._down_reading(device, reason)
 
     def _watches_xids(self, uuid: str) -> bool:
         watcher = self._watcher
         return watcher is not None and uuid not in watcher.unsupported
 
+    def _watch_again(self, uuid: str, reader: NvmlDeviceReader) -> None:
+        """A GPU that was down answers again: a set of its own for its XIDs (its old
+        registration went with it, and a set it was in answers GPU_IS_LOST for good)."""
+        if self._watcher is not None:
+            self._watcher.register(uuid, reader.handle)
+
     def _recover(self, position: int, device: GpuDevice) -> NvmlDeviceReader | None:
-        """A lost GPU's handle again, if the same GPU answers at its index."""
+        """A down GPU's handle again, if the same GPU answers at its index."""
         nvml = self._nvml
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(device.index)
@@ -173,10 +255,7 @@ class NvmlSource:
             reader = NvmlDeviceReader(nvml, device, handle)
         except (nvml.NVMLError, GpuLostError):
             return None  # still gone; a driver-wide failure shows on the next read
-        log.info("GPU %d (%s) is back", device.index, device.uuid)
         self._readers[position] = reader
-        if self._watcher is not None:
-            self._watcher.register_again(device.uuid, handle)
         return reader
 
     def _start(self) -> None:
@@ -186,51 +265,51 @@ class NvmlSource:
         except nvml.NVMLError as exc:
             raise NvmlUnavailable(f"nvmlInit failed: {exc}") from exc
         self._initialised = True
+        self._unopened = {}
         try:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
-            opened = [self._open(nvml, i, driver) for i in range(nvml.nvmlDeviceGetCount())]
-            readers = [r for r in opened if r is not None]
-            self._watcher = XidEventWatcher(
-                nvml,
-                {r.device.uuid: r.handle for r in readers},
-                self._xids,
-                wait_ms=self._xid_wait_ms,
-            )
+            opened = [self._open(i, driver) for i in range(nvml.nvmlDeviceGetCount())]
         except (nvml.NVMLError, NvmlDriverError) as exc:
             self._shutdown()
             raise NvmlUnavailable(f"NVML device discovery failed: {exc}") from exc
+        readers = [r for r in opened if r is not None]
+        # per GPU: a set NVML will not create or register costs that GPU's XIDs only
+        self._watcher = XidEventWatcher(
+            nvml, {r.device.uuid: r.handle for r in readers}, self._xids, wait_ms=self._xid_wait_ms
+        )
         self._readers = list(readers)
         self._devices = tuple(r.device for r in readers)
+        self._down = {}
         self._watcher.start()
         self._retry_at = None
+        self._fatal = ""
         self._backoff.reset()
 
-    @staticmethod
-    def _open(nvml: Any, index: int, driver: str) -> NvmlDeviceReader | None:
-        """The reader of GPU ``index``; None (and a warning) if it is lost already."""
+    def _open(self, index: int, driver: str) -> NvmlDeviceReader | None:
+        """The reader of GPU ``index``; None (with its reason in ``unopened_gpus()`` and a
+        warning) if that GPU refuses: only a driver-wide error fails the whole source."""
+        nvml = self._nvml
         try:
-            return NvmlSource._open_reader(nvml, index, driver)
+            return self._open_reader(nvml, index, driver)
         except GpuLostError as exc:
-            log.warning("GPU %d is lost at start-up; skipped until NVML restarts: %s", index, exc)
+            why = f"{down_reason(nvml, exc.__cause__)}: {exc}"
         except nvml.NVMLError as exc:
-            if classify(nvml, exc) is not NvmlErrorKind.GPU_LOST:
+            if classify(nvml, exc) is NvmlErrorKind.DRIVER:
                 raise
-            log.warning("GPU %d is lost at start-up; skipped until NVML restarts", index)
+            why = f"NVML refused to open it: {exc}"
+        log.warning("GPU %d is left out until NVML is opened again (%s)", index, why)
+        self._unopened[index] = why
         return None
 
     @staticmethod
     def _open_reader(nvml: Any, index: int, driver: str) -> NvmlDeviceReader:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        try:
-            numa: int | None = int(nvml.nvmlDeviceGetNumaNodeId(handle))
-        except nvml.NVMLError:
-            numa = None  # single-socket hosts and old drivers have none
         device = GpuDevice(
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             name=_text(nvml.nvmlDeviceGetName(handle)),
             pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-            numa_node=numa,
+            numa_node=_numa_node(nvml, handle),
             driver_version=driver,
         )
         return NvmlDeviceReader(nvml, device, handle)
@@ -244,13 +323,14 @@ class NvmlSource:
         try:
             self._start()
         except NvmlUnavailable as exc:
-            self._go_down(str(exc))
+            self._go_down(str(exc), fatal=is_fatal(self._nvml, exc))
             raise
         log.info("NVML re-initialised: %d GPUs", len(self._devices))
 
-    def _go_down(self, error: str) -> None:
+    def _go_down(self, error: str, *, fatal: bool = False) -> None:
         self._shutdown()
         self.last_error = error
+        self._fatal = error if fatal else ""
         self._retry_at = self._clock() + self._backoff.next_delay()
         log.warning("NVML failed (%s); retrying in %.1f s", error, self._retry_at - self._clock())
 
