@@ -43,7 +43,7 @@ _AUTHENTICATED: Final = web.RequestKey("gpuscope_authenticated", bool)  # creden
 
 def was_authenticated(request: web.Request) -> bool:
     """Whether the auth middleware checked this request's credentials and took them."""
-    return request.get(_AUTHENTICATED, False)
+    return request.get(_AUTHENTICATED, False) is True
 
 
 def password_check_pool() -> ThreadPool:
