@@ -194,6 +194,12 @@ class ExporterConfig(
         help="exit with an error at start when the GPU source finds no GPU, instead of "
         "serving request metrics only",
     )
+    process_join_needs_auth: bool = option(
+        False,
+        help="join a span's process.pid to its process's GPUs only when the request was "
+        "authenticated (bearer token or basic auth on /v1/traces); without authentication "
+        "any sender can claim another process's GPU",
+    )
     max_connections: int = option(
         512,
         help="open client connections at most, TLS handshakes included; past it the oldest "

@@ -22,7 +22,7 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from alerts.build import dump
-from deploy.kubernetes.components import COMPONENTS, OVERLAYS, base
+from deploy.kubernetes.components import COMPONENTS, OVERLAYS, base, overlay_namespace
 from deploy.kubernetes.objects import Obj, kustomization
 from deploy.kubernetes.settings import KubeSettings
 
@@ -74,7 +74,7 @@ def rendered(s: KubeSettings | None = None) -> dict[str, str]:
         trees[f"overlays/{name}"] = {
             "kustomization.yaml": kustomization(
                 # again here: the objects the components add are in it too
-                namespace=s.namespace,
+                namespace=overlay_namespace(s, name),
                 resources=["../../base"],
                 components=[f"../../components/{part}" for part in parts],
             )

@@ -16,6 +16,7 @@ from deploy.kubernetes.objects import (
     CONFIG_DIR,
     EXAMPLE_HASH,
     EXAMPLE_PASSWORD,
+    EXAMPLE_TOKEN,
     EXAMPLE_USER,
     EXPORTER,
     FLAGS_CONFIGMAP,
@@ -40,6 +41,7 @@ from deploy.kubernetes.objects import (
     merge_patch,
     meta,
     namespace,
+    network_policy,
     pod_monitor,
     pod_security,
     probe,
@@ -65,6 +67,7 @@ def base(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
         "web-config.yaml": web_config_secret(PLAIN_WEB_CONFIG),
         "daemonset.yaml": daemonset(s),
         "service.yaml": service(s),
+        "networkpolicy.yaml": network_policy(s),
         "servicemonitor.yaml": service_monitor(s, EXPORTER, "exporter", s.exporter_job),
         "prometheusrule.yaml": rule(s),
         **dashboards,
@@ -134,7 +137,7 @@ def secure_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
         "kind": "Secret",
         "metadata": meta(TOKEN_SECRET, "exporter"),
         "type": "Opaque",
-        "stringData": {"token": "replace-with-a-long-random-token"},
+        "stringData": {"token": EXAMPLE_TOKEN},
     }
     volume = config_volume(
         secret_source(WEB_CONFIG_SECRET, [(WEB_CONFIG, WEB_CONFIG)]),
@@ -203,19 +206,21 @@ def secure_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
     }
 
 
-def lower_pod_security(s: KubeSettings, level: str) -> Obj:
-    return json_patch(
-        "Namespace",
-        s.namespace,
-        [
-            {
-                "op": "replace",
-                "path": f"/metadata/labels/pod-security.kubernetes.io~1{mode}",
-                "value": level,
-            }
-            for mode in ("enforce", "warn")
-        ],
-    )
+def lower_pod_security(level: str) -> Obj:
+    # By kind only: the overlay renames the Namespace (``OVERLAY_NAMESPACES``).
+    return {
+        "target": {"kind": "Namespace"},
+        "patch": dump(
+            [
+                {
+                    "op": "replace",
+                    "path": f"/metadata/labels/pod-security.kubernetes.io~1{mode}",
+                    "value": level,
+                }
+                for mode in ("enforce", "warn")
+            ]
+        ),
+    }
 
 
 def process_join_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
@@ -228,7 +233,7 @@ def process_join_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                     EXPORTER,
                     [{"op": "add", "path": "/spec/template/spec/hostPID", "value": True}],
                 ),
-                lower_pod_security(s, "privileged"),
+                lower_pod_security("privileged"),
             ]
         )
     }
@@ -250,7 +255,7 @@ def host_port_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                         }
                     ],
                 ),
-                lower_pod_security(s, "privileged"),
+                lower_pod_security("privileged"),
             ]
         )
     }
@@ -298,7 +303,7 @@ def collector_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                 "metadata": {"labels": labels("collector")},
                 "spec": {
                     "automountServiceAccountToken": False,
-                    "securityContext": pod_security(s),
+                    "securityContext": pod_security(s.collector_user_id),
                     "containers": [
                         {
                             "name": "collector",
@@ -309,7 +314,7 @@ def collector_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                                 "requests": {"cpu": "100m", "memory": "128Mi"},
                                 "limits": {"cpu": "1", "memory": "512Mi"},
                             },
-                            "securityContext": container_security(s),
+                            "securityContext": container_security(s.collector_user_id),
                             "volumeMounts": [
                                 {"name": "config", "mountPath": "/etc/otelcol", "readOnly": True},
                                 tmp_mount,
@@ -338,12 +343,34 @@ def collector_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
             "GPUSCOPE_FORWARD_OTLP": f"http://{s.service_host(COLLECTOR)}:{COLLECTOR_PORT}/v1/traces"
         },
     }
+    # the Collector takes spans from the exporters only
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(COLLECTOR, "collector"),
+        "spec": {
+            "podSelector": {"matchLabels": selector("collector")},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": selector("exporter")}}],
+                    "ports": [{"port": COLLECTOR_PORT, "protocol": "TCP"}],
+                }
+            ],
+        },
+    }
     return {
         "collector-config.yaml": configmap,
         "collector.yaml": deployment,
         "collector-service.yaml": svc,
+        "collector-networkpolicy.yaml": policy,
         "kustomization.yaml": component(
-            resources=["collector-config.yaml", "collector.yaml", "collector-service.yaml"],
+            resources=[
+                "collector-config.yaml",
+                "collector.yaml",
+                "collector-service.yaml",
+                "collector-networkpolicy.yaml",
+            ],
             patches=[merge_patch(flags_patch)],
         ),
     }
@@ -379,6 +406,7 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
     """The reference worker (NumPy) as a Deployment, its Service and ServiceMonitor."""
     tmp, tmp_mount = tmp_volume()
     exporter_url = f"http://{s.service_host(s.exporter_job)}:{s.port}/v1/traces"
+    sender_key, sender_value = s.span_sender_label
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -387,10 +415,11 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
             "replicas": 1,
             "selector": {"matchLabels": selector("worker")},
             "template": {
-                "metadata": {"labels": labels("worker")},
+                # the span-sender label lets it through the exporter's NetworkPolicy
+                "metadata": {"labels": {**labels("worker"), sender_key: sender_value}},
                 "spec": {
                     "automountServiceAccountToken": False,
-                    "securityContext": pod_security(s),
+                    "securityContext": pod_security(s.worker_user_id),
                     "terminationGracePeriodSeconds": s.worker_grace_period_s,
                     "containers": [
                         {
@@ -415,7 +444,7 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                                 "requests": {"cpu": "500m", "memory": "256Mi"},
                                 "limits": {"cpu": "2", "memory": "1Gi"},
                             },
-                            "securityContext": container_security(s),
+                            "securityContext": container_security(s.worker_user_id),
                             "volumeMounts": [tmp_mount],
                         }
                     ],
@@ -466,3 +495,12 @@ OVERLAYS: Final = {
     "collector": ("otel-collector", "kube-prometheus-stack"),
     "demo": ("simulated-gpus", "worker", "kube-prometheus-stack"),
 }
+
+
+def overlay_namespace(s: KubeSettings, overlay: str) -> str:
+    """The namespace of an overlay: a privileged one of its own for those whose
+    components lower the Pod Security Standard (``lower_pod_security``)."""
+    return s.privileged_namespace if overlay in PRIVILEGED_OVERLAYS else s.namespace
+
+
+PRIVILEGED_OVERLAYS: Final = frozenset(("process-join", "host-port"))

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from alerts.build import dump, prometheus_rule
 from deploy.kubernetes.settings import REPO, KubeSettings, dashboard_folder, exporter_defaults
+from gpuscope.exporter.http import placeholders
 
 Obj = dict[str, Any]
 
@@ -26,11 +27,13 @@ SCRAPE_AUTH_SECRET: Final = "gpuscope-scrape-auth"
 COLLECTOR: Final = "gpuscope-otel-collector"
 COLLECTOR_PORT: Final = 4318
 WORKER_PORT: Final = 8000
-# The secure component's example scrape credentials. The hash is of the password in
-# the scrape-auth Secret (bcrypt, cost 10); both are placeholders to replace.
-EXAMPLE_USER: Final = "prometheus"
-EXAMPLE_PASSWORD: Final = "change-me"
-EXAMPLE_HASH: Final = "$2b$10$3jxnQfxCz2kT4DrQtCYJi.D7sXsqkjYIpRspY0HlX3DU1Vx0IMrAy"
+# The secure component's example credentials. The hash is of the password in the
+# scrape-auth Secret (bcrypt, cost 10); all are placeholders to replace, and the
+# exporter refuses to start with them (the values are the exporter's own list).
+EXAMPLE_USER: Final = placeholders.EXAMPLE_USER
+EXAMPLE_PASSWORD: Final = placeholders.EXAMPLE_PASSWORD
+EXAMPLE_HASH: Final = placeholders.EXAMPLE_HASH
+EXAMPLE_TOKEN: Final = placeholders.EXAMPLE_TOKEN
 
 
 def labels(component: str) -> dict[str, str]:
@@ -130,11 +133,11 @@ def secret_source(name: str, items: Sequence[tuple[str, str]]) -> Obj:
     return {"secret": {"name": name, "items": [{"key": k, "path": p} for k, p in items]}}
 
 
-def container_security(s: KubeSettings) -> Obj:
+def container_security(user_id: int) -> Obj:
     return {
         "runAsNonRoot": True,
-        "runAsUser": s.user_id,
-        "runAsGroup": s.user_id,
+        "runAsUser": user_id,
+        "runAsGroup": user_id,
         "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -142,13 +145,13 @@ def container_security(s: KubeSettings) -> Obj:
     }
 
 
-def pod_security(s: KubeSettings) -> Obj:
+def pod_security(user_id: int) -> Obj:
     return {
         "runAsNonRoot": True,
-        "runAsUser": s.user_id,
-        "runAsGroup": s.user_id,
+        "runAsUser": user_id,
+        "runAsGroup": user_id,
         # the projected config files (mode 0440) are readable by this group
-        "fsGroup": s.user_id,
+        "fsGroup": user_id,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -187,7 +190,7 @@ def daemonset(s: KubeSettings) -> Obj:
             "requests": {"cpu": s.cpu_request, "memory": f"{s.memory_request_mib}Mi"},
             "limits": {"cpu": s.cpu_limit, "memory": f"{s.memory_limit_mib}Mi"},
         },
-        "securityContext": container_security(s),
+        "securityContext": container_security(s.user_id),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             tmp_mount,
@@ -211,7 +214,7 @@ def daemonset(s: KubeSettings) -> Obj:
                         {"key": s.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}
                     ],
                     "terminationGracePeriodSeconds": s.grace_period_s,
-                    "securityContext": pod_security(s),
+                    "securityContext": pod_security(s.user_id),
                     "containers": [container],
                     "volumes": [
                         config_volume(secret_source(WEB_CONFIG_SECRET, [(WEB_CONFIG, WEB_CONFIG)])),
@@ -236,6 +239,45 @@ def service(s: KubeSettings) -> Obj:
             "internalTrafficPolicy": "Local",
             "selector": selector("exporter"),
             "ports": [{"name": "http", "port": s.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def network_policy(s: KubeSettings) -> Obj:
+    """Ingress to the exporter's port from span senders and Prometheus only.
+
+    /v1/traces and /metrics share the port, so the policy cannot tell them apart: a
+    sender may also scrape, Prometheus may also send. The kubelet's probes come from
+    the node, which a NetworkPolicy never blocks.
+    """
+    sender_key, sender_value = s.span_sender_label
+    prometheus_key, prometheus_value = s.prometheus_pod_label
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(EXPORTER, "exporter"),
+        "spec": {
+            "podSelector": {"matchLabels": selector("exporter")},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {  # pods labelled as span senders, in any namespace
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": {sender_key: sender_value}},
+                        },
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {
+                                    "kubernetes.io/metadata.name": s.prometheus_namespace
+                                }
+                            },
+                            "podSelector": {"matchLabels": {prometheus_key: prometheus_value}},
+                        },
+                    ],
+                    "ports": [{"port": s.port, "protocol": "TCP"}],
+                }
+            ],
         },
     }
 

@@ -69,6 +69,10 @@ def dashboard_folder() -> str:
 @dataclass(frozen=True)
 class KubeSettings:
     namespace: str = "gpuscope"
+    # the overlays whose exporter needs the host (hostPID, hostPort) run in a namespace
+    # of their own, so that lowering its Pod Security Standard to "privileged" lets no
+    # other pod in
+    privileged_namespace: str = "gpuscope-host"
     # the image built from the repository's Dockerfile; an overlay's ``images:`` names
     # the registry it was pushed to
     image: str = "gpuscope"
@@ -80,14 +84,24 @@ class KubeSettings:
     # the RuntimeClass that makes the NVIDIA Container Toolkit inject the driver's
     # libraries and devices (the GPU Operator creates "nvidia")
     runtime_class: str = "nvidia"
-    # the image's user (Dockerfile: useradd --uid 10001)
+    # the exporter runs as the image's user (Dockerfile: useradd --uid 10001); the other
+    # pods as users of their own, so that an exporter in the host's pid namespace
+    # (process-join) is never the same user as a process it can see
     user_id: int = 10001
+    worker_user_id: int = 10002
+    collector_user_id: int = 10003
     cpu_request: str = "100m"
     cpu_limit: str = "1"
     memory_request_mib: int = 128
     # Prometheus Operator labels: kube-prometheus-stack's Prometheus selects
     # ServiceMonitors, PodMonitors and PrometheusRules by its Helm release name
     release_label: tuple[str, str] = ("release", "kube-prometheus-stack")
+    # who may reach the exporter's port (its NetworkPolicy): pods with this label, in
+    # any namespace, to send spans; and Prometheus, by its namespace and pod label
+    # (kube-prometheus-stack installed in "monitoring")
+    span_sender_label: tuple[str, str] = ("gpuscope/span-sender", "true")
+    prometheus_namespace: str = "monitoring"
+    prometheus_pod_label: tuple[str, str] = ("app.kubernetes.io/name", "prometheus")
     scrape_interval: str = "30s"
     # kube-prometheus-stack's Grafana sidecar loads ConfigMaps with this label
     dashboard_label: tuple[str, str] = ("grafana_dashboard", "1")

@@ -17,16 +17,30 @@ Where the join cannot work the status says why (``ProcessJoin``): no GPU source,
 source or driver that cannot list processes, no permission (MIG without root), or an
 exporter in another pid namespace than the one NVML reports pids in (a container
 without ``hostPID``), seen as NVML listing processes of which ``/proc`` has none.
+
+With ``hostPID`` in Kubernetes an engine pod keeps its own pid namespace, so its spans
+name pids of that namespace. Each process in the map is therefore also placed
+(``pid_namespaces``): one in a pid namespace of its own is found by its innermost pid
+together with its container's id or its pod's uid, which the span's resource must send
+(``container.id``, ``k8s.pod.uid``); a bare pid only ever matches a process of the
+exporter's own pid namespace. Spans that name a bare pid while the GPUs' processes are
+all namespaced cannot be mapped, and the status says so (``unmapped_pids``). A claim
+from a sender the exporter did not authenticate is joined and counted as such, or
+ignored with ``require_auth``: without authentication any sender can name any
+process and be joined to its GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from gpuscope.exporter.gpu.pid_namespaces import PidClaim, Placement, read_placement
 
 PROC = Path("/proc")
 # Seconds between two listings: NVML's list is one driver call per GPU, but the walk
@@ -52,6 +66,8 @@ class ProcessJoin(StrEnum):
     NO_GPU_SOURCE = "no_gpu_source"
     # NVML listed pids no process can have (a pynvml/driver record-size mismatch)
     UNTRUSTED_LISTING = "untrusted_listing"
+    # GPU processes run in pid namespaces of their own and spans named bare pids
+    UNMAPPED_PIDS = "unmapped_pids"
 
 
 @dataclass(frozen=True)
@@ -102,12 +118,36 @@ class ProcessJoinState:
     visible: tuple[int, ...] = ()  # processes on a GPU that /proc shows here
     missing: tuple[int, ...] = ()  # processes on a GPU that /proc lacks (exited, or elsewhere)
     mapped: int = 0  # pids the map answers for: those processes and their ancestors
+    nested: int = 0  # of the visible, those in a pid namespace of their own (a container's)
+    claims: ClaimCounts = field(default_factory=lambda: ClaimCounts())  # since the last listing
+
+
+@dataclass
+class ClaimCounts:
+    """Span resources' pid claims, counted by the ingest thread (its only writer)."""
+
+    joined: int = 0  # joined to a GPU
+    unmapped: int = 0  # a bare pid that matched nothing while GPU processes are namespaced
+    unauthenticated: int = 0  # joined, from a sender that was not authenticated
+    refused: int = 0  # not looked up: unauthenticated, and authentication is required
+
+    def since(self, before: ClaimCounts) -> ClaimCounts:
+        return ClaimCounts(
+            self.joined - before.joined,
+            self.unmapped - before.unmapped,
+            self.unauthenticated - before.unauthenticated,
+            self.refused - before.refused,
+        )
 
 
 @dataclass(frozen=True)
 class _Published:
-    by_pid: Mapping[int, tuple[str, ...]]
+    by_pid: Mapping[int, tuple[str, ...]]  # processes of the exporter's pid namespace
     state: ProcessJoinState
+    # (container id or pod uid, pid in its own namespace) -> GPUs; () where two
+    # processes share the key (two containers of a pod, each with its pid 1)
+    by_container: Mapping[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+    by_pod: Mapping[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
 
 
 class ProcessGpuMap:
@@ -115,11 +155,17 @@ class ProcessGpuMap:
 
     ``proc_root`` and ``own_pid`` are for tests (a fake ``/proc`` tree in a temporary
     folder). Until a source is attached the status is ``no_gpu_source``.
+    ``require_auth``: join no claim from a sender that was not authenticated.
     """
 
-    def __init__(self, *, proc_root: Path = PROC, own_pid: int | None = None) -> None:
+    def __init__(
+        self, *, proc_root: Path = PROC, own_pid: int | None = None, require_auth: bool = False
+    ) -> None:
         self._proc = proc_root
         self._own_pid = os.getpid() if own_pid is None else own_pid
+        self._require_auth = require_auth
+        self._claims = ClaimCounts()  # written by the ingest thread only
+        self._claims_seen = ClaimCounts()  # what the last listing's status saw (poller)
         self._published = _Published(
             {}, ProcessJoinState(ProcessJoin.NO_GPU_SOURCE, "no GPU source")
         )
@@ -127,8 +173,33 @@ class ProcessGpuMap:
     # --- the readers' side (the ingest thread) ----------------------------------------
 
     def uuids_for_pid(self, pid: int) -> tuple[str, ...]:
-        """The sorted UUIDs of the GPUs that ``pid`` or its descendants hold; () if none."""
+        """The sorted UUIDs of the GPUs that ``pid`` or its descendants hold; () if none.
+
+        ``pid`` is one of the exporter's own pid namespace (not counted as a claim)."""
         return self._published.by_pid.get(pid, ())
+
+    def uuids_for_claim(self, claim: PidClaim) -> tuple[str, ...]:
+        """The GPUs of the process a span's resource names, as ``uuids_for_pid``; the
+        claim is counted for the status (ingest thread only)."""
+        counts = self._claims
+        if not claim.authenticated and self._require_auth:
+            counts.refused += 1
+            return ()
+        published = self._published
+        if claim.namespaced:
+            key = (claim.container_id, claim.pid)
+            uuids = published.by_container.get(key, ()) or published.by_pod.get(
+                (claim.pod_uid, claim.pid), ()
+            )
+        else:
+            uuids = published.by_pid.get(claim.pid, ())
+            if not uuids and published.state.nested:
+                counts.unmapped += 1
+        if uuids:
+            counts.joined += 1
+            if not claim.authenticated:
+                counts.unauthenticated += 1
+        return uuids
 
     def state(self) -> ProcessJoinState:
         return self._published.state
@@ -180,17 +251,31 @@ class ProcessGpuMap:
             visible.append(pid)
             for member in lineage:
                 below.setdefault(member, set()).update(uuids)
-        by_pid = {pid: tuple(sorted(uuids)) for pid, uuids in below.items()}
+        placed = _Placed.of(self._proc, below, visible)
         status, why = self._judge(listing, visible, missing)
+        claims = self._claims_since_last_listing()
+        if status is ProcessJoin.OK:
+            status, why = _judge_claims(why, placed, claims, self._require_auth)
+        joins = status in (ProcessJoin.OK, ProcessJoin.UNMAPPED_PIDS)
         state = ProcessJoinState(
             status,
             why,
             listing,
             tuple(visible),
             tuple(missing),
-            len(by_pid) if status is ProcessJoin.OK else 0,
+            placed.mapped if joins else 0,
+            placed.nested,
+            claims,
         )
-        self._published = _Published(by_pid if status is ProcessJoin.OK else {}, state)
+        if not joins:
+            placed = _Placed()
+        self._published = _Published(placed.by_pid, state, placed.by_container, placed.by_pod)
+
+    def _claims_since_last_listing(self) -> ClaimCounts:
+        now = dataclasses.replace(self._claims)  # a copy: the ingest thread goes on counting
+        since = now.since(self._claims_seen)
+        self._claims_seen = now
+        return since
 
     def _judge(
         self, listing: ProcessListing, visible: list[int], missing: list[int]
@@ -242,6 +327,91 @@ class ProcessGpuMap:
             return cache[pid]
         cache[pid] = parent = read_parent(self._proc, pid)
         return parent
+
+
+@dataclass
+class _Placed:
+    """The map's keys for one listing: host pids, and (id, pid) pairs of namespaces."""
+
+    by_pid: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    by_container: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+    by_pod: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+    nested: int = 0  # GPU processes in a pid namespace of their own
+    unnamed: int = 0  # ... whose cgroup names neither container nor pod
+
+    @property
+    def mapped(self) -> int:
+        return len(self.by_pid) + len(self.by_container) + len(self.by_pod)
+
+    @classmethod
+    def of(cls, proc: Path, below: Mapping[int, set[str]], holders: list[int]) -> _Placed:
+        """Each pid of ``below`` (GPU processes and their ancestors) under its keys."""
+        placed = cls()
+        owners: dict[tuple[str, str, int], int] = {}  # key -> the host pid that holds it
+        held = set(holders)
+        for pid, found in sorted(below.items()):
+            uuids = tuple(sorted(found))
+            where = read_placement(proc, pid)
+            if not where.nested:
+                placed.by_pid[pid] = uuids
+                continue
+            if pid in held:
+                placed.nested += 1
+                placed.unnamed += not (where.container_id or where.pod_uid)
+            placed._add(
+                owners, "container", placed.by_container, where.container_id, where, pid, uuids
+            )
+            placed._add(owners, "pod", placed.by_pod, where.pod_uid, where, pid, uuids)
+        return placed
+
+    @staticmethod
+    def _add(
+        owners: dict[tuple[str, str, int], int],
+        kind: str,
+        table: dict[tuple[str, int], tuple[str, ...]],
+        name: str,
+        where: Placement,
+        pid: int,
+        uuids: tuple[str, ...],
+    ) -> None:
+        if not name:
+            return
+        key = (name, where.inner_pid)
+        owner = owners.setdefault((kind, *key), pid)
+        table[key] = uuids if owner == pid else ()  # two processes, one key: neither
+
+
+def _judge_claims(
+    why: str, placed: _Placed, claims: ClaimCounts, require_auth: bool
+) -> tuple[ProcessJoin, str]:
+    """An ``ok`` listing, judged again by what the span resources claimed since the last."""
+    status = ProcessJoin.OK
+    if placed.nested:
+        why += (
+            f"; {placed.nested} of them in pid namespaces of their own (containers), joined "
+            "by their pid there with container.id or k8s.pod.uid"
+        )
+    if placed.unnamed:
+        why += f"; {placed.unnamed} of those in no container or pod cgroup: never joined"
+    if claims.unmapped:
+        status = ProcessJoin.UNMAPPED_PIDS
+        why = (
+            f"span pids are namespaced and no container id / pod was sent: "
+            f"{claims.unmapped} span resources since the last listing named a pid without "
+            "container.id or k8s.pod.uid, which the GPUs' processes in pid namespaces of "
+            "their own need (set k8s.pod.uid from the downward API in "
+            f"OTEL_RESOURCE_ATTRIBUTES); {claims.joined} were joined; {why}"
+        )
+    if claims.unauthenticated:
+        why += (
+            f"; {claims.unauthenticated} pid claims joined from unauthenticated senders "
+            "(no authentication on /v1/traces): any sender can claim any process's GPU"
+        )
+    if claims.refused:
+        why += f"; {claims.refused} pid claims from unauthenticated senders ignored"
+    elif require_auth:
+        why += "; pid claims are joined from authenticated senders only"
+    return status, why
 
 
 def read_parent(proc: Path, pid: int) -> int | None:

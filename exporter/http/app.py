@@ -62,13 +62,13 @@ def create_app(
     metrics = SelfMetrics()
     # pid -> GPUs its process tree holds, kept up to date by the GPU poller (if any), so
     # that spans naming only their process (vLLM's) are joined to their GPU.
-    processes = ProcessGpuMap()
+    processes = ProcessGpuMap(require_auth=config.process_join_needs_auth)
     aggregator = SpanAggregator(
         max_series=config.max_series,
         max_models_per_service=config.max_models_per_service,
         max_label_length=config.max_label_length,
         compute_observers=compute_observers,
-        uuids_for_pid=processes.uuids_for_pid,
+        uuids_for_pid=processes.uuids_for_claim,
     )
     limits = otlp.Limits(
         config.max_body_bytes,

@@ -5,7 +5,9 @@ requests. A refused OTLP export is answered in OTLP's own error format and count
 ``gpuscope_otlp_requests_rejected_total{reason="unauthorized"}``; a refused scrape gets
 a plain 401 with a basic-auth challenge. The probes ``/healthz`` and ``/readyz`` answer
 without credentials: a kubelet's HTTP probe cannot send them, and the probes tell
-nothing but that the exporter serves and is ready.
+nothing but that the exporter serves and is ready. A request whose credentials were
+checked is marked (``was_authenticated``): the process join trusts the pid claims of
+authenticated senders only, where that is required.
 
 bcrypt checks run in a pool of their own (``password_check_pool``): two threads, and
 at most ``PASSWORD_CHECKS_PENDING`` checks running or waiting. Past that a request
@@ -36,6 +38,12 @@ PASSWORD_CHECK_THREADS: Final = 2
 PASSWORD_CHECKS_PENDING: Final = 16
 RETRY_AFTER_S: Final = "1"
 PROBE_PATHS: Final = frozenset(("/healthz", "/readyz"))
+_AUTHENTICATED: Final = web.RequestKey("gpuscope_authenticated", bool)  # credentials checked
+
+
+def was_authenticated(request: web.Request) -> bool:
+    """Whether the auth middleware checked this request's credentials and took them."""
+    return request.get(_AUTHENTICATED, False) is True
 
 
 def password_check_pool() -> ThreadPool:
@@ -55,6 +63,7 @@ def auth_middleware(state: ExporterState) -> Middleware:
         is_traces = request.path == TRACES_PATH
         if is_traces and auth.bearer_token is not None:
             if auth.bearer_ok(header):
+                request[_AUTHENTICATED] = True
                 return await handler(request)
             return _unauthorized(state, request, "a valid bearer token is required")
         if auth.users:
@@ -70,6 +79,7 @@ def auth_middleware(state: ExporterState) -> Middleware:
                     return _unauthorized(
                         state, request, "valid basic auth credentials are required"
                     )
+            request[_AUTHENTICATED] = True
         return await handler(request)
 
     return authenticate

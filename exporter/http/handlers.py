@@ -24,6 +24,7 @@ from functools import partial
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
 
+from gpuscope.exporter.http.auth import was_authenticated
 from gpuscope.exporter.http.render import content_type_for, scrape_pieces
 from gpuscope.exporter.http.routes import otlp_error
 from gpuscope.exporter.ingest import otlp
@@ -54,6 +55,7 @@ async def receive_traces(request: web.Request) -> web.Response:
                 timeout_s=state.config.ingest_timeout_s,
                 connected=partial(_connected, request),
                 give_up=state.drain_expired,
+                authenticated=was_authenticated(request),
             )
     except otlp.OtlpError as exc:
         return _refused(request, state, exc)

@@ -52,6 +52,7 @@ import bcrypt
 import yaml
 
 from gpuscope.exporter.config import ConfigError
+from gpuscope.exporter.http.placeholders import refuse_placeholder_token, refuse_placeholder_users
 
 _FLAG = "--web-config-file"
 # A web config with a few hundred users is tens of KiB; a token file a few hundred bytes.
@@ -165,6 +166,7 @@ def _basic_auth_users(users: Any) -> dict[str, bytes]:
                 f"{_FLAG}: basic_auth_users.{user} is not a bcrypt hash "
                 "($2a$, $2b$ or $2y$, cost 04-31, 53 characters of salt and hash)"
             )
+    refuse_placeholder_users(users, _FLAG)
     return {user: hashed.encode() for user, hashed in users.items()}
 
 
@@ -238,6 +240,7 @@ def read_bearer_token(path: Path) -> str:
         ) from exc
     if not token:
         raise ConfigError(f"--bearer-token-file: {str(path)!r} is empty")
+    refuse_placeholder_token(token, "--bearer-token-file")
     return token
 
 

@@ -17,8 +17,10 @@ in by the middleware), whichever of the two arrives first, so it is counted once
 
 Spans without a GPU UUID are joined to the GPUs their process holds where the GPU
 source can list processes (``uuids_for_pid``, from the resource's ``process.pid`` or
-vLLM's ``vllm.process_id``); a process on several GPUs (tensor parallel) or on none
-the exporter can see keeps an empty UUID, and the rules join it per host.
+vLLM's ``vllm.process_id``, with ``container.id`` / ``k8s.pod.uid`` where the sender has
+a pid namespace of its own: ``pid_claims``); a process on several GPUs (tensor parallel)
+or on none the exporter can see keeps an empty UUID, and the rules join it per host.
+Whether the request was authenticated goes with the claim (``ingest(authenticated=)``).
 
 Each span's attribute list is walked once and only the keys in ``_SERVER_SLOTS`` /
 ``_BATCH_SLOTS`` have their values read: with the upb protobuf backend, touching a
@@ -42,16 +44,16 @@ from typing import Any
 
 from gpuscope import engine_spans, spans
 from gpuscope.exporter import definitions as defs
+from gpuscope.exporter.gpu.pid_namespaces import PidClaim
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
+from gpuscope.exporter.ingest.pid_claims import read_pid_claim
 from gpuscope.exporter.ingest.recent_spans import RecentSpans
 from gpuscope.exporter.ingest.series import ModelCap, SpanRef
 from gpuscope.exporter.ingest.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 SERVICE_NAME_RESOURCE = "service.name"
-PROCESS_PID_RESOURCE = "process.pid"  # OpenTelemetry's process resource (an int)
-VLLM_PROCESS_ID_RESOURCE = "vllm.process_id"  # vLLM's own resource key (a string)
-UuidsForPid = Callable[[int], tuple[str, ...]]
+UuidsForPid = Callable[[PidClaim], tuple[str, ...]]
 
 # Reasons for ``gpuscope_spans_rejected_total{reason}``.
 INVALID_ID = "invalid_id"
@@ -192,8 +194,9 @@ class SpanAggregator:
         """Learn ``uuid -> NVML index`` for the ``gpu`` label of new observations."""
         self._gpu_index = {device.uuid: str(device.index) for device in devices}
 
-    def ingest(self, request: Any) -> IngestResult:
-        """Aggregate every span of a decoded ``ExportTraceServiceRequest``."""
+    def ingest(self, request: Any, authenticated: bool = False) -> IngestResult:
+        """Aggregate every span of a decoded ``ExportTraceServiceRequest``;
+        ``authenticated``: whether its sender passed the exporter's authentication."""
         result = IngestResult()
         rejected = result.rejected
         for resource_spans in request.resource_spans:
@@ -204,7 +207,7 @@ class SpanAggregator:
                 )
             except SpanRejected as exc:  # every span of this resource would carry it
                 service, resource_error = "", exc
-            process_uuid = self._process_uuid(resource_spans.resource.attributes)
+            process_uuid = self._process_uuid(resource_spans.resource.attributes, authenticated)
             for scope_spans in resource_spans.scope_spans:
                 received = scope_spans.spans
                 result.received += len(received)
@@ -225,14 +228,14 @@ class SpanAggregator:
                     result.aggregated += 1
         return result
 
-    def _process_uuid(self, attributes: Any) -> str:
+    def _process_uuid(self, attributes: Any, authenticated: bool) -> str:
         """The one GPU the resource's process (or its children) holds, else ""."""
         if self.uuids_for_pid is None:
             return ""
-        pid = _resource_pid(attributes)
-        if pid is None:
+        claim = read_pid_claim(attributes, authenticated=authenticated)
+        if claim is None:
             return ""
-        uuids = self.uuids_for_pid(pid)
+        uuids = self.uuids_for_pid(claim)
         return uuids[0] if len(uuids) == 1 else ""
 
     def _aggregate(self, span: Any, service: str, own: bool, process_uuid: str = "") -> bool:
@@ -476,21 +479,6 @@ def _read_engine_attributes(attributes: Any) -> dict[str, object]:
                 WRONG_ATTRIBUTE_TYPE, f"{kv.key} must be {kind}, got {which or 'no value'}"
             )
     return found
-
-
-def _resource_pid(attributes: Any) -> int | None:
-    """``process.pid`` (int), else vLLM's ``vllm.process_id`` (a string of digits)."""
-    vllm_pid: int | None = None
-    for kv in attributes:
-        value = kv.value
-        if kv.key == PROCESS_PID_RESOURCE and value.WhichOneof("value") == _INT:
-            pid: int = value.int_value
-            return pid if pid > 0 else None
-        if kv.key == VLLM_PROCESS_ID_RESOURCE and value.WhichOneof("value") == _STRING:
-            text = value.string_value
-            if 0 < len(text) <= 10 and text.isascii() and text.isdigit():
-                vllm_pid = int(text) or None
-    return vllm_pid
 
 
 def _resource_service(attributes: Any) -> str | None:

@@ -81,8 +81,11 @@ class _Job:
     decoding, decoded (the thread holds it for the handler's decision), then committed
     (aggregated) or given up; the decision is taken under a lock."""
 
-    def __init__(self, body: bytes, content_encoding: str | None, media: str) -> None:
+    def __init__(
+        self, body: bytes, content_encoding: str | None, media: str, authenticated: bool
+    ) -> None:
         self.body, self.content_encoding, self.media = body, content_encoding, media
+        self.authenticated = authenticated  # the sender passed auth (for the process join)
         self.loop = asyncio.get_running_loop()
         self.decoded: asyncio.Future[None] = self.loop.create_future()
         self.aggregated: asyncio.Future[IngestResult] = self.loop.create_future()
@@ -190,11 +193,13 @@ class Ingest:
         timeout_s: float,
         connected: Callable[[], bool],
         give_up: asyncio.Event,
+        authenticated: bool = False,
     ) -> IngestResult:
         """Decompress, decode and aggregate ``body``; an ``OtlpError`` if it is refused,
         503 ``abandoned`` when it is not decoded within ``timeout_s`` or the client has
-        gone (``connected()`` false), 503 ``shutting_down`` when ``give_up`` is set first."""
-        job = _Job(body, content_encoding, media)
+        gone (``connected()`` false), 503 ``shutting_down`` when ``give_up`` is set first.
+        ``authenticated``: the sender passed authentication (its pid claims may join)."""
+        job = _Job(body, content_encoding, media, authenticated)
         self.pending += 1
         self._queue.put(sender, job)
         try:
@@ -254,7 +259,7 @@ class Ingest:
         if not job.wait_for_decision():
             return
         try:
-            job.settle(job.aggregated, self.aggregator.ingest(request), None)
+            job.settle(job.aggregated, self.aggregator.ingest(request, job.authenticated), None)
         except BaseException as exc:
             job.settle(job.aggregated, None, exc)
 

@@ -445,7 +445,7 @@ def test_the_aggregator_joins_an_api_servers_spans_to_its_workers_gpu(
     source = SimulatedSource(2, parse_scenario({"events": events}))
     poller = GpuPoller(source, 1.0)
     poller.poll_once()
-    aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_pid)
+    aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_claim)
     aggregator.set_gpu_devices(source.devices())
     # setup_tracing() puts the pid as an int, vLLM its process_id as a string
     pid: str | int = api_server if key == "process.pid" else str(api_server)
@@ -464,7 +464,7 @@ def test_a_tensor_parallel_engine_is_left_to_the_per_host_join(
     poller = GpuPoller(source, 1.0)
     poller.poll_once()
     assert len(poller.processes.uuids_for_pid(api_server)) == 2
-    aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_pid)
+    aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_claim)
     aggregator.set_gpu_devices(source.devices())
     aggregator.ingest(encode([server_span({"process.pid": api_server})]))
     assert joined_gpus(aggregator) == [("", "")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -24,8 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import bcrypt
 import pytest
 
+from gpuscope.exporter.http import placeholders
 from support.binaries import require_binary
 from support.kubernetes_manifests import Obj, find, kustomize, secret_data
 
@@ -262,6 +265,48 @@ def test_the_exporter_serves_with_the_daemonsets_arguments(
     stops_within_the_grace_period(one)
 
 
+def own_credentials(objects: list[Obj]) -> dict[str, dict[str, str]]:
+    """Secrets as an operator replaces the secure component's: a password of their own
+    (its bcrypt hash in the web config) and a random token."""
+    password = secrets.token_urlsafe(16)
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+    web_config = secret_data(objects, "gpuscope-web-config")["web-config.yml"]
+    shipped = secret_data(objects, "gpuscope-scrape-auth")
+    assert placeholders.EXAMPLE_HASH in web_config
+    return {
+        "gpuscope-web-config": {
+            "web-config.yml": web_config.replace(placeholders.EXAMPLE_HASH, hashed)
+        },
+        "gpuscope-scrape-auth": {"username": shipped["username"], "password": password},
+        "gpuscope-otlp-token": {"token": secrets.token_hex(32)},
+    }
+
+
+def test_the_secure_overlay_refuses_to_start_with_its_placeholders(
+    tmp_path: Path, started: list[Started]
+) -> None:
+    """Before: the shipped example hash and token were accepted without a word."""
+    objects = kustomize("overlays/secure")
+    server_name = find(objects, "ServiceMonitor", "gpuscope")["spec"]["endpoints"][0]["tlsConfig"][
+        "serverName"
+    ]
+    cluster_tls = make_tls_secret(tmp_path, server_name)
+    own = own_credentials(objects)
+    for replaced, named in (
+        ({}, "basic_auth_users.prometheus is the example hash"),
+        ({"gpuscope-web-config": own["gpuscope-web-config"]}, "the token is the example"),
+    ):
+        root = tmp_path / f"root-{len(replaced)}"
+        one = start_as_the_daemonset(
+            "overlays/secure", root, {"gpuscope-tls": cluster_tls, **replaced}
+        )
+        started.append(one)
+        code = one.process.wait(timeout=READY_WITHIN_S)
+        text = output(one)
+        assert code == 2, text
+        assert named in text, text
+
+
 def test_the_secure_overlay_serves_tls_and_guards_scrapes_and_spans(
     tmp_path: Path, started: list[Started]
 ) -> None:
@@ -270,8 +315,10 @@ def test_the_secure_overlay_serves_tls_and_guards_scrapes_and_spans(
     tls = endpoint["tlsConfig"]
     server_name = tls["serverName"]
     cluster_tls = make_tls_secret(tmp_path, server_name)
+    # the operator's own credentials in place of the component's placeholders
+    own = own_credentials(objects)
     one = start_as_the_daemonset(
-        "overlays/secure", tmp_path / "root", {"gpuscope-tls": cluster_tls}
+        "overlays/secure", tmp_path / "root", {"gpuscope-tls": cluster_tls, **own}
     )
     started.append(one)
     wait_ready(one)  # the probes need no credentials
@@ -282,8 +329,8 @@ def test_the_secure_overlay_serves_tls_and_guards_scrapes_and_spans(
     assert endpoint["scheme"] == "https"
     context = ssl.create_default_context(cadata=cluster_tls[tls["ca"]["secret"]["key"]])
     auth = endpoint["basicAuth"]
-    user = secret_data(objects, auth["username"]["name"])[auth["username"]["key"]]
-    password = secret_data(objects, auth["password"]["name"])[auth["password"]["key"]]
+    user = own[auth["username"]["name"]][auth["username"]["key"]]
+    password = own[auth["password"]["name"]][auth["password"]["key"]]
 
     def scrape(headers: dict[str, str]) -> tuple[int, str]:
         return get(
@@ -304,7 +351,7 @@ def test_the_secure_overlay_serves_tls_and_guards_scrapes_and_spans(
         get(one.port, "/metrics", "https", context=context, server_name="other.example")
 
     # spans need the token of the OTLP token Secret
-    token = secret_data(objects, "gpuscope-otlp-token")["token"]
+    token = own["gpuscope-otlp-token"]["token"]
     empty = {"Content-Type": "application/x-protobuf"}
 
     def export(headers: dict[str, str]) -> int:

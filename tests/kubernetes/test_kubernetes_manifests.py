@@ -167,7 +167,8 @@ def test_the_daemonset_follows_the_exporters_flags_and_stays_unprivileged() -> N
     assert service["spec"]["internalTrafficPolicy"] == "Local"
     namespace = find(kustomize("base"), "Namespace")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    # only the components that need the host lower the namespace's standard
+    # only the components that need the host lower the namespace's standard, in a
+    # namespace of their own (test_privileged_overlays_have_a_namespace_of_their_own)
     for folder, field in (("overlays/process-join", "hostPID"), ("overlays/host-port", None)):
         objects = kustomize(folder)
         pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
@@ -200,7 +201,8 @@ def test_rendered_objects_are_valid_for_kubernetes_and_the_operator(folder: str)
             # raises on an unknown kind too, so that no object goes unchecked
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         if obj["kind"] != "Namespace":
-            assert obj["metadata"]["namespace"] == KubeSettings().namespace, where
+            expected = components.overlay_namespace(KubeSettings(), folder.split("/")[-1])
+            assert obj["metadata"]["namespace"] == expected, where
 
 
 def test_the_validators_refuse_a_misspelt_field() -> None:
@@ -274,3 +276,111 @@ def test_kubernetes_schemas_need_no_network(monkeypatch: pytest.MonkeyPatch) -> 
             find(objects, kind) if kind != "Deployment" else find(objects, kind, "gpuscope-worker")
         )
         assert kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True) == "1.32"
+
+
+def _pods(objects: list[Obj]) -> list[tuple[str, Obj]]:
+    """(name, pod spec) of every workload's pod template."""
+    return [
+        (obj["metadata"]["name"], obj["spec"]["template"]["spec"])
+        for obj in objects
+        if obj["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job")
+    ]
+
+
+def _admitted(policy: Obj, namespace: dict[str, str], pod: dict[str, str], port: int) -> bool:
+    """Whether one NetworkPolicy lets a pod (its namespace's labels, its own) reach ``port``."""
+
+    def matches(selector: Obj | None, found: dict[str, str]) -> bool:
+        wanted = (selector or {}).get("matchLabels", {})
+        return all(found.get(k) == v for k, v in wanted.items())
+
+    for rule in policy["spec"].get("ingress", []):
+        if rule.get("ports") and all(p["port"] != port for p in rule["ports"]):
+            continue
+        for peer in rule.get("from", []):
+            same_namespace = "namespaceSelector" not in peer
+            if (
+                same_namespace
+                and namespace.get("kubernetes.io/metadata.name")
+                != (policy["metadata"]["namespace"])
+            ):
+                continue
+            if matches(peer.get("namespaceSelector"), namespace) and matches(
+                peer.get("podSelector"), pod
+            ):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_overlay_lets_only_senders_and_prometheus_reach_the_exporter(folder: str) -> None:
+    """Before: no NetworkPolicy; any pod could post spans and burn another's SLO."""
+    s = KubeSettings()
+    objects = kustomize(folder)
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    exporter_labels = find(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    guarding = [
+        p
+        for p in policies
+        if all(
+            exporter_labels.get(k) == v for k, v in p["spec"]["podSelector"]["matchLabels"].items()
+        )
+    ]
+    assert len(guarding) == 1, folder
+    (policy,) = guarding
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    sender = dict([s.span_sender_label])
+    prometheus = dict([s.prometheus_pod_label])
+    monitoring = {"kubernetes.io/metadata.name": s.prometheus_namespace}
+    elsewhere = {"kubernetes.io/metadata.name": "tenant-a"}
+    assert _admitted(policy, elsewhere, {"app": "vllm", **sender}, s.port)
+    assert _admitted(policy, monitoring, prometheus, s.port)
+    assert not _admitted(policy, elsewhere, {"app": "vllm"}, s.port)  # unlabelled pod
+    assert not _admitted(policy, elsewhere, prometheus, s.port)  # not Prometheus's namespace
+    assert not _admitted(policy, monitoring, {"app": "grafana"}, s.port)
+    assert not _admitted(policy, elsewhere, sender, s.port + 1)  # another port
+    # every pod of the pack that sends spans to the exporter carries the label
+    for name, _ in _pods(objects):
+        if name == "gpuscope-worker":
+            template = find(objects, "Deployment", name)["spec"]["template"]
+            assert _admitted(policy, elsewhere, template["metadata"]["labels"], s.port)
+    if folder == "overlays/collector":  # and the Collector takes spans from exporters only
+        collector = find(objects, "NetworkPolicy", "gpuscope-otel-collector")
+        namespace = {"kubernetes.io/metadata.name": collector["metadata"]["namespace"]}
+        assert _admitted(collector, namespace, exporter_labels, 4318)
+        assert not _admitted(collector, elsewhere, exporter_labels, 4318)
+        assert not _admitted(collector, namespace, {"app": "other"}, 4318)
+
+
+def test_privileged_overlays_have_a_namespace_of_their_own() -> None:
+    """Before: process-join and host-port lowered the gpuscope namespace to privileged."""
+    s = KubeSettings()
+    for folder in FOLDERS:
+        objects = kustomize(folder)
+        (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+        level = namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        name = namespace["metadata"]["name"]
+        if level == "restricted":
+            assert name == s.namespace, folder
+            continue
+        assert folder in ("overlays/process-join", "overlays/host-port"), folder
+        assert (level, name) == ("privileged", s.privileged_namespace), folder
+        # nothing but the exporter runs there
+        assert [n for n, _ in _pods(objects)] == ["gpuscope"], folder
+    assert s.privileged_namespace != s.namespace
+
+
+def test_every_pod_runs_as_a_user_of_its_own() -> None:
+    """Before: the hostPID exporter was uid 10001, as the worker and the Collector were."""
+    users: dict[str, set[int]] = {}
+    for folder in FOLDERS:
+        for name, pod in _pods(kustomize(folder)):
+            for container in pod["containers"]:
+                uid = container["securityContext"]["runAsUser"]
+                assert pod["securityContext"]["runAsUser"] == uid, (folder, name)
+                assert container["securityContext"]["runAsGroup"] == uid, (folder, name)
+                users.setdefault(name, set()).add(uid)
+    assert set(users) == {"gpuscope", "gpuscope-worker", "gpuscope-otel-collector"}
+    assert all(len(uids) == 1 for uids in users.values()), users
+    every = [next(iter(uids)) for uids in users.values()]
+    assert len(set(every)) == len(every), users
