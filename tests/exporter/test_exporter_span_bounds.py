@@ -4,10 +4,11 @@ contradict each other, a span sent twice, and invented model names filling the s
 
 from __future__ import annotations
 
+from test_exporter_aggregator import registry_of
+
 from gpuscope import spans as contract
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.exporter_fixtures import SpanFactory, encode
-from test_exporter_aggregator import registry_of
 
 OUTPUT = {"direction": "output", "service": "victim", "model": "m1"}
 
