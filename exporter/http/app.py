@@ -14,7 +14,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Sequence
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.connections import ConnectionGuard, ConnectionLimits
@@ -119,6 +119,7 @@ def create_app(
     middlewares = [request_middleware(state.guard), auth_middleware(state)]
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
+    app.on_response_prepare.append(_server_header)
     app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/healthz", healthz)
@@ -127,6 +128,13 @@ def create_app(
     app.cleanup_ctx.append(_forwarder)
     app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    """Name the server without versions: aiohttp's default ``Python/3.x aiohttp/3.x``
+    tells anyone, without credentials (the probes need none), which known bugs apply.
+    aiohttp only sets its default where the header is still unset after this hook."""
+    response.headers[hdrs.SERVER] = "gpuscope"
 
 
 async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIterator[None]:
