@@ -145,8 +145,11 @@ class KubeSettings:
 
     @property
     def memory_limit_mib(self) -> int:
-        decode = DECODE_MEMORY_FACTOR * exporter_defaults().max_decompressed_bytes
-        return BASELINE_MEMORY_MIB + math.ceil(decode / (1024 * 1024))
+        # the process itself, the one request being decoded, and the bodies that
+        # --max-ingest-bytes lets the exporter hold while they wait (429 past it)
+        defaults = exporter_defaults()
+        held = DECODE_MEMORY_FACTOR * defaults.max_decompressed_bytes + defaults.max_ingest_bytes
+        return BASELINE_MEMORY_MIB + math.ceil(held / (1024 * 1024))
 
     def service_host(self, name: str) -> str:
         return f"{name}.{self.namespace}.svc"
