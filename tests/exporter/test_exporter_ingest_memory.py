@@ -58,13 +58,15 @@ async def test_bodies_past_the_ingest_budget_are_answered_429_and_counted() -> N
             writer.close()
         held = []
         await asyncio.sleep(0.3)
-        async with aiohttp.ClientSession() as session:
-            async with session.post(
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
                 f"{exporter.url}{TRACES_PATH}",
                 data=b"",
                 headers={"Content-Type": "application/x-protobuf"},
-            ) as answer:
-                assert answer.status == 200
+            ) as answer,
+        ):
+            assert answer.status == 200
     finally:
         for writer in held:
             writer.close()
