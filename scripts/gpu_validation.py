@@ -179,3 +179,55 @@ def check_process_join(doctor: Mapping[str, Any], gpu: int, pid: int) -> CheckRe
     if entry is not None:
         detail += f"; GPU {gpu} lists {entry.get('pids')} ({entry.get('why') or 'listed'})"
     return CheckResult("process_join_lists_the_loader", status == "ok" and listed, detail)
+
+
+# Entry points whose presence differs between driver branches (docs/gpu.md's table)
+OPTIONAL_ENTRY_POINTS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlEventSetWait_v2",
+    "nvmlGpmMetricsGet",
+)
+PCIE_BYTE_FIELDS = (197, 198)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES (nvml.h)
+
+
+def driver_facts(nvml: Any, gpu: int) -> dict[str, Any]:
+    """What this driver and pynvml give, read through ``nvml`` (pynvml, initialised):
+    versions, which optional entry points the library exports, whether the PCIe byte
+    fields answer, and memory used as v1 (reserved counted as used) against v2."""
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def exported(name: str) -> bool:
+        try:
+            nvml._nvmlGetFunctionPointer(name)  # pynvml's own lookup; the only way to ask
+        except nvml.NVMLError:
+            return False
+        return True
+
+    handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
+    facts: dict[str, Any] = {
+        "driver_version": text(nvml.nvmlSystemGetDriverVersion()),
+        "nvml_version": text(nvml.nvmlSystemGetNVMLVersion()),
+        "pynvml_version": getattr(nvml, "__version__", None),
+        "entry_points": {name: exported(name) for name in OPTIONAL_ENTRY_POINTS},
+        "pcie_byte_fields": [
+            entry.nvmlReturn == 0
+            for entry in nvml.nvmlDeviceGetFieldValues(handle, list(PCIE_BYTE_FIELDS))
+        ],
+    }
+    v1 = nvml.nvmlDeviceGetMemoryInfo(handle)
+    facts["memory_v1_used_bytes"] = int(v1.used)
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except nvml.NVMLError as exc:
+            facts["memory_v2"] = f"refused: {exc}"
+        else:
+            facts["memory_v2_used_bytes"] = int(v2.used)
+            facts["memory_v2_reserved_bytes"] = int(v2.reserved)
+    return facts

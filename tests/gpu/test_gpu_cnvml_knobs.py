@@ -221,3 +221,29 @@ def test_every_capture_converts_to_a_profile_the_fake_loads() -> None:
         assert int(values["device_count"]) >= 1, path.name
         assert values["gpu.0.name"].startswith("NVIDIA"), path.name
         assert "gpu.0.memory.total_bytes" in values, path.name
+
+
+@pytest.mark.parametrize(
+    ("branch", "release"), [(535, library.PYNVML_FLOOR), (580, library.PYNVML_NEWEST)]
+)
+def test_the_hardware_scripts_driver_facts_tell_the_branches_apart(
+    h200: Path, branch: int, release: str
+) -> None:
+    # scripts/gpu-check records these on a lent GPU; here the fake's branches stand in
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(scripts)!r})\n"
+        "import pynvml\nfrom gpu_validation import driver_facts\n"
+        "pynvml.nvmlInit()\nprint(json.dumps(driver_facts(pynvml, 0)))"
+    )
+    done = library.run_python(code, library.environment(h200, branch=branch, pynvml=release))
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    points = facts["entry_points"]
+    assert facts["driver_version"] == "590.48.01"
+    assert points["nvmlDeviceGetCurrentClocksEventReasons"] is (branch >= 535)
+    assert points["nvmlDeviceGetNumaNodeId"] is (branch >= 550)
+    assert facts["pcie_byte_fields"] == [branch >= 555] * 2
+    # v1 counts the 614 MiB reserved as used; v2 keeps it apart
+    assert facts["memory_v1_used_bytes"] - facts["memory_v2_used_bytes"] == 614 * 2**20
+    assert facts["memory_v2_reserved_bytes"] == 614 * 2**20
