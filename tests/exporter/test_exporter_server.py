@@ -108,7 +108,7 @@ async def test_durations_past_a_day_are_refused_so_a_sum_cannot_become_infinite(
     restart; now they are rejected with a reason, and a day exactly still counts."""
     spans = SpanFactory()
     poison = [spans.server(0.01, attrs={contract.TIME_TO_FIRST_TOKEN: 1.7e308}) for _ in range(2)]
-    longest = spans.server(0.01, attrs={contract.TIME_TO_FIRST_TOKEN: 86_400.0})
+    longest = spans.server(86_400.0, attrs={contract.TIME_TO_FIRST_TOKEN: 86_400.0})
     for sent in (poison, [longest]):
         body = encode(sent).SerializeToString()
         assert (await post_spans(exporter_http, running_exporter, body))[0] == 200
@@ -165,17 +165,24 @@ async def test_concurrent_senders_every_span_counted_exactly_once(
 ) -> None:
     senders, requests_each, spans_each = 6, 20, 25
     spans = SpanFactory()
-    body = encode(
-        [spans.server(0.01, phases={"compute": 0.005}) for _ in range(spans_each)]
-    ).SerializeToString()
+    # every request its own spans: the exporter counts a span id once
+    bodies = [
+        [
+            encode(
+                [spans.server(0.01, phases={"compute": 0.005}) for _ in range(spans_each)]
+            ).SerializeToString()
+            for _ in range(requests_each)
+        ]
+        for _ in range(senders)
+    ]
 
-    async def sender() -> None:
+    async def sender(mine: list[bytes]) -> None:
         async with aiohttp.ClientSession() as session:  # one connection pool per client
-            for _ in range(requests_each):
+            for body in mine:
                 status, _ = await post_spans(session, running_exporter, body)
                 assert status == 200
 
-    await asyncio.gather(*(sender() for _ in range(senders)))
+    await asyncio.gather(*(sender(mine) for mine in bodies))
     expected = senders * requests_each * spans_each
     scraped = samples(await scrape(exporter_http, running_exporter))
     assert value(scraped, "gpuscope_request_duration_seconds_count", DURATION) == expected
