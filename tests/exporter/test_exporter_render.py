@@ -25,7 +25,7 @@ def _aggregator() -> SpanAggregator:
     spans = SpanFactory(service='odd "svc" \\ name')
     batch = [
         spans.server(
-            0.001 * (i + 1),
+            0.03 + 0.001 * i,  # longer than its phases and TTFT, or it is refused
             route=f"/r{i % 3}",
             phases={"queue": 0.0001 * i, "compute": 0.01},
             attrs={contract.TIME_TO_FIRST_TOKEN: 0.02} if i % 2 else {},

@@ -37,7 +37,8 @@ def many_models() -> bytes:
 async def start_with_series(**overrides: Any) -> RunningExporter:
     """An exporter whose scrape (about 6 MB) is far larger than what the socket buffers
     of a client that does not read can take."""
-    exporter = await start_exporter(loopback_config(**overrides))
+    # 1,500 models of one service: past the default per-service cap, which would fold them
+    exporter = await start_exporter(loopback_config(max_models_per_service=2000, **overrides))
     request = ExportTraceServiceRequest.FromString(many_models())
     assert exporter.app[STATE].aggregator.ingest(request).aggregated == 1500
     return exporter
