@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -229,12 +230,23 @@ async def _load(
 async def _vllm_spans(exporter_url: str, enabled: bool) -> AsyncIterator[None]:
     """vLLM's captured export requests posted to the exporter every second, if enabled."""
 
+    def with_new_traces(request: Any) -> bytes:
+        # each round as new requests of the engine: the exporter counts a span id once
+        renamed: dict[bytes, bytes] = {}
+        copy = type(request).FromString(request.SerializeToString())
+        for resource_spans in copy.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    span.trace_id = renamed.setdefault(span.trace_id, os.urandom(16))
+        body: bytes = copy.SerializeToString()
+        return body
+
     async def replay() -> None:
-        requests = [request.SerializeToString() for request in export_requests("vllm-traces")]
+        captured = export_requests("vllm-traces")
         headers = {"Content-Type": "application/x-protobuf"}
         async with aiohttp.ClientSession() as session:
             while True:
-                for body in requests:
+                for body in map(with_new_traces, captured):
                     async with session.post(
                         exporter_url + "/v1/traces", data=body, headers=headers
                     ) as response:
