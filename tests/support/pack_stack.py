@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
