@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
+.PHONY: demo soak test test-fast lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ extras: install
 
 # pytest last, so that its summary closes the output
 test: lint typecheck extras unit
+
+# The edit-test loop: the tests that start no child process and are not marked slow
+# (tests/support/fast_tier.py refuses a process start there); no lint, no system deps.
+test-fast: install
+	$(BIN)/pytest -q --fast
 
 # Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
 dashboards: install

@@ -14,6 +14,9 @@ import pytest
 from support.binaries import require_binary
 from support.prometheus_server import run_alertmanager
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 CONFIG = Path(__file__).parents[2] / "alerts" / "alertmanager.yml"
 
 

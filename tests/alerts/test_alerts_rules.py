@@ -13,6 +13,9 @@ import yaml
 
 from support.binaries import require_binary
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).parents[2]
 ALERTS = REPO / "alerts"
 RULES = sorted((ALERTS / "rules").glob("*.yml"))

@@ -14,11 +14,15 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from dashboards import engines
 from support.prometheus_server import run_prometheus, wait_for_scrapes
 from support.triton_engine import MODELS, REPO, check_recorded, recorded, scalar
 from support.triton_replay import captures, run_triton_replay, truth
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? \S+$")
 LABEL = re.compile(r'(\w+)="')

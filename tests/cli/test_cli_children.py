@@ -24,6 +24,9 @@ from gpuscope.exporter.http import routes
 from gpuscope.flags import ConfigError
 from gpuscope.worker.config import BatchingMode, WorkerConfig
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def test_the_command_lines_parse_back_to_the_settings_they_were_built_from() -> None:
     args = exporter_args(1234, gpu_source="simulated", gpu_interval_s=0.5, log_level="warning")

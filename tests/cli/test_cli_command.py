@@ -11,6 +11,9 @@ import pytest
 from gpuscope import __version__, extras
 from gpuscope.cli import SUBCOMMANDS, main
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def test_the_gpuscope_command_lists_and_dispatches(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0

@@ -26,6 +26,9 @@ from support.dashboards_json import (
     targets,
 )
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 BUILD = REPO / "dashboards" / "build.py"
 # Links and bookmarks point at these: they never change.
 UIDS = {

@@ -25,6 +25,9 @@ from gpuscope.worker.config import WorkerConfig
 from support.binaries import require_binary
 from support.dashboards_json import REPO
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]

@@ -34,6 +34,9 @@ from gpuscope.children import free_port
 from support.binaries import require_binary
 from support.dashboards_json import REPO
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 DOCKERFILE = (REPO / "Dockerfile").read_text()

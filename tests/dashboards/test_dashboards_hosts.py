@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from support.dashboards_json import load_dashboards, query_variables, substitute, targets
 from support.promtool_queries import STEP_VALUES, promtool_test
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 BOARDS = load_dashboards()
 WHERE = "where-did-the-time-go.json"

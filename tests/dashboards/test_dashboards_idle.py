@@ -8,8 +8,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from support.dashboards_json import SELECTED_METRIC, Target, load_dashboards, targets
 from support.promtool_queries import as_all, promtool_test
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 BOARDS = load_dashboards()
 # What a served request series carries (more labels than any selector names is fine).

@@ -44,6 +44,9 @@ from support.dashboards_json import (
 from support.pack_stack import PackStack, run_pack_stack
 from support.prometheus_server import instant_query, wait_for_result
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 RULES_DIR = REPO / "alerts" / "rules"
 RULES_BUILD = REPO / "alerts" / "build.py"
 VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"

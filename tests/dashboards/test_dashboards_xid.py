@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from support.dashboards_json import load_dashboards
 from support.promtool_queries import as_all, promtool_test
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 BOARD = load_dashboards()["gpu.json"]
 GPU = 'job="gpuscope", instance="node-a:9420", gpu="0", uuid="GPU-0"'

@@ -44,6 +44,9 @@ from support.prometheus_server import (
     wait_for_scrapes,
 )
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).parents[2]
 QUERIES = re.findall(r"```promql\n(.*?)```", (REPO / "docs" / "queries.md").read_text(), re.S)
 BATCH = 4

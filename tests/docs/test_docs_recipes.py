@@ -39,6 +39,9 @@ from gpuscope.worker.config import WorkerConfig
 from support.span_recorder import SpanRecorder
 from support.worker_servers import serve_worker
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "development.md"
 

@@ -20,6 +20,9 @@ from gpuscope.exporter.config import ConfigError, ExporterConfig
 from gpuscope.exporter.gpu.simulated import simulated_uuid
 from support.exporter_fixtures import SpanFactory, encode, samples, value
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def parse_config(argv: list[str], environ: dict[str, str]) -> ExporterConfig:
     return flags.parse(ExporterConfig, argv, environ, exit_on_error=False)

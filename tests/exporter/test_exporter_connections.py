@@ -23,6 +23,9 @@ from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 

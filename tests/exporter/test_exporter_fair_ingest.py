@@ -21,6 +21,9 @@ from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import SpanFactory, encode, loopback_config
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 HOSTILE_ADDRESS = "127.0.0.2"  # loopback too: another sender for the exporter
 
 

@@ -25,6 +25,9 @@ from support.exporter_fixtures import (
 )
 from support.prometheus_server import run_prometheus
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 async def busy_exporter() -> AsyncIterator[RunningExporter]:

@@ -23,6 +23,9 @@ from support.exporter_fixtures import SpanFactory, encode, loopback_config, make
 from support.raw_http import get_request, raw_exchange, status_of
 from support.web_config import basic, metrics_status, until_reloaded, users
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 BODY = encode([SpanFactory().server(0.01)]).SerializeToString()
 
 

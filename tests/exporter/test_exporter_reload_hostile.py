@@ -28,6 +28,9 @@ from support.exporter_fixtures import loopback_config
 from support.raw_http import get_request, raw_exchange
 from support.web_config import basic, metrics_status, until_reloaded, users
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 ALICE = users(alice="a-pass")
 TLS_ONLY = "tls_server_config:\n"  # what is left of a file cut before its users
 

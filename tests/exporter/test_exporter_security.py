@@ -16,6 +16,9 @@ from gpuscope.exporter.http.server import start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans, samples
 from support.exporter_fixtures import value as sample_value
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()

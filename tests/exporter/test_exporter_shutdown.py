@@ -19,6 +19,9 @@ import pytest
 from support.exporter_fixtures import SpanFactory, encode
 from support.raw_http import post_request, status_of
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 BODY = encode([SpanFactory().server(0.01)]).SerializeToString()
 
 

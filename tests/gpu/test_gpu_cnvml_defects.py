@@ -14,6 +14,9 @@ from test_gpu_cnvml_exporter import _get, exporter
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 UUID0, UUID1 = (
     "GPU-00000000-0000-0000-0000-000000000000",
     "GPU-11111111-1111-1111-1111-111111111111",

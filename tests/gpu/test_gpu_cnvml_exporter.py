@@ -25,6 +25,9 @@ import pytest
 from gpuscope.children import free_port
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 GOLDEN = profiles.CAPTURES / "golden"
 CAPTURES = {
     "h200": "nvidia-h200__590",

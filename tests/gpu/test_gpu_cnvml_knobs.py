@@ -13,6 +13,9 @@ import pytest
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 RELEASES = (library.PYNVML_FLOOR, library.PYNVML_NEWEST)
 # NVML_ERROR_* values of nvml.h
 TIMEOUT, FUNCTION_NOT_FOUND, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH, UNKNOWN = 10, 13, 15, 18, 999

@@ -20,6 +20,9 @@ from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
 from support.binaries import require_binary
 from support.gpu_fake_nvml import FakeNvml
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 class ManualClock:
     def __init__(self) -> None:

@@ -29,6 +29,9 @@ from scripts.gpu_validation import (
 )
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu-check"
 
 

@@ -15,6 +15,9 @@ from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.gpu.source import GpuSourceKind
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def test_factory_kinds() -> None:
     assert open_gpu_source(GpuSourceKind.NONE, scenario=None, simulated_count=1) is None

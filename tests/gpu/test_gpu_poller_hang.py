@@ -26,6 +26,9 @@ from gpuscope.exporter.http.server import start_exporter
 from support.exporter_fixtures import loopback_config
 from support.gpu_fake_nvml import FakeNvml, fake_gpu
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 TESTS = Path(__file__).parents[1]
 
 

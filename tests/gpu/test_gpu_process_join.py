@@ -42,6 +42,9 @@ from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.exporter_fixtures import T0, encode
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 EXPORTER_PID = 50
 # An init, a shell, vLLM's API server (100), its EngineCore (200) and one Worker per
 # GPU (300, 301), and an unrelated process (400).

@@ -34,6 +34,9 @@ from gpuscope.exporter.http.server import start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 EXPORTER_PID = 50
 GPU0, GPU1 = "GPU-0000", "GPU-1111"
 POD = "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e"

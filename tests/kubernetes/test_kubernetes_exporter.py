@@ -32,6 +32,9 @@ from gpuscope.exporter.http import placeholders
 from support.binaries import require_binary
 from support.kubernetes_manifests import Obj, find, kustomize, secret_data
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 GPUSCOPE = Path(sys.executable).with_name("gpuscope")
 # The first GPU poll (the simulated source's) comes within a second; the machine may be
 # loaded.

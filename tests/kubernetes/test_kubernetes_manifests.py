@@ -31,6 +31,9 @@ from support.kubernetes_manifests import (
     kustomize,
 )
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 FOLDERS = kustomization_dirs()
 
 

@@ -23,6 +23,9 @@ from gpuscope import extras, flags
 from gpuscope.loadgen import cli, record
 from support.worker_servers import serve_worker
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 SMALL_WORKER = "--hidden-size 64 --layers 1"
 

@@ -12,6 +12,9 @@ from gpuscope.loadgen.demo import DemoFailed, DemoOptions, main, run_demo, with_
 from gpuscope.spans import PHASES
 from gpuscope.worker.config import BatchingMode
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def test_the_demo_shows_where_the_time_went(capsys: pytest.CaptureFixture[str]) -> None:
     options = DemoOptions(

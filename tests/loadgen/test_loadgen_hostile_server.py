@@ -19,6 +19,9 @@ from gpuscope.loadgen.results import Load, StepResult
 from gpuscope.loadgen.runner import Plan, Runner, Target
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MIB = 1024 * 1024
 

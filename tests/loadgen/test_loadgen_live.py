@@ -22,6 +22,9 @@ from gpuscope.spans import PHASES
 from gpuscope.worker.backends import numpy_models
 from support.worker_servers import SMALL, Gate, GatedEmbeddingModel, serve_worker
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 SMALL_WORKER: dict[str, Any] = {"hidden_size": 64, "layers": 1, "log_level": "warning"}
 
 

@@ -33,6 +33,9 @@ from gpuscope.middleware import GpuscopeMiddleware, current_timeline, setup_trac
 from gpuscope.middleware.span_pipeline import BoundedTracerProvider
 from support.exporter_fixtures import loopback_config, samples, scrape
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 REQUESTS = 3
 EXCLUDED = "/healthz"
 ASGIApp = Callable[..., object]

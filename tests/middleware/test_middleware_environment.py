@@ -13,9 +13,13 @@ import os
 import sys
 
 import aiohttp
+import pytest
 
 from gpuscope.exporter.http.server import RunningExporter
 from support.exporter_fixtures import samples, scrape
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 APP = """
 import asyncio, httpx

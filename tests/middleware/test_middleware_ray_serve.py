@@ -35,6 +35,9 @@ from gpuscope.middleware.types import ASGIApp, Receive, Scope, Send
 from support.middleware_asgi import call, http_scope
 from support.span_recorder import SpanRecorder
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 _POSITIONAL = object()  # Ray's DUMMY_TYPE in flattened arguments
 
 

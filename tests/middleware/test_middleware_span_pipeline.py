@@ -14,6 +14,9 @@ from prometheus_client import CollectorRegistry
 from gpuscope.middleware import setup_tracing, stats
 from gpuscope.middleware.span_pipeline import SHUTDOWN_RETRY_S, BoundedTracerProvider
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 FATES = (
     stats.SPANS_EXPORTED,
     stats.SPANS_EXPORT_FAILED,

@@ -24,6 +24,9 @@ from gpuscope.middleware.tracing import DEFAULT_ENDPOINT, resolve_endpoint
 from gpuscope.middleware.types import Receive, Scope, Send
 from support.middleware_asgi import call, http_scope
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 class OtlpSink(ThreadingHTTPServer):
     """A minimal OTLP/HTTP traces endpoint that keeps what it receives."""

@@ -17,6 +17,9 @@ import websockets
 
 from support import user_stack_app
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 SAMPLED = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
 NOT_SAMPLED = {"traceparent": "00-" + "3" * 32 + "-" + "4" * 16 + "-00"}
 

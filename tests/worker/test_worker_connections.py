@@ -15,9 +15,13 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from gpuscope.worker.backends import numpy_models
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_guarded_worker
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 MODEL = SMALL.model_name

@@ -10,8 +10,12 @@ import threading
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from support.worker_process import worker_process
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 MIB = 1024 * 1024
 HUGE = 100 * MIB

@@ -19,6 +19,9 @@ from support.binaries import require_binary
 from support.exporter_fixtures import loopback_config
 from support.worker_servers import serve_worker
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 
 def lint(text: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -8,8 +8,12 @@ import re
 import signal
 
 import httpx
+import pytest
 
 from support.worker_process import worker_process
+
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
 
 MODEL = "gpuscope-synthetic"
 SHORT, LONG = 10, 400  # at 50 ms per iteration: 0.5 s, and 20 s (past the 4 s timeout)

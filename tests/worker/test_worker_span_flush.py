@@ -14,6 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 GPUSCOPE = [sys.executable, "-m", "gpuscope.cli"]
 SHUTDOWN_TIMEOUT_S = 1.0
 
