@@ -21,7 +21,8 @@ their twins) still work, with a one-line warning on stderr.
 A quantity with a unit names the unit at the end of its field, so of its flag: ``_s``
 for seconds, ``_ms`` for milliseconds, ``_bytes`` for bytes (``--gpu-interval-s
 SECONDS`` in ``--help``); a timing word without one (``--x-timeout``, ``--x-interval``)
-is refused when the parser is built. Other units are declared, ``unit="tokens"``, and
+breaks that convention, which ``naming_problems`` finds (the tests run it over every
+settings class of the project). Other units are declared, ``unit="tokens"``, and
 shown in place of the value (``--max-context TOKENS``).
 
 Values are converted by the field's resolved type (``typing.get_type_hints``): ``int``,
@@ -424,14 +425,36 @@ class _Flag:
             ) from None
 
 
-def _unit(where: str, flag: str, declared: str | None) -> str | None:
+def implied_unit(flag: str) -> str | None:
+    """The metavar a flag's suffix implies (``--x-s``: SECONDS), if any."""
+    return next((word for suffix, word in UNIT_SUFFIXES.items() if flag.endswith(suffix)), None)
+
+
+def naming_problems(config_type: type[Any]) -> list[str]:
+    """What the naming convention finds wrong with ``config_type``'s flags: a timing word
+    without its unit, a unit both declared and implied by the name. A lint for the
+    project's own settings (its test runs it over every ``Settings`` class), not a check
+    that a command pays for at each start."""
+    problems = []
+    for record in _flags(config_type):
+        where = f"{config_type.__qualname__}.{record.field}"
+        declared = _declared(config_type, record.field).unit
+        if implied_unit(record.flag) is not None and declared is not None:
+            problems.append(f"{where}: unit {declared!r} declared and implied by the name")
+        if implied_unit(record.flag) is None and record.flag.endswith(TIMING_WORDS):
+            problems.append(f"{where}: {record.flag} holds a time; name its unit (_s or _ms)")
+    return problems
+
+
+def _declared(config_type: type[Any], name: str) -> _Declared:
+    item = next(item for item in fields(config_type) if item.name == name)
+    declared: _Declared = item.metadata[_DECLARED_KEY]
+    return declared
+
+
+def _unit(flag: str, declared: str | None) -> str | None:
     """The metavar of the field's unit: from its flag's suffix, else as declared."""
-    implied = next((word for suffix, word in UNIT_SUFFIXES.items() if flag.endswith(suffix)), None)
-    if implied is not None and declared is not None:
-        raise TypeError(f"{where}: unit {declared!r} declared and implied by the name")
-    if implied is None and flag.endswith(TIMING_WORDS):
-        raise TypeError(f"{where}: {flag} holds a time; name its unit (_s or _ms)")
-    return implied or (declared.upper() if declared else None)
+    return implied_unit(flag) or (declared.upper() if declared else None)
 
 
 # Each settings class's flags, worked out once: every built instance checks its fields.
@@ -482,7 +505,7 @@ def _record(config_type: type[Any], item: Field[Any], kind: object, env_prefix: 
         default=item.default,
         required=item.default is MISSING and item.default_factory is MISSING,
         help=declared.help,
-        unit=_unit(where, flag, declared.unit),
+        unit=_unit(flag, declared.unit),
         checks=declared.checks,
         metavar=declared.metavar,
     )

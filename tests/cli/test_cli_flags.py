@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import importlib
+import pkgutil
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,8 +224,6 @@ class TwoUnits(flags.Settings, prog="t"):
         (Unresolvable, "Unresolvable: cannot resolve annotations"),
         (BadSpelling, "BadSpelling.value: flag 'value-s'"),
         (Undeclared, "Undeclared.value: declare it with flags.option(..., help=...)"),
-        (BareTimeout, "BareTimeout.read_timeout: --read-timeout holds a time; name its unit"),
-        (TwoUnits, "TwoUnits.wait_s: unit 'minutes' declared and implied by the name"),
     ],
 )
 def test_a_field_no_flag_can_set_fails_when_the_parser_is_built(
@@ -231,6 +231,48 @@ def test_a_field_no_flag_can_set_fails_when_the_parser_is_built(
 ) -> None:
     with pytest.raises(TypeError, match=re.escape(message)):
         flags.build_parser(config_type)
+
+
+def test_the_naming_lint_finds_a_bare_timing_word_and_a_unit_given_twice() -> None:
+    assert flags.naming_problems(BareTimeout) == [
+        "BareTimeout.read_timeout: --read-timeout holds a time; name its unit (_s or _ms)"
+    ]
+    assert flags.naming_problems(TwoUnits) == [
+        "TwoUnits.wait_s: unit 'minutes' declared and implied by the name"
+    ]
+
+
+OPTIONAL_LIBRARIES = frozenset({"torch"})
+
+
+def _every_settings_class() -> list[type[flags.Settings]]:
+    """Every ``Settings`` subclass in the installed package (each module imported)."""
+    import gpuscope
+
+    for module in pkgutil.walk_packages(gpuscope.__path__, "gpuscope."):
+        if module.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(module.name)
+        except ModuleNotFoundError as exc:
+            # an optional backend's own library (torch): it declares no settings
+            if exc.name not in OPTIONAL_LIBRARIES:
+                raise
+    found: list[type[flags.Settings]] = []
+    todo = list(flags.Settings.__subclasses__())
+    while todo:
+        kind = todo.pop()
+        todo.extend(kind.__subclasses__())
+        if kind.__module__.startswith("gpuscope."):
+            found.append(kind)
+    return found
+
+
+def test_every_settings_class_of_the_project_names_its_units() -> None:
+    classes = [*_every_settings_class(), GpuCheckConfig]  # and scripts/gpu-check's
+    assert len(classes) >= 5, classes  # the exporter's, the worker's, loadgen's, ...
+    problems = [problem for kind in classes for problem in flags.naming_problems(kind)]
+    assert problems == []
 
 
 def test_a_renamed_flag_keeps_its_old_spellings_with_a_warning(
