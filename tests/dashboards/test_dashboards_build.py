@@ -97,7 +97,7 @@ def test_every_panel_queries_the_datasource_variable(name: str) -> None:
 CHAINS = {
     "exporter-health.json": [["job", "instance"]],
     "gpu.json": [["job", "instance", "gpu"]],
-    "inference-latency.json": [["job", "instance", "service", "model", "route", "gpu"], ["source"]],
+    "inference-latency.json": [["job", "instance", "route"], ["source", "service", "model", "gpu"]],
     "where-did-the-time-go.json": [["source", "host", "service", "model", "gpu"]],
 }
 # One value at a time: its panels stack or add up what a value counts.
