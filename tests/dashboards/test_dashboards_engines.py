@@ -165,7 +165,7 @@ def test_every_series_the_engine_rules_record_is_drawn() -> None:
         per_source = row is not None and row.get("repeat") == "source"
         for target in panel["targets"]:
             for metric, sel in reads(target["expr"]):
-                if 'source=~"$source"' in sel and per_source or 'source!=""' in sel:
+                if ('source=~"$source"' in sel and per_source) or 'source!=""' in sel:
                     drawn.add(metric)
     # the windows the boards read; the longer ones feed the burn alerts
     current = {record for record in _engine_records() if record.endswith(WINDOW)}
@@ -194,9 +194,7 @@ def _panel(board: str, title: str) -> dict[str, Any]:
     return found
 
 
-TRITON = (
-    'job="triton", instance="gpu-host-1:8002", model="resnet", version="1", gpu_uuid="GPU-10"'
-)
+TRITON = 'job="triton", instance="gpu-host-1:8002", model="resnet", version="1", gpu_uuid="GPU-10"'
 
 
 def _triton_input() -> dict[str, str]:
