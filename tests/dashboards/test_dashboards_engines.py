@@ -186,6 +186,7 @@ def test_the_boards_note_gives_the_engines_mean_batch_size() -> None:
 
 
 def _panel(board: str, title: str) -> dict[str, Any]:
+    found: dict[str, Any]
     (found,) = [
         panel
         for row, panel in panels_by_row(BOARDS[board])
@@ -215,7 +216,9 @@ def _triton_input() -> dict[str, str]:
 
 
 def _as_triton(expr: str) -> str:
-    values = {v["name"]: v.get("allValue") or ".*" for v in query_variables(BOARDS[LATENCY])}
+    values: dict[str, str] = {
+        v["name"]: v.get("allValue") or ".*" for v in query_variables(BOARDS[LATENCY])
+    }
     return substitute(expr, {**values, "source": "triton"}, STEP_VALUES)
 
 
