@@ -58,6 +58,16 @@ def engine_state(record: str, by: str, aggregation: str = "sum") -> str:
     return f"{aggregation} by ({by}) ({record}{WINDOW}{ENGINE_STATE})"
 
 
+def engine_queue() -> str:
+    """The engines' running and waiting requests in one query, told apart by ``state``
+    (an engine may record either: Triton and TGI count only those waiting)."""
+    return "\nor\n".join(
+        f"label_replace(\n{engine_state(record, 'source, instance, endpoint')},\n"
+        f'"state", "{state}", "", ""\n)'
+        for record, state in ((RUNNING, "running"), (WAITING, "waiting"))
+    )
+
+
 def per_instance(metric: str, by: str = "instance") -> str:
     return f"sum by ({by}) (\n{for_model(metric)}\n)"
 
@@ -74,7 +84,9 @@ def add_row(board: Dashboard) -> None:
         timeseries(
             "Requests running and waiting",
             "Requests in the batch on the device, and requests waiting for one (queued or "
-            "preempted), per worker and endpoint, or per vLLM server. Waiting that grows "
+            "preempted), per worker and endpoint, per vLLM server, or per scrape target of an "
+            "engine the rules map (Triton's pending requests, TGI's queue, SGLang's running "
+            "and queued requests). Waiting that grows "
             "while running stays at the batch size (vLLM: --max-num-seqs) means the server "
             "is at capacity.",
             [
@@ -88,14 +100,7 @@ def add_row(board: Dashboard) -> None:
                 ),
                 query(vllm_per_instance(VLLM_RUNNING + VLLM_MODEL), "running vLLM {{instance}}"),
                 query(vllm_per_instance(VLLM_WAITING + VLLM_MODEL), "waiting vLLM {{instance}}"),
-                query(
-                    engine_state(RUNNING, "source, instance, endpoint"),
-                    "running {{source}} {{instance}}",
-                ),
-                query(
-                    engine_state(WAITING, "source, instance, endpoint"),
-                    "waiting {{source}} {{instance}}",
-                ),
+                query(engine_queue(), "{{state}} {{source}} {{instance}}"),
             ],
             "short",
             THIRD,
@@ -109,8 +114,13 @@ def add_row(board: Dashboard) -> None:
             "preempted.",
             [
                 query(per_instance(WORKER_KV_USAGE + TARGET), "{{instance}}"),
-                query(vllm_per_instance(VLLM_KV_USAGE + VLLM_MODEL, "max"), "vLLM {{instance}}"),
-                query(engine_state(KV_USAGE, "source, instance", "max"), "{{source}} {{instance}}"),
+                # vLLM's, or an engine's (SGLang's) the rules record labelled with it
+                query(
+                    f"label_replace(\n{vllm_per_instance(VLLM_KV_USAGE + VLLM_MODEL, 'max')},\n"
+                    '"source", "vLLM", "", ""\n)\nor\n'
+                    + engine_state(KV_USAGE, "source, instance", "max"),
+                    "{{source}} {{instance}}",
+                ),
             ],
             "percentunit",
             THIRD,

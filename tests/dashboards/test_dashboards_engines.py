@@ -244,7 +244,7 @@ def test_the_engine_panels_draw_what_triton_counts(tmp_path: Path) -> None:
         for p in panels(BOARDS[LATENCY])
         if p["title"] == "Requests running and waiting"
         for t in p["targets"]
-        if "waiting" in t["legendFormat"] and "source" in t["legendFormat"]
+        if "{{state}}" in t["legendFormat"]
     ]
     checks.append(
         {
@@ -252,7 +252,8 @@ def test_the_engine_panels_draw_what_triton_counts(tmp_path: Path) -> None:
             "eval_time": "20m",
             "exp_samples": [
                 {
-                    "labels": '{source="triton", instance="gpu-host-1:8002", endpoint="infer"}',
+                    "labels": '{source="triton", instance="gpu-host-1:8002", endpoint="infer", '
+                    'state="waiting"}',
                     "value": 3,
                 }
             ],

@@ -6,6 +6,9 @@ metrics-only source), so every metric a panel names must be served by one of the
 The exporter also receives the spans vLLM's own tracing sent (prefill and decode
 through spans) and another instrumentation's SERVER spans.
 
+Triton's ``/metrics``, as a real server served them, are replayed too, so the panels
+over an engine's recorded series (its mean batch size, queue, error ratio) have data.
+
 The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
 the error panels have series too. Grafana's variables are resolved the way Grafana
 does (``label_values`` through Prometheus' label-values API, each filtered by the
@@ -47,6 +50,7 @@ from support.prometheus_server import instant_query, wait_for_result
 RULES_DIR = REPO / "alerts" / "rules"
 RULES_BUILD = REPO / "alerts" / "build.py"
 VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+BATCH_SIZE = "service_model_gpu:gpuscope_batch_size:mean5m"
 FIRING = 'ALERTS{alertstate="firing"}'
 XID_AT_S = 120  # faults.yaml: XID 48 on GPU 1; GPU 1 falls off the bus at 150 s
 # Every gpuscope metric name in an expression, with or without a selector (not the
@@ -185,13 +189,20 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
     rules = fast_rules(tmp_path / "rules")
     async with (
         run_pack_stack(
-            tmp_path, scenario="faults", start_at_s=95, rules_dir=rules, vllm_spans=True
+            tmp_path,
+            scenario="faults",
+            start_at_s=95,
+            rules_dir=rules,
+            vllm_spans=True,
+            triton=True,
         ) as stack,
         aiohttp.ClientSession() as session,
     ):
         await wait_for_xid(session, stack)
         await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
         await wait_for_result(session, stack.prometheus_url, f'{VERDICT}{{source="vllm"}}', 30)
+        # the replay's counters have moved through the rules (its last capture stays)
+        await wait_for_result(session, stack.prometheus_url, f'{BATCH_SIZE}{{source="triton"}}', 30)
         # the boards' annotations: the XID alert fires as the XID is counted (for: 0m)
         await wait_for_result(session, stack.prometheus_url, FIRING, 30)
         served = served_labels(
@@ -205,8 +216,8 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
         capacity = await pcie_capacities(session, stack.prometheus_url)
         utilization = await pcie_utilizations(session, stack.prometheus_url)
     assert not no_data, "\n\n".join(no_data)
-    # the pack's worker through spans, vLLM's /metrics through the rules
-    assert where_sources == ["spans", "vllm"]
+    # the pack's worker through spans, vLLM's and Triton's /metrics through the rules
+    assert where_sources == ["spans", "triton", "vllm"]
     # a share of the link: divided by the capacity, not by the lanes and times the rate
     assert utilization and all(0 <= value <= 1 for value in utilization), utilization
     # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.
