@@ -66,8 +66,8 @@ from gpuscope.worker.config import WorkerConfig
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
 from support.servers import run_uvicorn, serve_aiohttp
-from support.vllm_fixtures import export_requests
 from support.triton_replay import run_triton_replay
+from support.vllm_fixtures import export_requests
 from support.vllm_replay import run_vllm_replay
 from support.worker_servers import SMALL
 
