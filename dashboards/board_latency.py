@@ -119,9 +119,9 @@ def build() -> Dashboard:
         f"({', '.join(contract.PHASES)}; compute split into "
         f"{' and '.join(contract.COMPUTE_STAGES)} where the engine reports them), "
         "streaming, batching, the serving "
-        "engine's queue, KV cache and preemptions (from the worker's or vLLM's /metrics), "
-        "and the same latencies per source of request timings (gpuscope's spans, vLLM's "
-        "own /metrics).",
+        "engine's queue, KV cache and preemptions (from the worker's, vLLM's or an "
+        "engine's own /metrics), and the same latencies per source of request timings "
+        "(gpuscope's spans, or vLLM's, Triton's, TGI's, SGLang's own /metrics).",
         SCRAPE_CHAIN,
         REQUEST_CHAIN,
     )
