@@ -31,7 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.exporter.gpu.simulated import PCIE_GEN5_X16_BYTES_PER_S
-from support.dashboard_queries import TIME_VALUES, failing_targets, sources
+from support.dashboard_queries import TIME_VALUES, failing_targets, label_values, sources
 from support.dashboards_json import (
     PROMETHEUS_SERIES,
     REPO,
@@ -46,6 +46,7 @@ from support.dashboards_json import (
 )
 from support.pack_stack import PackStack, run_pack_stack
 from support.prometheus_server import instant_query, wait_for_result
+from support.triton_engine import MODELS as TRITON_MODELS
 
 RULES_DIR = REPO / "alerts" / "rules"
 RULES_BUILD = REPO / "alerts" / "build.py"
@@ -174,6 +175,16 @@ async def pcie_utilizations(session: aiohttp.ClientSession, base: str) -> list[f
     return values
 
 
+async def latency_models(session: aiohttp.ClientSession, base: str, source: str) -> list[str]:
+    """The values the inference latency board's ``model`` variable lists for ``source``."""
+    board = load_dashboards()["inference-latency.json"]
+    everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+    (variable,) = [v for v in query_variables(board) if v["name"] == "model"]
+    chosen = {**everything, "source": source}
+    series, label = parse_label_values(substitute(variable["query"], chosen, {}))
+    return sorted(await label_values(session, base, series, label))
+
+
 def fast_rules(folder: Path) -> Path:
     """The pack's rules as alerts/build.py writes them, evaluated every second."""
     subprocess.run(
@@ -213,11 +224,14 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
         not_served = names_not_served(served)
         no_data = await failing_targets(session, stack.prometheus_url)
         where_sources = await sources(session, stack.prometheus_url)
+        triton_models = await latency_models(session, stack.prometheus_url, "triton")
         capacity = await pcie_capacities(session, stack.prometheus_url)
         utilization = await pcie_utilizations(session, stack.prometheus_url)
     assert not no_data, "\n\n".join(no_data)
     # the pack's worker through spans, vLLM's and Triton's /metrics through the rules
     assert where_sources == ["spans", "triton", "vllm"]
+    # the latency board picks an engine's models from the rules' series
+    assert triton_models == sorted(TRITON_MODELS)
     # a share of the link: divided by the capacity, not by the lanes and times the rate
     assert utilization and all(0 <= value <= 1 for value in utilization), utilization
     # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.
