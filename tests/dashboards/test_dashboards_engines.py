@@ -320,7 +320,9 @@ def test_phase_p99_panels_name_the_engines_without_phase_buckets(board: str, tit
     _says_not_reported(_panel(board, title), lacking)
 
 
-@pytest.mark.parametrize("slo", [Settings().latency_slo, Settings().ttft_slo], ids=str)
+@pytest.mark.parametrize(
+    "slo", [Settings().latency_slo, Settings().ttft_slo], ids=lambda slo: slo.name
+)
 def test_burn_panels_name_the_engines_without_a_bucket_at_the_bound(slo: Any) -> None:
     """The rules record an objective's share only from a bucket at its bound: an engine
     without one never fills the error budget panel."""
