@@ -7,7 +7,8 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from alerts.recording import FINISHED_RATE, slo_errors_ratio
+from alerts.engine_rules import BATCH_SIZE_MEAN
+from alerts.recording import ERRORS_RATIO, FINISHED_RATE, REQUESTS_RATE, slo_errors_ratio
 from alerts.settings import Settings, Slo
 from dashboards import contract, engines, serving
 from dashboards.contract import series
@@ -17,12 +18,15 @@ from dashboards.engines import (
     NO_TRAFFIC,
     PHASE_HISTOGRAM,
     PROMPT_TOKENS_HISTOGRAM,
+    SOURCES,
     SPANS,
     STAGE_HISTOGRAM,
     TPOT_HISTOGRAM,
     TTFT_HISTOGRAM,
     WORKER_MAX_BATCH_SIZE,
     WORKER_MAX_QUEUE_DELAY,
+    has_bound,
+    lacking_note,
     not_reported,
     phases_note,
 )
@@ -31,7 +35,7 @@ from dashboards.panels import (
     HALF,
     RATE,
     REQUEST_CHAIN,
-    SOURCE,
+    SCRAPE_CHAIN,
     THIRD,
     Size,
     heatmap_panel,
@@ -60,13 +64,22 @@ QUANTILES = (0.5, 0.9, 0.99)
 SETTINGS = Settings()
 
 # Request histograms carry route; phase, token-timing and batch histograms do not.
-REQUEST_VARIABLES = [variable.name for variable in REQUEST_CHAIN]
+REQUEST_VARIABLES = [
+    "job",
+    "instance",
+    contract.SERVICE,
+    contract.MODEL,
+    contract.ROUTE,
+    contract.GPU_INDEX,
+]
 PHASE_VARIABLES = [name for name in REQUEST_VARIABLES if name != contract.ROUTE]
 REQUEST = selector(*REQUEST_VARIABLES)
 PHASE = selector(*PHASE_VARIABLES)
 TOKENS = selector("job", "instance", contract.SERVICE, contract.MODEL)
 # The recording rules' per-source series: no job, instance or route.
 PER_SOURCE = selector("source", contract.SERVICE, contract.MODEL, contract.GPU_INDEX)
+# Those per service and model (requests, errors, objectives): no GPU either.
+PER_MODEL = selector("source", contract.SERVICE, contract.MODEL)
 VLLM_BUCKETS_NOTE = (
     " vLLM's request-time buckets start at 0.3 s (TTFT's at 1 ms): its means are exact, "
     "its quantiles under a second coarse."
@@ -106,11 +119,11 @@ def build() -> Dashboard:
         f"({', '.join(contract.PHASES)}; compute split into "
         f"{' and '.join(contract.COMPUTE_STAGES)} where the engine reports them), "
         "streaming, batching, the serving "
-        "engine's queue, KV cache and preemptions (from the worker's or vLLM's /metrics), "
-        "and the same latencies per source of request timings (gpuscope's spans, vLLM's "
-        "own /metrics).",
+        "engine's queue, KV cache and preemptions (from the worker's, vLLM's or an "
+        "engine's own /metrics), and the same latencies per source of request timings "
+        "(gpuscope's spans, or vLLM's, Triton's, TGI's, SGLang's own /metrics).",
+        SCRAPE_CHAIN,
         REQUEST_CHAIN,
-        (SOURCE,),
     )
     count = series(exporter_rows.REQUEST_DURATION, "count")
     board.with_panel(text_panel("Phases by engine", phases_note(), Size(24, 9)))
@@ -307,11 +320,10 @@ def _mean(histogram: str, key: str = "") -> str:
 def _burn(slo: Slo) -> list[Dataquery]:
     """The SLO's share of requests over its bound per window, as a multiple of the
     error budget (1 - objective): 1 spends the budget exactly over the SLO period."""
-    sel = selector("source", contract.SERVICE, contract.MODEL)
     budget = 1 - slo.objective
     return [
         query(
-            f"{slo_errors_ratio(slo)}{window}{sel}\n/ {budget:.6g}",
+            f"{slo_errors_ratio(slo)}{window}{PER_MODEL}\n/ {budget:.6g}",
             f"{{{{service}}}} / {{{{model}}}} {window}",
         )
         for window in SETTINGS.slo_windows()
@@ -320,17 +332,21 @@ def _burn(slo: Slo) -> list[Dataquery]:
 
 def _burn_panel(slo: Slo) -> timeseries_builders.Panel:
     page = sorted(rate for _, _, rate in SETTINGS.page_burns)
+    # a source without a bucket at the bound can never count the requests over it
+    lacking = [s for s in SOURCES if not has_bound(s, slo.histogram, float(slo.le))]
     return timeseries(
         f"{slo.title}: error budget burn",
         f"Requests over {slo.le} s (the objective: {slo.objective:.3g} within it), as a "
         "multiple of the error budget, per window of the SLO rules. Over 1 the budget "
         f"runs out before the SLO period ends; the pages fire at {' and '.join(map(str, page))} "
-        "over a long and a short window together. From the recording rules; vLLM's "
-        "where the bound is one of its histogram's buckets.",
+        "over a long and a short window together. From the recording rules, for a "
+        "source whose histogram has the bound among its buckets"
+        + (f" (not {', '.join(lacking)})" if lacking else "")
+        + ".",
         _burn(slo),
         "suffix:×",
         HALF,
-        no_value=NO_TRAFFIC,
+        no_value=lacking_note(lacking),
         steps=thresholds(
             "green", *((rate, "orange" if rate < page[-1] else "red") for rate in page)
         ),
@@ -375,14 +391,15 @@ def add_source_rows(board: Dashboard) -> None:
         timeseries(
             "P99 per phase and compute stage",
             "P99 of each phase and of each part of compute, not stacked: quantiles do not "
-            "add up." + VLLM_BUCKETS_NOTE,
+            "add up. An engine whose phase times are counters (Triton) or whose phases "
+            "have no buckets (SGLang) gives means only." + VLLM_BUCKETS_NOTE,
             [
                 query(_quantile(0.99, PHASE_HISTOGRAM, contract.PHASE), "{{phase}}"),
                 query(_quantile(0.99, STAGE_HISTOGRAM, contract.STAGE), "compute: {{stage}}"),
             ],
             "s",
             HALF,
-            no_value=not_reported(engines.PHASE_TIMES),
+            no_value=not_reported(engines.PHASE_QUANTILES),
         )
     )
     board.with_panel(
@@ -396,14 +413,59 @@ def add_source_rows(board: Dashboard) -> None:
             no_value=not_reported(engines.END_TO_END),
         )
     )
+    requests = f"{REQUESTS_RATE}{WINDOW}{PER_MODEL}"
+    errors = f"{ERRORS_RATIO}{WINDOW}{PER_MODEL}"
     board.with_panel(
         timeseries(
             "Request rate",
-            "Model requests finished per second, from this source.",
-            [query(f"sum ({recorded_rate(DURATION_HISTOGRAM, 'count')}{PER_SOURCE})", "req/s")],
+            "Model requests finished per second from this source, failed ones included "
+            "(an engine's own counters of successes and of failures added up), and those "
+            "that failed on the server's side (the error ratio's share of them). Per "
+            "service and model, not per GPU.",
+            [
+                query(f"sum ({requests})", "finished"),
+                query(f"sum ({requests}\n* on (source, service, model)\n{errors})", "failed"),
+            ],
             "reqps",
             THIRD,
-            no_value=not_reported(engines.END_TO_END),
+            no_value=NO_TRAFFIC,
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Error ratio",
+            "Share of the finished requests that failed on the server's side, per service "
+            "and model: a 5xx answer (spans), finish reason error (vLLM), an engine's "
+            "own failure reasons (Triton: REJECTED, BACKEND, OTHER; TGI: generation, "
+            "incomplete). Over the rules' window.",
+            [
+                query(
+                    f"sum by ({contract.SERVICE}, {contract.MODEL}) ({errors})",
+                    "{{service}} / {{model}}",
+                )
+            ],
+            "percentunit",
+            THIRD,
+            no_value=not_reported(engines.ERRORS),
+        )
+    )
+    board.with_panel(
+        timeseries(
+            "Mean batch size",
+            "Requests per model execution, per service, model and host, from an engine's "
+            "own series (Triton: inferences per execution, failed executions counted "
+            "back; TGI: the running batch while one runs). gpuscope's spans give their "
+            "batch sizes in the Batching row above.",
+            [
+                query(
+                    f"sum by ({contract.SERVICE}, {contract.MODEL}, host) "
+                    f"({BATCH_SIZE_MEAN}{WINDOW}{PER_SOURCE})",
+                    "{{service}} / {{model}} {{host}}",
+                )
+            ],
+            "short",
+            THIRD,
+            no_value=not_reported(engines.BATCH_SIZE),
         )
     )
     board.with_panel(
@@ -412,7 +474,7 @@ def add_source_rows(board: Dashboard) -> None:
             "P50, P90, P99 and mean from arrival to the first token, from this source.",
             _quantiles(TTFT_HISTOGRAM),
             "s",
-            THIRD,
+            HALF,
             no_value=not_reported(engines.TIME_TO_FIRST_TOKEN),
         )
     )
@@ -423,7 +485,7 @@ def add_source_rows(board: Dashboard) -> None:
             "first, from this source.",
             _quantiles(TPOT_HISTOGRAM),
             "s",
-            THIRD,
+            HALF,
             no_value=not_reported(engines.TIME_PER_OUTPUT_TOKEN),
         )
     )

@@ -23,6 +23,7 @@ from dashboards.engines import (
     DURATION_HISTOGRAM,
     NO_TRAFFIC,
     PHASE_HISTOGRAM,
+    PHASE_QUANTILES,
     PHASE_TIMES,
     STAGE_HISTOGRAM,
     not_reported,
@@ -139,11 +140,13 @@ def build() -> Dashboard:
             "Each phase's P99 over the requests' end-to-end P99 on this host (not over "
             "the sum of the phases' P99s, which no request took): the phase near 100 % "
             "is where the slowest requests wait. Not stacked: the slowest requests differ "
-            "per phase. For vLLM, its end-to-end time also holds the API server's work.",
+            "per phase. For vLLM, its end-to-end time also holds the API server's work. An "
+            "engine whose phase times are counters (Triton) or whose phases have no "
+            "buckets (SGLang) gives means only.",
             [query(_p99_against_request(), "{{phase}}")],
             "percentunit",
             THIRD,
-            no_value=not_reported(PHASE_TIMES),
+            no_value=not_reported(PHASE_QUANTILES),
         )
     )
     board.with_panel(

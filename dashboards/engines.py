@@ -22,6 +22,7 @@ sum the engines, take ``model`` from ``model_name``, ``service`` from the scrape
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dashboards.contract import COMPUTE_STAGES, PHASE, PHASES, STAGE, phase, stage
@@ -645,6 +646,24 @@ SOURCE_DETAILS = {
     **{engine.source: engine.capability for engine in ENGINES},
 }
 
+# A series each serving engine's /metrics serves (the reference worker's, vLLM's, and
+# the request counters and queue gauges of each engine above): the boards list the
+# scrape jobs and instances of engines from them.
+SCRAPED_ENGINE_SERIES = tuple(
+    dict.fromkeys(
+        [
+            WORKER_INFO,
+            VLLM_RUNNING,
+            *(
+                name
+                for engine in ENGINES
+                for name in (*engine.requests, engine.waiting, engine.running)
+                if name
+            ),
+        ]
+    )
+)
+
 # What each engine reports of gpuscope's phases, for the boards' notes.
 ENGINE_PHASES = {
     "reference worker (spans)": PHASES,
@@ -668,8 +687,13 @@ def vllm_histograms_for(gpuscope: str) -> tuple[EngineHistogram, ...]:
 # the source gives; ``SOMETIMES`` what only some do (spans: the reference worker
 # reports compute whole, vLLM's span splits it into prefill and decode).
 PHASE_TIMES = "phase times"
+# P99s of the phases: an engine whose phases are counters (means) has none
+PHASE_QUANTILES = "phase quantiles"
 COMPUTE_SPLIT = "prefill and decode"
-BATCHING = "batch size and batch wait"
+# gpuscope's batch spans: the batch-size histogram, triggers and the batch-wait phase
+BATCHING = "batch wait and batch-size distribution"
+# the recorded mean batch size of an engine's own counters or gauges
+BATCH_SIZE = "mean batch size"
 END_TO_END = "end-to-end latency"
 TIME_TO_FIRST_TOKEN = "time to first token"
 TIME_PER_OUTPUT_TOKEN = "time per output token"
@@ -679,7 +703,9 @@ FINISH_REASONS = "finish reasons"
 ERRORS = "server errors"
 CAPABILITIES = (
     PHASE_TIMES,
+    PHASE_QUANTILES,
     COMPUTE_SPLIT,
+    BATCH_SIZE,
     BATCHING,
     END_TO_END,
     TIME_TO_FIRST_TOKEN,
@@ -689,7 +715,9 @@ CAPABILITIES = (
     FINISH_REASONS,
     ERRORS,
 )
-_COMMON = frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, ERRORS})
+_COMMON = frozenset(
+    {PHASE_TIMES, PHASE_QUANTILES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, ERRORS}
+)
 
 
 @dataclass(frozen=True)
@@ -703,7 +731,7 @@ SOURCE_CAPABILITIES = {
     # (gpuscope_tokens_total) and no finish reason as a metric label
     # (the reference worker batches and reports compute whole; vLLM's span splits
     # compute and has no batch of its own)
-    SPANS: SourceCapabilities(_COMMON, frozenset({COMPUTE_SPLIT, BATCHING})),
+    SPANS: SourceCapabilities(_COMMON, frozenset({COMPUTE_SPLIT, BATCH_SIZE, BATCHING})),
     # no batch wait or batch size: continuous batching admits into the running batch
     VLLM: SourceCapabilities(
         _COMMON | {COMPUTE_SPLIT, PROMPT_LENGTH, GENERATION_LENGTH, FINISH_REASONS}
@@ -724,31 +752,88 @@ SOURCE_CAPABILITIES = {
 NO_TRAFFIC = "No traffic"
 
 
+def engine_reports(source: str) -> frozenset[str]:
+    """What the ``ENGINES`` row of ``source`` says it gives beyond its hand-written
+    capabilities (none for spans and vLLM): a mean batch size where its capability
+    names one, phase quantiles where every phase it maps has buckets."""
+    found: set[str] = set()
+    for engine in ENGINES:
+        if engine.source != source:
+            continue
+        if engine.capability.reports("batch_size"):
+            found.add(BATCH_SIZE)
+        phases = engine.timings_for(PHASE_HISTOGRAM)
+        if phases and all(timing.bucket for timing in phases):
+            found.add(PHASE_QUANTILES)
+    return frozenset(found)
+
+
+def source_reports(source: str) -> frozenset[str]:
+    """Every capability every engine behind ``source`` gives."""
+    return SOURCE_CAPABILITIES[source].reports | engine_reports(source)
+
+
 def reported_by(capability: str, source: str) -> bool:
     """Whether every engine behind ``source`` reports ``capability``."""
     if capability not in CAPABILITIES:
         raise LookupError(f"the boards name capability {capability!r}, not in {CAPABILITIES}")
-    return capability in SOURCE_CAPABILITIES[source].reports
+    return capability in source_reports(source)
+
+
+def lacking_note(lacking: Sequence[str]) -> str:
+    """A panel's text when it has no data: "No traffic" where no source lacks what it
+    shows, else that this engine may not report it, naming the ``lacking`` sources."""
+    if not lacking:
+        return NO_TRAFFIC
+    return f"Not reported by this engine ({', '.join(lacking)}), or no traffic"
 
 
 def not_reported(capability: str, sources: tuple[str, ...] = SOURCES) -> str:
     """What a panel over ``capability`` says when it has no data: "No traffic" where
     every one of ``sources`` reports it, else that this engine may not report it,
     naming the sources that do not (or not always)."""
-    lacking = [source for source in sources if not reported_by(capability, source)]
-    if not lacking:
-        return NO_TRAFFIC
-    return f"Not reported by this engine ({', '.join(lacking)}), or no traffic"
+    return lacking_note([source for source in sources if not reported_by(capability, source)])
+
+
+_SPANS_HISTOGRAMS = {
+    row.name: row
+    for row in (
+        exporter_rows.REQUEST_DURATION,
+        exporter_rows.REQUEST_PHASE,
+        exporter_rows.REQUEST_COMPUTE_STAGE,
+        exporter_rows.TIME_TO_FIRST_TOKEN,
+        exporter_rows.TIME_PER_OUTPUT_TOKEN,
+    )
+}
+
+
+def has_bound(source: str, histogram: str, seconds: float) -> bool:
+    """Whether ``source`` records ``histogram`` with a bucket bound at ``seconds``: the
+    share of requests within it (an objective's) is then exact; the rules record no
+    share for a bound between two buckets, or without buckets."""
+    if source == SPANS:
+        return seconds in _SPANS_HISTOGRAMS[histogram].buckets
+    if source == VLLM:
+        return any(
+            seconds in (float(bound) for bound in h.buckets) for h in vllm_histograms_for(histogram)
+        )
+    return any(
+        seconds in timing.seconds
+        for engine in ENGINES
+        if engine.source == source
+        for timing in engine.timings_for(histogram)
+    )
 
 
 def capabilities_note() -> str:
     """Markdown: what each source reports, from the table."""
     lines = []
     for source, row in SOURCE_CAPABILITIES.items():
-        sometimes = [c for c in CAPABILITIES if c in row.sometimes]
-        lacking = [c for c in CAPABILITIES if c not in row.reports | row.sometimes]
+        reports = source_reports(source)
+        sometimes = [c for c in CAPABILITIES if c in row.sometimes - reports]
+        lacking = [c for c in CAPABILITIES if c not in reports | row.sometimes]
         lines.append(
-            f"- `{source}`: {', '.join(c for c in CAPABILITIES if c in row.reports)}"
+            f"- `{source}`: {', '.join(c for c in CAPABILITIES if c in reports)}"
             + (f"; by some engines: {', '.join(sometimes)}" if sometimes else "")
             + (f"; not reported: {', '.join(lacking)}" if lacking else "")
         )

@@ -44,7 +44,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
 
 from dashboards.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
-from dashboards.engines import NO_TRAFFIC
+from dashboards.engines import NO_TRAFFIC, SCRAPED_ENGINE_SERIES
 from dashboards.recorded import SOURCE_SERIES
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
@@ -76,14 +76,17 @@ class Variable:
 
 # The chains each dashboard uses; a dashboard's variables filter in this order.
 EXPORTER_CHAIN = (Variable("job", "Job", BUILD_INFO), Variable("instance", "Instance", BUILD_INFO))
-REQUEST_CHAIN = (
-    *EXPORTER_CHAIN,
-    Variable(SERVICE, "Service", REQUESTS),
-    Variable(MODEL, "Model", REQUESTS),
-    Variable(ROUTE, "Route", REQUESTS),
-    Variable(GPU_INDEX, "GPU", REQUESTS),
-)
 GPU_CHAIN = (*EXPORTER_CHAIN, Variable(GPU_INDEX, "GPU", GPU_INFO))
+# The scrape targets of the inference latency board: the exporter's and every serving
+# engine's own /metrics (the worker, vLLM and each engine of the engines table, by a
+# series each always serves), so that $job and $instance pick the environment's workers
+# and engines as well as its exporters; then the routes of gpuscope's spans.
+SCRAPED = '{__name__=~"' + "|".join(dict.fromkeys([BUILD_INFO, *SCRAPED_ENGINE_SERIES])) + '"}'
+SCRAPE_CHAIN = (
+    Variable("job", "Job", SCRAPED),
+    Variable("instance", "Instance", SCRAPED),
+    Variable(ROUTE, "Route", REQUESTS),
+)
 # The recording rules' per-source series (spans and engines' own /metrics alike): the
 # source, then the host (a scrape target's instance without its port), service, model
 # and GPU of the requests.
@@ -95,6 +98,24 @@ SOURCE_CHAIN = (
     Variable(MODEL, "Model", SOURCE_SERIES),
     Variable(GPU_INDEX, "GPU", SOURCE_SERIES),
 )
+# The inference latency board's requests, from the same per-source series: every
+# source's services and models (an engine's own /metrics name no route or exporter),
+# each source's rows showing its own.
+REQUEST_CHAIN = (
+    SOURCE,
+    Variable(SERVICE, "Service", SOURCE_SERIES),
+    Variable(MODEL, "Model", SOURCE_SERIES),
+    Variable(GPU_INDEX, "GPU", SOURCE_SERIES),
+)
+
+
+def filtered(metric: str, *names: str) -> str:
+    """``metric`` filtered by variables ``names``; a bare selector of its own
+    (``{__name__=~"..."}``) takes their matchers inside it."""
+    sel = selector(*names)
+    if not metric.endswith("}"):
+        return metric + sel
+    return metric[:-1] + (", " + sel[1:] if names else "}")
 
 
 def selector(*names: str, extra: Sequence[str] = ()) -> str:
@@ -118,7 +139,7 @@ def variables(*chains: Sequence[Variable]) -> list[AnyVariable]:
     for chain in chains:
         for index, variable in enumerate(chain):
             before = [v.name for v in chain[:index]]
-            query = f"label_values({variable.metric}{selector(*before)}, {variable.name})"
+            query = f"label_values({filtered(variable.metric, *before)}, {variable.name})"
             built.append(
                 dashboard.QueryVariable(variable.name)
                 .label(variable.title)

@@ -95,12 +95,13 @@ def test_every_panel_queries_the_datasource_variable(name: str) -> None:
 
 
 # Each board's variables, chain by chain: a variable is filtered by those before it in
-# its chain. The request boards' exporter chain reads gpuscope's raw series; the source
-# chains read the recording rules' per-source series (spans and vLLM's /metrics alike).
+# its chain. The exporter chains read gpuscope's raw series (the latency board's also
+# every serving engine's); the source chains read the recording rules' per-source
+# series (spans and engines' own /metrics alike).
 CHAINS = {
     "exporter-health.json": [["job", "instance"]],
     "gpu.json": [["job", "instance", "gpu"]],
-    "inference-latency.json": [["job", "instance", "service", "model", "route", "gpu"], ["source"]],
+    "inference-latency.json": [["job", "instance", "route"], ["source", "service", "model", "gpu"]],
     "where-did-the-time-go.json": [["source", "host", "service", "model", "gpu"]],
 }
 # One value at a time: its panels stack or add up what a value counts.

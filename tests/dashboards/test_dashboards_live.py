@@ -6,6 +6,9 @@ metrics-only source), so every metric a panel names must be served by one of the
 The exporter also receives the spans vLLM's own tracing sent (prefill and decode
 through spans) and another instrumentation's SERVER spans.
 
+Triton's ``/metrics``, as a real server served them, are replayed too, so the panels
+over an engine's recorded series (its mean batch size, queue, error ratio) have data.
+
 The stack runs the ``faults`` scenario from just before its XID event on GPU 1, so
 the error panels have series too. Grafana's variables are resolved the way Grafana
 does (``label_values`` through Prometheus' label-values API, each filtered by the
@@ -28,7 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.exporter.gpu.simulated import PCIE_GEN5_X16_BYTES_PER_S
-from support.dashboard_queries import TIME_VALUES, failing_targets, sources
+from support.dashboard_queries import TIME_VALUES, failing_targets, label_values, sources
 from support.dashboards_json import (
     PROMETHEUS_SERIES,
     REPO,
@@ -43,6 +46,7 @@ from support.dashboards_json import (
 )
 from support.pack_stack import PackStack, run_pack_stack
 from support.prometheus_server import instant_query, wait_for_result
+from support.triton_engine import MODELS as TRITON_MODELS
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -50,6 +54,7 @@ pytestmark = pytest.mark.processes
 RULES_DIR = REPO / "alerts" / "rules"
 RULES_BUILD = REPO / "alerts" / "build.py"
 VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
+BATCH_SIZE = "service_model_gpu:gpuscope_batch_size:mean5m"
 FIRING = 'ALERTS{alertstate="firing"}'
 XID_AT_S = 120  # faults.yaml: XID 48 on GPU 1; GPU 1 falls off the bus at 150 s
 # Every gpuscope metric name in an expression, with or without a selector (not the
@@ -173,6 +178,16 @@ async def pcie_utilizations(session: aiohttp.ClientSession, base: str) -> list[f
     return values
 
 
+async def latency_models(session: aiohttp.ClientSession, base: str, source: str) -> list[str]:
+    """The values the inference latency board's ``model`` variable lists for ``source``."""
+    board = load_dashboards()["inference-latency.json"]
+    everything = {v["name"]: v["allValue"] for v in query_variables(board)}
+    (variable,) = [v for v in query_variables(board) if v["name"] == "model"]
+    chosen = {**everything, "source": source}
+    series, label = parse_label_values(substitute(variable["query"], chosen, {}))
+    return sorted(await label_values(session, base, series, label))
+
+
 def fast_rules(folder: Path) -> Path:
     """The pack's rules as alerts/build.py writes them, evaluated every second."""
     subprocess.run(
@@ -188,13 +203,20 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
     rules = fast_rules(tmp_path / "rules")
     async with (
         run_pack_stack(
-            tmp_path, scenario="faults", start_at_s=95, rules_dir=rules, vllm_spans=True
+            tmp_path,
+            scenario="faults",
+            start_at_s=95,
+            rules_dir=rules,
+            vllm_spans=True,
+            triton=True,
         ) as stack,
         aiohttp.ClientSession() as session,
     ):
         await wait_for_xid(session, stack)
         await wait_for_result(session, stack.prometheus_url, VERDICT, 30)
         await wait_for_result(session, stack.prometheus_url, f'{VERDICT}{{source="vllm"}}', 30)
+        # the replay's counters have moved through the rules (its last capture stays)
+        await wait_for_result(session, stack.prometheus_url, f'{BATCH_SIZE}{{source="triton"}}', 30)
         # the boards' annotations: the XID alert fires as the XID is counted (for: 0m)
         await wait_for_result(session, stack.prometheus_url, FIRING, 30)
         served = served_labels(
@@ -205,11 +227,14 @@ async def test_dashboards_against_the_running_pack(tmp_path: Path) -> None:
         not_served = names_not_served(served)
         no_data = await failing_targets(session, stack.prometheus_url)
         where_sources = await sources(session, stack.prometheus_url)
+        triton_models = await latency_models(session, stack.prometheus_url, "triton")
         capacity = await pcie_capacities(session, stack.prometheus_url)
         utilization = await pcie_utilizations(session, stack.prometheus_url)
     assert not no_data, "\n\n".join(no_data)
-    # the pack's worker through spans, vLLM's /metrics through the rules
-    assert where_sources == ["spans", "vllm"]
+    # the pack's worker through spans, vLLM's and Triton's /metrics through the rules
+    assert where_sources == ["spans", "triton", "vllm"]
+    # the latency board picks an engine's models from the rules' series
+    assert triton_models == sorted(TRITON_MODELS)
     # a share of the link: divided by the capacity, not by the lanes and times the rate
     assert utilization and all(0 <= value <= 1 for value in utilization), utilization
     # The simulated GPUs have gen 5 x16 links: 32 GT/s x 128/130 / 8 x 16 lanes.

@@ -338,6 +338,8 @@ NOT_FROM_VLLM = (
     "gpuscope_gpu_up == 0",
     "gpuscope_span_",
     'code=~"5.."',
+    # the other engines' state the rules record (Triton's, TGI's, SGLang's queues)
+    'source!=""',
     # the boards' annotation of firing alerts: a healthy engine fires none
     'ALERTS{alertstate="firing"}',
 )

@@ -20,6 +20,9 @@
   with ``vllm_spans``, also the spans vLLM's own tracing sent (``support.vllm_fixtures``,
   service ``vllm-traces``), posted to the exporter every second: the spans path of an
   engine that splits compute into prefill and decode;
+- with ``triton``, Triton's ``/metrics`` as a real server served them, replayed
+  (``support.triton_replay``), scraped as job ``triton``: an engine of the engines
+  table through its own metrics only;
 - a real Alertmanager (clustering off, storage in ``workdir``) with
   ``alertmanager_config`` (default: a single receiver that sends nowhere);
 - a real Prometheus scraping the exporter as job ``gpuscope``, the worker's own
@@ -63,6 +66,7 @@ from gpuscope.worker.config import WorkerConfig
 from support.exporter_fixtures import loopback_config
 from support.prometheus_server import run_alertmanager, run_prometheus, wait_for_result
 from support.servers import run_uvicorn, serve_aiohttp
+from support.triton_replay import run_triton_replay
 from support.vllm_fixtures import export_requests
 from support.vllm_replay import run_vllm_replay
 from support.worker_servers import SMALL
@@ -72,6 +76,7 @@ SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
 WORKER_JOB = "gpuscope-worker"
 VLLM_JOB = "vllm"  # the job alerts/settings.py selects (vllm_job_selector)
+TRITON_JOB = "triton"  # the job the engine rules select (dashboards/engines.py)
 SERVICE = "pack-worker"
 # The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
 WORKER_CONFIG = replace(SMALL, max_new_tokens=32)
@@ -228,6 +233,16 @@ async def _load(
 
 
 @asynccontextmanager
+async def _triton(enabled: bool) -> AsyncIterator[dict[str, list[str]]]:
+    """The Triton replay's scrape job (job name -> its target), if enabled."""
+    if not enabled:
+        yield {}
+        return
+    async with run_triton_replay() as url:
+        yield {TRITON_JOB: [_host_port(url)]}
+
+
+@asynccontextmanager
 async def _vllm_spans(exporter_url: str, enabled: bool) -> AsyncIterator[None]:
     """vLLM's captured export requests posted to the exporter every second, if enabled."""
 
@@ -289,6 +304,7 @@ async def run_pack_stack(
     scrape_interval: str = "1s",
     ready_timeout_s: float = 60.0,
     vllm_spans: bool = False,
+    triton: bool = False,
     more_exporters: Sequence[str] = (),
 ) -> AsyncIterator[PackStack]:
     """Start the pack (see the module docstring); yields a ``PackStack``.
@@ -308,6 +324,7 @@ async def run_pack_stack(
         _load(worker_url, load_s, concurrency, output_tokens),
         _vllm_spans(exporter.url, vllm_spans),
         run_vllm_replay() as vllm_url,
+        _triton(triton) as triton_job,
         run_alertmanager(alertmanager_config, workdir) as alertmanager_url,
         run_prometheus(
             [f"127.0.0.1:{exporter.port}", *more_exporters],
@@ -316,7 +333,11 @@ async def run_pack_stack(
             rule_files=rule_files,
             alertmanager=alertmanager_url,
             job=JOB,
-            more_jobs={WORKER_JOB: [_host_port(worker_url)], VLLM_JOB: [_host_port(vllm_url)]},
+            more_jobs={
+                WORKER_JOB: [_host_port(worker_url)],
+                VLLM_JOB: [_host_port(vllm_url)],
+                **triton_job,
+            },
         ) as prometheus_url,
     ):
         async with aiohttp.ClientSession() as session:
