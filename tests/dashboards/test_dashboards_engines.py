@@ -222,6 +222,7 @@ def _as_triton(expr: str) -> str:
     return substitute(expr, {**values, "source": "triton"}, STEP_VALUES)
 
 
+@pytest.mark.processes  # promtool
 def test_the_engine_panels_draw_what_triton_counts(tmp_path: Path) -> None:
     """Through the shipped rules (promtool), the per-source panels with source triton:
     requests finished counting failures, the failed ones, the error ratio, the mean
