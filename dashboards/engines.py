@@ -151,7 +151,7 @@ VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
 VLLM_FINISHED = "vllm:request_success_total"
 VLLM_ERROR_REASON = 'finished_reason="error"'
 
-# --- Triton, TGI, SGLang, TensorRT-LLM: their own /metrics ------------------------------------------
+# --- Triton, TGI, SGLang, TensorRT-LLM: their own /metrics ----------------------------
 # Every name, type, unit, label and bucket below is taken from the engine's source at
 # the release its ``Release`` names (read there, not from docs or examples), and the
 # promtool cases of alerts/tests/<engine>_test.yml feed series of exactly that shape

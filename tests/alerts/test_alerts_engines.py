@@ -1,6 +1,6 @@
-"""Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``: the rules read only what each engine
-exposes (``dashboards/engines.py``, taken from its source at a release), and their
-promtool cases feed series shaped exactly as the engine writes them."""
+"""Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``: the rules read only what
+each engine exposes (``dashboards/engines.py``, taken from its source at a release), and
+their promtool cases feed series shaped exactly as the engine writes them."""
 
 from __future__ import annotations
 
