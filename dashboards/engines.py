@@ -683,9 +683,10 @@ SGLANG_ENGINE = Engine(
 # statistics) from prometheus_client's multiprocess directory, so gauges carry pid.
 # Per request: the success counter (label finished_reason) and the histograms, each
 # observed only when its value is not 0; per iteration (enable_iter_perf_stats): the KV
-# cache gauges. The families mapped here are in every stored version of the collector,
-# with these names, labels and bounds; newer ones add others (prefill, decode and
-# inference times, running and waiting gauges, an error counter) that are not mapped.
+# cache gauges. The families mapped here are the same (names, labels, bounds) in both
+# versions of the collector read, an older one and this; the newer adds others (prefill,
+# decode and inference times, running and waiting gauges, an error counter), not mapped.
+# No release tag could be read (docs/engines/tensorrt-llm.md says why and what differs).
 TRTLLM_RELEASE = Release(
     "TensorRT-LLM trtllm-serve",
     "main at 050f80de",
