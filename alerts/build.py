@@ -102,7 +102,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--job-selector", help='e.g. job="gpuscope"')
     parser.add_argument("--worker-job-selector", help='e.g. job="gpuscope-worker"')
     parser.add_argument("--vllm-job-selector", help='vLLM\'s own /metrics, e.g. job="vllm"')
-    for engine in ("triton", "tgi", "sglang"):
+    for engine in ("triton", "tgi", "sglang", "trtllm"):
         parser.add_argument(
             f"--{engine}-job-selector", help=f'its own /metrics, e.g. job="{engine}"'
         )
@@ -120,7 +120,10 @@ def main(argv: Sequence[str]) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in settable and v is not None}
     stale = []
     jobs = EngineJobs().replace(
-        triton=args.triton_job_selector, tgi=args.tgi_job_selector, sglang=args.sglang_job_selector
+        triton=args.triton_job_selector,
+        tgi=args.tgi_job_selector,
+        sglang=args.sglang_job_selector,
+        trtllm=args.trtllm_job_selector,
     )
     for name, text in rendered(dataclasses.replace(Settings(), **overrides), jobs).items():
         path = args.out / name

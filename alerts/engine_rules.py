@@ -1,4 +1,4 @@
-"""Recording rules over Triton's, TGI's and SGLang's own ``/metrics``.
+"""Recording rules over Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``.
 
 Each engine (``dashboards/engines.py``: ``ENGINES``, with the release its names were
 read from) is scraped by Prometheus as a job of its own. These rules write its
@@ -54,6 +54,7 @@ from dashboards.engines import (
     TRITON_EXECUTIONS,
     TRITON_FAILURE,
     TRITON_INFERENCES,
+    TRTLLM_ENGINE,
     Engine,
     EngineTiming,
 )
@@ -71,6 +72,7 @@ ENDPOINTS = {
     TRITON_ENGINE.source: "infer",
     TGI_ENGINE.source: "completions",
     SGLANG_ENGINE.source: "completions",
+    TRTLLM_ENGINE.source: "completions",
 }
 
 
@@ -81,6 +83,7 @@ class EngineJobs:
     triton: str = TRITON_ENGINE.job_selector
     tgi: str = TGI_ENGINE.job_selector
     sglang: str = SGLANG_ENGINE.job_selector
+    trtllm: str = TRTLLM_ENGINE.job_selector
 
     def sel(self, engine: Engine, extra: str = "") -> str:
         job = getattr(self, engine.source)
@@ -123,6 +126,13 @@ def _plus(first: str, second: str) -> str:
     """``first`` + ``second``; where ``second`` has no series (a counter an engine
     creates at its first increment), ``first`` itself."""
     return _either(first, "+", second)
+
+
+def _gauge(jobs: EngineJobs, engine: Engine, spec: str) -> str:
+    """The engine's gauge ``spec`` (a name, or a name with its matcher as
+    ``name{label="value"}``) selected on the engine's job."""
+    name, _, matcher = spec.partition("{")
+    return name + jobs.sel(engine, matcher.removesuffix("}"))
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -293,17 +303,18 @@ def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
         # labelled with the engine: the worker's and vLLM's rules record the same names
         # unlabelled, and two rules of one name and labels are duplicates to promtool
         source = {"source": engine.source}
-        sel = jobs.sel(engine)
         endpoint = f'"endpoint", "{ENDPOINTS[engine.source]}", "", ""'
         for record, gauge in ((WAITING, engine.waiting), (RUNNING, engine.running)):
             if gauge:
-                expr = f"sum by ({INSTANCE}) (avg_over_time({gauge}{sel}[{w}]))"
+                series = _gauge(jobs, engine, gauge)
+                expr = f"sum by ({INSTANCE}) (avg_over_time({series}[{w}]))"
                 rules.append(
                     _rule(record + w, f"label_replace(\n  {expr},\n  {endpoint}\n)", **source)
                 )
         if engine.kv_usage:
             # the fullest rank's pool
-            expr = f"max by ({INSTANCE}) (avg_over_time({engine.kv_usage}{sel}[{w}]))"
+            gauge = _gauge(jobs, engine, engine.kv_usage)
+            expr = f"max by ({INSTANCE}) (avg_over_time({gauge}[{w}]))"
             rules.append(_rule(KV_USAGE + w, expr, **source))
     by = f"{SERVICE_MODEL}, host"
     triton, tgi = TRITON_ENGINE, TGI_ENGINE
@@ -349,11 +360,13 @@ def engine_groups(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
 
 def releases_comment() -> str:
     """Comment lines for the rule files: the release each engine's names were read from."""
-    lines = ["# Triton's, TGI's and SGLang's series as their own source defines them:"]
+    lines = [
+        "# Triton's, TGI's, SGLang's and TensorRT-LLM's series as their own source defines them:"
+    ]
     for engine in ENGINES:
-        release = engine.release
-        lines.append(
-            f"#   {engine.source}: {release} ({release.repository}, {release.ref}:"
-            f" {', '.join(release.files)})"
-        )
+        for release in (engine.release, *engine.also):
+            lines.append(
+                f"#   {engine.source}: {release} ({release.repository}, {release.ref}:"
+                f" {', '.join(release.files)})"
+            )
     return "\n".join(lines) + "\n"

@@ -10,9 +10,10 @@ together:
   vLLM's ``llm_request`` span through the middleware bridge);
 - ``vllm``: vLLM's own ``/metrics``, scraped by Prometheus; no gpuscope in the
   request path;
-- ``triton``, ``tgi``, ``sglang``: Triton Inference Server's, Text Generation
-  Inference's and SGLang's own ``/metrics`` the same way (``ENGINES`` below, taken from
-  each engine's source at the release it names).
+- ``triton``, ``tgi``, ``sglang``, ``trtllm``: Triton Inference Server's (with the
+  TensorRT-LLM backend's own families where it serves one), Text Generation
+  Inference's, SGLang's and ``trtllm-serve``'s own ``/metrics`` the same way
+  (``ENGINES`` below, taken from each engine's source at the release it names).
 
 vLLM's series carry ``model_name`` and ``engine`` (its data-parallel rank); the rules
 sum the engines, take ``model`` from ``model_name``, ``service`` from the scrape's
@@ -33,7 +34,8 @@ VLLM = "vllm"
 TRITON = "triton"
 TGI = "tgi"
 SGLANG = "sglang"
-SOURCES = (SPANS, VLLM, TRITON, TGI, SGLANG)
+TRTLLM = "trtllm"
+SOURCES = (SPANS, VLLM, TRITON, TGI, SGLANG, TRTLLM)
 
 PHASE_HISTOGRAM = exporter_rows.REQUEST_PHASE.name
 STAGE_HISTOGRAM = exporter_rows.REQUEST_COMPUTE_STAGE.name
@@ -150,7 +152,7 @@ VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
 VLLM_FINISHED = "vllm:request_success_total"
 VLLM_ERROR_REASON = 'finished_reason="error"'
 
-# --- Triton, TGI, SGLang: their own /metrics ------------------------------------------
+# --- Triton, TGI, SGLang, TensorRT-LLM: their own /metrics ----------------------------
 # Every name, type, unit, label and bucket below is taken from the engine's source at
 # the release its ``Release`` names (read there, not from docs or examples), and the
 # promtool cases of alerts/tests/<engine>_test.yml feed series of exactly that shape
@@ -246,13 +248,32 @@ class Engine:
     timings: tuple[EngineTiming, ...]
     requests: tuple[str, ...]  # counters that add up to every request the engine finished
     errors: tuple[str, str]  # (counter, matcher): the finished requests that failed
-    running: str  # gauges per scrape target; "" when the engine has none
+    # gauges per scrape target, each a name with an optional matcher
+    # (``name{label="value"}``); "" when the engine has none
+    running: str
     waiting: str
     kv_usage: str  # 0-1
     capability: Capability
+    page: str = ""  # its page in docs/engines/, when not named after the source
+    # where families served beside the engine's own were read (a backend's)
+    also: tuple[Release, ...] = ()
+
+    @property
+    def doc_page(self) -> str:
+        return self.page or f"{self.source}.md"
 
     def timings_for(self, gpuscope: str) -> tuple[EngineTiming, ...]:
         return tuple(t for t in self.timings if t.gpuscope == gpuscope)
+
+
+def _histogram_samples(
+    native: str, labels: tuple[str, ...], bounds: tuple[str, ...]
+) -> dict[str, Exposition]:
+    return {
+        native + "_bucket": Exposition("histogram", (*labels, "le"), bounds=bounds),
+        native + "_sum": Exposition("counter", labels),
+        native + "_count": Exposition("counter", labels),
+    }
 
 
 # Triton Inference Server: src/metrics.cc registers the families (counters without a
@@ -311,6 +332,40 @@ _TRITON_FIRST_RESPONSE_BOUNDS = ("100", "500", "2000", "5000")
 # reasons of failure that are the server's (CANCELED is the client's)
 TRITON_ERROR_REASONS = 'reason=~"REJECTED|BACKEND|OTHER"'
 
+# The TensorRT-LLM backend of Triton (inflight_batcher_llm): per request it reports
+# Triton's statistics like any backend (model_instance_state.cc reportBaseMetrics:
+# TRITONBACKEND_ModelInstanceReportStatistics and a batch of 1 per request), so Triton's
+# counters above hold its requests, queue and compute; it adds families of its own
+# (custom_metrics_reporter.cc), gauges set from the executor's iteration statistics every
+# stats_check_period_ms, each series labelled model, version and one label of its
+# family's, and no gpu_uuid. The same tritonserver /metrics serves both: one source.
+TRTLLM_BACKEND_RELEASE = Release(
+    "TensorRT-LLM backend for Triton",
+    "v0.19.0",
+    "triton-inference-server/tensorrtllm_backend",
+    "tag v0.19.0, commit c1e19638304d287f554f738c1411746555ed348c",
+    (
+        "inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc",
+        "inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.h",
+        "inflight_batcher_llm/src/model_instance_state.cc",
+    ),
+)
+# request_type: active (the executor's active requests), max, scheduled (this
+# iteration's batch), context (prefill requests in it), waiting (active - scheduled)
+TRTLLM_BACKEND_REQUESTS = "nv_trt_llm_request_metrics"
+# kv_cache_block_type: max, free, used, tokens_per, reused, fraction (used / max, 0-1)
+TRTLLM_BACKEND_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+# inflight_batcher_specific_metric: total_context_tokens, generation_requests,
+# micro_batch_id, paused_requests
+TRTLLM_BACKEND_IFB = "nv_trt_llm_inflight_batcher_metrics"
+# per request, its tokens (response_metric_type total_input_tokens, total_output_tokens)
+TRTLLM_BACKEND_INPUT_TOKENS = "nv_llm_input_token_len"
+TRTLLM_BACKEND_OUTPUT_TOKENS = "nv_llm_output_token_len"
+# written by prometheus-cpp like Triton's own bounds (10.0 as 10)
+_TRTLLM_BACKEND_TOKEN_BOUNDS = ("10", "50", "100", "500", "1000")
+TRTLLM_BACKEND_RUNNING = TRTLLM_BACKEND_REQUESTS + '{request_type="scheduled"}'
+TRTLLM_BACKEND_KV_USAGE = TRTLLM_BACKEND_KV_BLOCKS + '{kv_cache_block_type="fraction"}'
+
 _triton_counter = Exposition("counter", _TRITON_LABELS, _TRITON_OPTIONAL)
 TRITON_ENGINE = Engine(
     source=TRITON,
@@ -341,6 +396,18 @@ TRITON_ENGINE = Engine(
             name: Exposition("summary", (*_TRITON_LABELS, "quantile"), _TRITON_OPTIONAL)
             for name in TRITON_SUMMARIES_US
         },
+        TRTLLM_BACKEND_REQUESTS: Exposition("gauge", (*_TRITON_LABELS, "request_type")),
+        TRTLLM_BACKEND_KV_BLOCKS: Exposition("gauge", (*_TRITON_LABELS, "kv_cache_block_type")),
+        TRTLLM_BACKEND_IFB: Exposition(
+            "gauge", (*_TRITON_LABELS, "inflight_batcher_specific_metric")
+        ),
+        **{
+            sample: shape
+            for native in (TRTLLM_BACKEND_INPUT_TOKENS, TRTLLM_BACKEND_OUTPUT_TOKENS)
+            for sample, shape in _histogram_samples(
+                native, (*_TRITON_LABELS, "response_metric_type"), _TRTLLM_BACKEND_TOKEN_BOUNDS
+            ).items()
+        },
     },
     timings=(
         # queue and request durations include requests answered from the response
@@ -367,9 +434,11 @@ TRITON_ENGINE = Engine(
     ),
     requests=(TRITON_SUCCESS, TRITON_FAILURE),
     errors=(TRITON_FAILURE, TRITON_ERROR_REASONS),
-    running="",
+    # only a TensorRT-LLM model has these: the requests in the executor's batch, and the
+    # fullest of its KV-cache pools
+    running=TRTLLM_BACKEND_RUNNING,
     waiting=TRITON_PENDING,
-    kv_usage="",
+    kv_usage=TRTLLM_BACKEND_KV_USAGE,
     capability=Capability(
         phases=(phase("queue"), phase("compute")),
         stages=(),
@@ -377,12 +446,13 @@ TRITON_ENGINE = Engine(
         tpot="",
         batch_size="mean: (nv_inference_count + failed executed requests) "
         "/ nv_inference_exec_count",
-        kv_cache="",
+        kv_cache="TensorRT-LLM backend only: nv_trt_llm_kv_cache_block_metrics",
         gpu_join="per host",
         quantiles="means only from the counters; TTFT quantiles from the optional "
         "histogram; the optional summaries give per-phase quantiles of Triton's own "
         "(not mapped: compute's P99 is not the sum of its parts' P99s)",
     ),
+    also=(TRTLLM_BACKEND_RELEASE,),
 )
 
 # Text Generation Inference: the router records per-request histograms in seconds
@@ -443,16 +513,6 @@ def _tgi_timing(native: str, gpuscope: str, key_value: str = "") -> EngineTiming
         bucket=native + "_bucket",
         bounds=_TGI_DURATION_BOUNDS,
     )
-
-
-def _histogram_samples(
-    native: str, labels: tuple[str, ...], bounds: tuple[str, ...]
-) -> dict[str, Exposition]:
-    return {
-        native + "_bucket": Exposition("histogram", (*labels, "le"), bounds=bounds),
-        native + "_sum": Exposition("counter", labels),
-        native + "_count": Exposition("counter", labels),
-    }
 
 
 TGI_ENGINE = Engine(
@@ -616,7 +676,107 @@ SGLANG_ENGINE = Engine(
     ),
 )
 
-ENGINES = (TRITON_ENGINE, TGI_ENGINE, SGLANG_ENGINE)
+# TensorRT-LLM's trtllm-serve: tensorrt_llm/metrics/collector.py (prometheus_client, so
+# counters end in _total and bounds are written like 1.0), created by
+# tensorrt_llm/serve/openai_server.py only when the LLM API options set
+# return_perf_metrics: true, with the labels model_name and engine_type both
+# "undefined", and served on /prometheus/metrics (its /metrics is JSON iteration
+# statistics) from prometheus_client's multiprocess directory, so gauges carry pid.
+# Per request: the success counter (label finished_reason) and the histograms, each
+# observed only when its value is not 0; per iteration (enable_iter_perf_stats): the KV
+# cache gauges. The families mapped here are the same (names, labels, bounds) in both
+# versions of the collector read, an older one and this; the newer adds others (prefill,
+# decode and inference times, running and waiting gauges, an error counter), not mapped.
+# No release tag could be read (docs/engines/tensorrt-llm.md says why and what differs).
+TRTLLM_RELEASE = Release(
+    "TensorRT-LLM trtllm-serve",
+    "main at 050f80de",
+    "NVIDIA/TensorRT-LLM",
+    "main, collector.py at commit 050f80def8df236e326949c8bd9dee10fd896a83, "
+    "openai_server.py at commit 00057725d9a6591f033e44f31c219e2426827bb7",
+    ("tensorrt_llm/metrics/collector.py", "tensorrt_llm/serve/openai_server.py"),
+)
+_TRTLLM_LABELS = ("model_name", "engine_type")
+TRTLLM_SUCCESS = "trtllm_request_success_total"  # label finished_reason
+TRTLLM_E2E = "trtllm_e2e_request_latency_seconds"
+TRTLLM_TTFT = "trtllm_time_to_first_token_seconds"
+TRTLLM_TPOT = "trtllm_time_per_output_token_seconds"
+TRTLLM_QUEUE = "trtllm_request_queue_time_seconds"  # arrival to first scheduled
+TRTLLM_KV_USAGE = "trtllm_kv_cache_utilization"  # used / max blocks, 0-1
+TRTLLM_KV_HIT_RATE = "trtllm_kv_cache_hit_rate"
+# vLLM's bounds (the collector is adapted from vLLM's)
+_TRTLLM_E2E_BOUNDS = _VLLM_REQUEST_BUCKETS
+_TRTLLM_TTFT_BOUNDS = _VLLM_TTFT_BUCKETS
+_TRTLLM_TPOT_BOUNDS = _VLLM_TPOT_BUCKETS
+
+
+def _trtllm_histogram(
+    native: str, gpuscope: str, bounds: tuple[str, ...], key_value: str = ""
+) -> EngineTiming:
+    return EngineTiming(
+        gpuscope,
+        key_value,
+        (native + "_sum",),
+        native + "_count",
+        bucket=native + "_bucket",
+        bounds=bounds,
+    )
+
+
+TRTLLM_ENGINE = Engine(
+    source=TRTLLM,
+    release=TRTLLM_RELEASE,
+    job_selector='job="trtllm"',
+    # model_name is "undefined" on every series: the model is a label of the scrape
+    model_label="",
+    exposition={
+        **_histogram_samples(TRTLLM_E2E, _TRTLLM_LABELS, _TRTLLM_E2E_BOUNDS),
+        **_histogram_samples(TRTLLM_TTFT, _TRTLLM_LABELS, _TRTLLM_TTFT_BOUNDS),
+        **_histogram_samples(TRTLLM_TPOT, _TRTLLM_LABELS, _TRTLLM_TPOT_BOUNDS),
+        **_histogram_samples(TRTLLM_QUEUE, _TRTLLM_LABELS, _VLLM_REQUEST_BUCKETS),
+        TRTLLM_SUCCESS: Exposition("counter", (*_TRTLLM_LABELS, "finished_reason")),
+        **{
+            gauge: Exposition("gauge", (*_TRTLLM_LABELS, "pid"))
+            for gauge in (TRTLLM_KV_USAGE, TRTLLM_KV_HIT_RATE)
+        },
+    },
+    timings=(
+        # queue's buckets start at 0.3 s and nothing else of the request has phase
+        # buckets: means only, as SGLang's
+        EngineTiming(
+            PHASE_HISTOGRAM, phase("queue"), (TRTLLM_QUEUE + "_sum",), TRTLLM_QUEUE + "_count"
+        ),
+        # everything after the queue (means): end to end minus queue
+        EngineTiming(
+            PHASE_HISTOGRAM,
+            phase("compute"),
+            (TRTLLM_E2E + "_sum",),
+            TRTLLM_E2E + "_count",
+            minus_sums=(TRTLLM_QUEUE + "_sum",),
+        ),
+        _trtllm_histogram(TRTLLM_E2E, DURATION_HISTOGRAM, _TRTLLM_E2E_BOUNDS),
+        _trtllm_histogram(TRTLLM_TTFT, TTFT_HISTOGRAM, _TRTLLM_TTFT_BOUNDS),
+        _trtllm_histogram(TRTLLM_TPOT, TPOT_HISTOGRAM, _TRTLLM_TPOT_BOUNDS),
+    ),
+    requests=(TRTLLM_SUCCESS,),
+    errors=("", ""),
+    running="",
+    waiting="",
+    kv_usage=TRTLLM_KV_USAGE,
+    capability=Capability(
+        phases=(phase("queue"), phase("compute")),
+        stages=(),
+        ttft="yes",
+        tpot="yes",
+        batch_size="",
+        kv_cache="trtllm_kv_cache_utilization",
+        gpu_join="per host",
+        quantiles="request duration, TTFT and TPOT (vLLM's buckets); phases means only",
+    ),
+    page="tensorrt-llm.md",
+)
+
+ENGINES = (TRITON_ENGINE, TGI_ENGINE, SGLANG_ENGINE, TRTLLM_ENGINE)
 
 # What each source gives, in the words of docs/engines/README.md's table (a test compares
 # them): phases, TTFT, TPOT, batch size, KV cache, GPU join (``reports`` says whether it
@@ -748,6 +908,11 @@ SOURCE_CAPABILITIES = {
     SGLANG: SourceCapabilities(
         frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN})
     ),
+    # finish reasons are a label of the success counter, which the rules add up; the
+    # collector's error counter is not in every release (not mapped)
+    TRTLLM: SourceCapabilities(
+        frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN})
+    ),
 }
 NO_TRAFFIC = "No traffic"
 
@@ -850,7 +1015,7 @@ def phases_note() -> str:
         "Request timings per **source**: `spans` (gpuscope's exporter: the middleware, "
         "the reference worker, or vLLM's `llm_request` span), or an engine's own "
         "`/metrics` with no gpuscope in the request path: `vllm`, `triton`, `tgi`, "
-        "`sglang`. Panels over the recording rules "
+        "`sglang`, `trtllm`. Panels over the recording rules "
         "show one source at a time, so the same requests seen both ways are never "
         "added up. A phase an engine does not report is absent, never zero:",
         "",

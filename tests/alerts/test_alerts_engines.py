@@ -1,6 +1,6 @@
-"""Triton's, TGI's and SGLang's own ``/metrics``: the rules read only what each engine
-exposes (``dashboards/engines.py``, taken from its source at a release), and their
-promtool cases feed series shaped exactly as the engine writes them."""
+"""Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``: the rules read only what
+each engine exposes (``dashboards/engines.py``, taken from its source at a release), and
+their promtool cases feed series shaped exactly as the engine writes them."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from alerts.build import main as build_main
 from alerts.build import rendered
 from alerts.engine_rules import BOTTLENECK_GROUP, EngineJobs, timing_rules
 from alerts.settings import Settings
@@ -22,12 +23,12 @@ RULES = REPO / "alerts" / "rules"
 TESTS = REPO / "alerts" / "tests"
 # Labels Prometheus adds to every scraped series.
 TARGET_LABELS = {"job", "instance"}
-# A label a scrape config may set on the target: TGI's series name no model
-# (docs/engines/tgi.md).
-SCRAPE_LABELS = {engines.TGI: {"model"}}
+# A label a scrape config may set on the target: TGI's series name no model, and
+# trtllm-serve's say model_name="undefined" (docs/engines/tgi.md, tensorrt-llm.md).
+SCRAPE_LABELS = {engines.TGI: {"model"}, engines.TRTLLM: {"model"}}
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-NATIVE = re.compile(r"\b(?:nv_\w+|tgi_\w+|sglang:\w+)")
+NATIVE = re.compile(r"\b(?:nv_\w+|tgi_\w+|sglang:\w+|trtllm_\w+)")
 LE_REGEX = re.compile(r'\ble=~"([^"]*)"')
 
 
@@ -62,7 +63,7 @@ def test_the_rules_read_only_what_the_engines_expose() -> None:
         assert engine_of(name) is not None, f"{name} is in no engine's exposition"
     read = {engine.source for engine in ENGINES for name in used if name in engine.exposition}
     assert read == {engine.source for engine in ENGINES}
-    for name, matchers in re.findall(r"\b(nv_\w+|tgi_\w+|sglang:\w+)\{([^}]*)\}", text):
+    for name, matchers in re.findall(r"\b(nv_\w+|tgi_\w+|sglang:\w+|trtllm_\w+)\{([^}]*)\}", text):
         shape = engines_shape(name)
         labels = {label for label, _ in LABEL.findall(matchers)}
         allowed = {*shape.labels, *shape.optional} | TARGET_LABELS
@@ -206,7 +207,8 @@ def test_job_selectors_can_be_set_per_engine() -> None:
 def test_the_rule_files_name_each_engines_release(name: str) -> None:
     head = "".join(line for line in (RULES / name).read_text().splitlines(True) if line[0] == "#")
     for engine in ENGINES:
-        assert str(engine.release) in head and engine.release.ref in head, engine.source
+        for release in (engine.release, *engine.also):
+            assert str(release) in head and release.ref in head, engine.source
 
 
 def test_the_capabilities_say_what_the_rules_record() -> None:
@@ -248,3 +250,24 @@ def test_what_the_boards_read_agrees_with_the_details(source: str) -> None:
     assert (engines.COMPUTE_SPLIT in given) == bool(details.stages)
     assert (engines.TIME_TO_FIRST_TOKEN in given) == details.reports("ttft")
     assert (engines.TIME_PER_OUTPUT_TOKEN in given) == details.reports("tpot")
+
+
+def test_the_trtllm_job_selector_is_a_flag_of_the_rule_build(tmp_path: Path) -> None:
+    assert build_main(["--out", str(tmp_path), "--trtllm-job-selector", 'job="llm"']) == 0
+    made = (tmp_path / "engines.yml").read_text()
+    assert 'trtllm_request_success_total{job="llm"}' in made
+    assert 'trtllm_request_success_total{job="trtllm"}' not in made
+
+
+def test_the_tensorrt_llm_backend_gauges_are_read_with_their_family_label() -> None:
+    """The backend's families hold several gauges apart by one label: the rules read
+    one of them each, never the family summed."""
+    made = rendered(Settings())["engines.yml"]
+    for family, label, value in (
+        (engines.TRTLLM_BACKEND_REQUESTS, "request_type", "scheduled"),
+        (engines.TRTLLM_BACKEND_KV_BLOCKS, "kv_cache_block_type", "fraction"),
+    ):
+        reads = re.findall(rf"\b{family}\{{([^}}]*)\}}", made)
+        assert reads, family
+        assert all(f'{label}="{value}"' in matchers for matchers in reads), reads
+        assert label in engines.TRITON_ENGINE.exposition[family].labels

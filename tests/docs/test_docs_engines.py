@@ -17,6 +17,7 @@ COLUMNS = {
     "Triton": engines.TRITON,
     "TGI": engines.TGI,
     "SGLang": engines.SGLANG,
+    "TensorRT-LLM": engines.TRTLLM,
 }
 # table row -> what ``Capability.reports`` is asked
 ROWS = {
@@ -63,10 +64,11 @@ def test_the_table_says_what_each_source_reports(column: str) -> None:
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
 def test_each_engine_page_names_its_release_and_source_files(engine: Engine) -> None:
-    page = (DOCS / f"{engine.source}.md").read_text()
-    assert engine.release.version in page
-    for path in engine.release.files:
-        assert path in page, path
+    page = (DOCS / engine.doc_page).read_text()
+    for release in (engine.release, *engine.also):
+        assert release.version in page, release
+        for path in release.files:
+            assert path in page, path
     assert f"alerts/tests/{engine.source}_test.yml" in page
     assert (
         engine.release.version
@@ -76,7 +78,7 @@ def test_each_engine_page_names_its_release_and_source_files(engine: Engine) -> 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
 def test_each_engine_page_names_every_series_the_rules_read(engine: Engine) -> None:
-    page = (DOCS / f"{engine.source}.md").read_text()
+    page = (DOCS / engine.doc_page).read_text()
     read = {name for timing in engine.timings for name in (*timing.sums, timing.count)}
     read |= set(engine.requests) | {engine.waiting, engine.running, engine.kv_usage}
     for name in read - {""}:
