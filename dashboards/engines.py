@@ -815,7 +815,8 @@ SCRAPED_ENGINE_SERIES = tuple(
             WORKER_INFO,
             VLLM_RUNNING,
             *(
-                name
+                # a state gauge may carry a matcher (name{label="value"}): its name only
+                name.partition("{")[0]
                 for engine in ENGINES
                 for name in (*engine.requests, engine.waiting, engine.running)
                 if name

@@ -399,7 +399,7 @@ def test_a_new_flag_is_one_field_with_its_help_twin_and_check(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """One field with its option: the flag, its twin, --help, the check (from flags and
-    in code) and a child's command line follow; a time without its unit is refused."""
+    in code) and a child's command line follow; the naming lint finds a time without its unit."""
     text = " ".join(flags.build_parser(_WorkerWithAFlag).format_help().split())
     assert (
         "--warm-up-s SECONDS time spent warming the models up [GPUSCOPE_WARM_UP_S] "
@@ -422,8 +422,10 @@ def test_a_new_flag_is_one_field_with_its_help_twin_and_check(
     assert capsys.readouterr().err == (
         "gpuscope worker: --warm-up-s: cannot read 'soon' as float (see 'gpuscope worker --help')\n"
     )
-    with pytest.raises(TypeError, match="--warm-up-delay holds a time; name its unit"):
-        flags.build_parser(_WorkerWithAUnitlessTime)
+    assert flags.naming_problems(_WorkerWithAUnitlessTime) == [
+        "_WorkerWithAUnitlessTime.warm_up_delay: --warm-up-delay holds a time; "
+        "name its unit (_s or _ms)"
+    ]
 
 
 _TESTS = {
