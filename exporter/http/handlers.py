@@ -46,7 +46,6 @@ async def receive_traces(request: web.Request) -> web.Response:
         with state.ingest.memory.holding(_most_it_can_hold(request, state)) as held:
             body = await _read_body(request, state)
             held.resize(len(body))
-            state.refresh_gpu_devices()
             result = await state.ingest.run(
                 body,
                 request.headers.get(hdrs.CONTENT_ENCODING),

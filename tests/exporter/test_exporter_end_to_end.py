@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import httpx
 
-from gpuscope.exporter.http.server import RunningExporter
+from gpuscope.exporter.service import RunningExporter
 from gpuscope.middleware import BatchRecorder, GpuscopeMiddleware, current_timeline, setup_tracing
 from gpuscope.middleware.types import Receive, Scope, Send
 from support.exporter_fixtures import samples, scrape, value

@@ -14,7 +14,7 @@ import sys
 
 import aiohttp
 
-from gpuscope.exporter.http.server import RunningExporter
+from gpuscope.exporter.service import RunningExporter
 from support.exporter_fixtures import samples, scrape
 
 APP = """
