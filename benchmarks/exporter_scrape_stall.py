@@ -37,8 +37,8 @@ from gpuscope import spans as contract
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.http.render import render_chunks
-from gpuscope.exporter.http.server import start_exporter
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.service import start_exporter
 from gpuscope.exporter.state import STATE
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

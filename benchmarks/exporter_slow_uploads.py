@@ -24,7 +24,7 @@ import aiohttp
 
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 
 HEAD = (
     b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"

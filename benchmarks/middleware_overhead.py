@@ -1,5 +1,13 @@
-"""CPU cost per request of GpuscopeMiddleware against the bare app and OpenTelemetry's
-ASGI middleware, measured in one run, in-process (no sockets).
+"""CPU cost per request of GpuscopeMiddleware against the bare app, OpenTelemetry's
+ASGI middleware (default, and server span only) and starlette-exporter, measured in
+one run, in-process (no sockets).
+
+gpuscope runs with its phase child spans off (the default) and on. Encoded, it runs
+with its own OTLP encoder and with the SDK's, which says whether the hand-written
+encoder still earns its keep now that a request has one span and a share of a batch
+span instead of four spans. starlette-exporter makes no spans: it observes Prometheus
+metrics in the process (``group_paths=False, filter_unhandled_paths=False`` so that the
+raw ASGI app's path is counted), the usual alternative to tracing for RED metrics.
 
 Every configuration uses the same SDK ``TracerProvider`` set-up: a ``BatchSpanProcessor``
 feeding either a discarding exporter or one that encodes spans to OTLP protobuf and
@@ -26,6 +34,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from starlette_exporter import PrometheusMiddleware
 
 from gpuscope.middleware import (
     BatchRecorder,
@@ -132,15 +141,39 @@ def configurations(chunks: int) -> dict[str, tuple[Config, bool]]:
     def bare(provider: TracerProvider | None) -> ASGIApp:
         return make_app(chunks, None)
 
-    def gpuscope(provider: TracerProvider | None) -> ASGIApp:
-        recorder = BatchRecorder(max_size=BATCH_SIZE, model="mlp", tracer_provider=provider)
-        return GpuscopeMiddleware(make_app(chunks, recorder), tracer_provider=provider)
+    def gpuscope(children: bool) -> Config:
+        def build(provider: TracerProvider | None) -> ASGIApp:
+            recorder = BatchRecorder(max_size=BATCH_SIZE, model="mlp", tracer_provider=provider)
+            app = make_app(chunks, recorder)
+            return GpuscopeMiddleware(app, tracer_provider=provider, phase_spans=children)
+
+        return build
 
     def otel_asgi(provider: TracerProvider | None) -> ASGIApp:
         app: ASGIApp = OpenTelemetryMiddleware(make_app(chunks, None), tracer_provider=provider)
         return app
 
-    return {"bare": (bare, False), "gpuscope": (gpuscope, True), "otel-asgi": (otel_asgi, True)}
+    def otel_server_span(provider: TracerProvider | None) -> ASGIApp:
+        app: ASGIApp = OpenTelemetryMiddleware(
+            make_app(chunks, None), tracer_provider=provider, exclude_spans=["receive", "send"]
+        )
+        return app
+
+    def starlette_exporter(provider: TracerProvider | None) -> ASGIApp:
+        app: ASGIApp = PrometheusMiddleware(
+            make_app(chunks, None), group_paths=False, filter_unhandled_paths=False
+        )
+        return app
+
+    return {
+        "bare": (bare, False),
+        "gpuscope": (gpuscope(False), True),
+        "gpuscope-children": (gpuscope(True), True),
+        "gpuscope-sdk-encoder": (gpuscope(False), True),
+        "otel-asgi-server": (otel_server_span, True),
+        "otel-asgi": (otel_asgi, True),
+        "starlette-exporter": (starlette_exporter, False),
+    }
 
 
 def measure(name: str, chunks: int, encode: bool, requests: int) -> float:
@@ -151,7 +184,8 @@ def measure(name: str, chunks: int, encode: bool, requests: int) -> float:
         provider = TracerProvider()
         exporter: SpanExporter = DiscardExporter()
         if encode:
-            exporter = GpuscopeEncodeExporter() if name == "gpuscope" else SdkEncodeExporter()
+            own = name in ("gpuscope", "gpuscope-children")
+            exporter = GpuscopeEncodeExporter() if own else SdkEncodeExporter()
         processor = BatchSpanProcessor(exporter, max_queue_size=65536)
         provider.add_span_processor(processor)
     app = build(provider)
@@ -175,41 +209,52 @@ def summarize(samples: list[float]) -> str:
     return f"{statistics.median(samples):7.1f} (IQR {q[0]:.1f}–{q[2]:.1f})"
 
 
+SPANS = ("gpuscope", "gpuscope-children", "otel-asgi-server", "otel-asgi")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     cases = [
-        (name, chunks, encode)
-        for encode in (False, True)
-        for chunks in (1, 32)
-        for name in ("bare", "gpuscope", "otel-asgi")
-        if not (name == "bare" and encode)
+        *((name, 1, False) for name in ("bare", *SPANS, "starlette-exporter")),
+        *((name, 32, False) for name in ("bare", "gpuscope", "otel-asgi-server", "otel-asgi")),
+        *((name, 1, True) for name in (*SPANS, "gpuscope-sdk-encoder")),
     ]
     samples: dict[tuple[str, int, bool], list[float]] = {case: [] for case in cases}
     for _ in range(args.rounds):  # interleave cases so machine noise hits all alike
         for case in cases:
             samples[case].append(measure(*case, requests=args.requests))
     print(f"CPU µs per request, median (IQR) of {args.rounds} rounds x {args.requests} requests")
-    print(f"{'configuration':34} {'µs/request':>24} {'overhead µs':>12}")
+    print(f"{'configuration':40} {'µs/request':>24} {'overhead µs':>12}")
     for case in cases:
         name, chunks, encode = case
-        bare = statistics.median(samples[("bare", chunks, False)])
-        overhead = statistics.median(samples[case]) - bare
         label = f"{name}, {chunks} chunk(s){', OTLP-encoded' if encode else ''}"
-        print(f"{label:34} {summarize(samples[case]):>24} {overhead:12.1f}")
+        print(f"{label:40} {summarize(samples[case]):>24} {over(samples, *case):12.1f}")
     for encode in (False, True):
-
-        def over(name: str, chunks: int, encode: bool = encode) -> float:
-            bare = statistics.median(samples[("bare", chunks, False)])
-            return statistics.median(samples[(name, chunks, encode)]) - bare
-
         suffix = "OTLP-encoded" if encode else "discarded"
-        ratio = over("gpuscope", 1) / over("otel-asgi", 1)
-        stream = over("gpuscope", 32) / over("gpuscope", 1)
-        print(f"[{suffix}] gpuscope/otel-asgi overhead ratio (1 chunk): {ratio:.2f}")
-        print(f"[{suffix}] gpuscope overhead 32 chunks / 1 chunk: {stream:.2f}")
+        for name, peer in (
+            ("gpuscope", "otel-asgi-server"),
+            ("gpuscope", "otel-asgi"),
+            ("gpuscope-children", "otel-asgi-server"),
+        ):
+            ratio = over(samples, name, 1, encode) / over(samples, peer, 1, encode)
+            print(f"[{suffix}] {name}/{peer} overhead ratio (1 chunk): {ratio:.2f}")
+    ratio = over(samples, "gpuscope", 1, False) / over(samples, "starlette-exporter", 1, False)
+    print(f"[discarded] gpuscope/starlette-exporter overhead ratio (1 chunk): {ratio:.2f}")
+    stream = over(samples, "gpuscope", 32, False) / over(samples, "gpuscope", 1, False)
+    print(f"[discarded] gpuscope overhead 32 chunks / 1 chunk: {stream:.2f}")
+    hand = over(samples, "gpuscope", 1, True) / over(samples, "gpuscope-sdk-encoder", 1, True)
+    print(f"[OTLP-encoded] gpuscope overhead, own encoder / SDK encoder: {hand:.2f}")
+
+
+def over(
+    samples: dict[tuple[str, int, bool], list[float]], name: str, chunks: int, encode: bool
+) -> float:
+    """Median µs per request over the bare app's median with as many chunks."""
+    bare = statistics.median(samples[("bare", chunks, False)])
+    return statistics.median(samples[(name, chunks, encode)]) - bare
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gpuscope.exporter.http.render import render_histograms
-from gpuscope.exporter.http.server import start_exporter
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.service import start_exporter
 from support.otlp_cases import capped_config, check_case, check_sums, random_case
 
 

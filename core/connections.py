@@ -5,19 +5,21 @@ interval, and the listen backlog and cap sized under the file descriptor limit.
 Free of any web framework, so that the exporter (aiohttp) and the worker (uvicorn)
 share it; each keeps only its wiring (which requests mark a connection busy, how the
 server's protocol is made) and its metrics. Every accepted socket is wrapped, from its
-``accept()``, in a ``GuardedProtocol`` that forwards the transport's calls to what
-serves it (the server's own protocol; for TLS, asyncio's ``SSLProtocol`` with the
-server's under it, see ``ConnectionGuard.tls``) and tells ``ConnectionGuard`` what the
-connection is doing. So a TLS connection counts against the cap while its handshake
-runs: before, a connection only became visible once its handshake was done, and 400
-clients stuck in theirs exhausted a 300-descriptor limit. A connection is in one of
-three states:
+``accept()``, in a ``GuardedProtocol`` that forwards the transport's calls to the
+server's own protocol and tells ``ConnectionGuard`` what the connection is doing. For
+TLS (``ConnectionGuard.tls``) the socket is accepted plain and the guarded protocol
+upgrades it with asyncio's public ``loop.start_tls`` (the handshake bounded by the
+header timeout), so a TLS connection counts against the cap while its handshake
+runs: were TLS layered by ``create_server(ssl=...)``, a connection would only become
+visible once its handshake was done, and 400 clients stuck in theirs exhausted a
+300-descriptor limit. A connection is in one of three states:
 
 - idle: open, nothing received since it opened or since its last response.
   Closed after ``idle_timeout`` (the keep-alive timeout).
-- head: the first bytes of a request (or of a TLS handshake) arrived but no complete
-  request head yet. Closed ``header_timeout`` after those first bytes (a client that
-  sends its headers one byte at a time gets no more than that).
+- head: the first bytes of a request arrived but no complete request head yet.
+  Closed ``header_timeout`` after those first bytes (a client that sends its headers
+  one byte at a time gets no more than that). A TLS handshake has ``header_timeout``
+  from the ``accept()`` to complete.
 - busy: a request is being handled (the server marks it with ``request_started`` and
   ``request_finished``); no deadline of its own, the handler's limits apply. While a
   handler reads a body (``uploading``), the connection also notes since when.
@@ -51,7 +53,6 @@ import enum
 import logging
 import resource
 import ssl
-from asyncio import sslproto
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -150,22 +151,26 @@ def fit_to_descriptors(wanted: int, backlog: int, listeners: int) -> int:
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """The protocol of one accepted socket: the guard's deadlines around ``inner``
-    (the server's protocol, ``handler``, or the ``SSLProtocol`` in front of it).
+    """The protocol of one accepted socket: the guard's deadlines around ``inner``, the
+    server's protocol; with ``tls``, the socket upgraded to TLS before ``inner`` starts.
 
-    ``handler`` is what the server's requests know their connection by (aiohttp's
-    ``request.protocol``); the guard's books are keyed by it."""
+    ``inner`` is what the server's requests know their connection by (aiohttp's
+    ``request.protocol``); the guard's books are keyed by it (``handler``)."""
 
     def __init__(
         self,
         guard: ConnectionGuard,
-        inner: asyncio.Protocol | asyncio.BufferedProtocol,
-        handler: object = None,
+        inner: asyncio.Protocol,
+        *,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.guard = guard
         self.inner = inner
-        self.handler = inner if handler is None else handler
+        self.handler: object = inner
+        self.tls = tls
         self.admitted = False  # False: refused at the cap, ``inner`` never started
+        self.started = False  # ``inner`` told of its transport (after the handshake)
+        self._handshake: asyncio.Task[None] | None = None
         self.state = State.IDLE
         self.transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -183,11 +188,46 @@ class GuardedProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.admitted = self.guard.admit(self)
-        if self.admitted:
-            self.inner.connection_made(transport)
+        if not self.admitted:
+            return
+        if self.tls is None:
+            self._start(transport)
+        else:  # on the books from here; ``inner`` starts once the handshake is done
+            self._handshake = asyncio.get_running_loop().create_task(
+                self._secure(transport, self.tls)
+            )
+
+    async def _secure(self, plain: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake, then ``inner`` on the TLS transport. While it runs the
+        plain transport belongs to asyncio's TLS layer, and ``close`` closes that."""
+        try:
+            secured = await asyncio.get_running_loop().start_tls(
+                plain,
+                self,  # the decrypted side is served through this protocol, as before
+                context,
+                server_side=True,
+                # a TLS client gets no longer for its handshake than for its headers
+                ssl_handshake_timeout=self.guard.limits.header_timeout,
+                ssl_shutdown_timeout=self.guard.linger_s,
+            )
+        except asyncio.CancelledError:
+            self._gone(None)
+            raise
+        except Exception:  # a failed handshake (a scanner, a plain-HTTP client, too
+            # slow): asyncio has closed the socket; not worth a log line
+            self._gone(None)
+            return
+        if secured is None or secured.is_closing():  # closed (shed, shut down) meanwhile
+            self._gone(None)
+            return
+        self.transport = secured
+        self._start(secured)
+
+    def _start(self, transport: asyncio.Transport) -> None:
+        self.started = True
+        self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        assert isinstance(self.inner, asyncio.Protocol)
         self.received(self.inner.data_received, data)
 
     def received(self, deliver: Callable[[Any], None], received: Any) -> None:
@@ -206,10 +246,16 @@ class GuardedProtocol(asyncio.Protocol):
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._gone(exc)
+
+    def _gone(self, exc: Exception | None) -> None:
+        """Off the books, ``inner`` told (once); asyncio's TLS layer may report a failed
+        handshake here as well as to ``_secure``."""
         self.cancel_deadline()
         self._cancel_stall()
         self.guard.closed(self)
-        if self.admitted:
+        if self.started:
+            self.started = False
             self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -262,18 +308,6 @@ class GuardedProtocol(asyncio.Protocol):
             self.transport.abort()
         else:
             self.transport.close()
-
-
-class GuardedBufferedProtocol(GuardedProtocol, asyncio.BufferedProtocol):
-    """A ``GuardedProtocol`` in front of a buffered protocol (asyncio's ``SSLProtocol``)."""
-
-    def get_buffer(self, sizehint: int) -> Any:
-        assert isinstance(self.inner, asyncio.BufferedProtocol)
-        return self.inner.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        assert isinstance(self.inner, asyncio.BufferedProtocol)
-        self.received(self.inner.buffer_updated, nbytes)
 
 
 class ConnectionGuard:
@@ -330,26 +364,7 @@ class ConnectionGuard:
         ``make_handler``, behind TLS when ``tls`` is set, behind the guard always."""
 
         def new_connection() -> GuardedProtocol:
-            handler = make_handler()
-            if self.tls is None:
-                return GuardedProtocol(self, handler)
-            loop = asyncio.get_running_loop()
-            # Told how the handshake ended; a failed one has closed the socket already,
-            # its error (a scanner, a plain-HTTP client) is not worth a log line.
-            handshake: asyncio.Future[None] = loop.create_future()
-            handshake.add_done_callback(_ignore_outcome)
-            wrapped = sslproto.SSLProtocol(
-                loop,
-                handler,
-                self.tls,
-                handshake,
-                server_side=True,
-                # a TLS client gets no longer for its handshake than for its headers
-                # (typeshed says int; asyncio takes any number of seconds)
-                ssl_handshake_timeout=self.limits.header_timeout,  # type: ignore[arg-type]
-                ssl_shutdown_timeout=self.linger_s,
-            )
-            return GuardedBufferedProtocol(self, wrapped, handler)
+            return GuardedProtocol(self, make_handler(), tls=self.tls)
 
         return new_connection
 
@@ -372,7 +387,7 @@ class ConnectionGuard:
         at_cap = len(self._open) >= self.max_connections
         if at_cap and not self._shed_one() and not self._cut_oldest():
             self.closed_by_reason["refused_at_cap"] += 1
-            if isinstance(connection, GuardedBufferedProtocol):  # TLS: no plaintext 503
+            if connection.tls is not None:  # TLS: no plaintext 503
                 connection.transport.abort()
             else:
                 connection.transport.write(self.refusal)
@@ -478,11 +493,6 @@ class ConnectionGuard:
         except TimeoutError:
             return False
         return True
-
-
-def _ignore_outcome(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved, so asyncio does not log it as forgotten
 
 
 def _first(*times: float | None) -> float | None:

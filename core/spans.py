@@ -77,6 +77,14 @@ PHASE_SPANS: Final = {
     "compute": "gpuscope.compute",
 }
 
+# The exporter's answer to an export request says what becomes of the phase child spans
+# (``PHASE_SPANS``): dropped (read from the server span's attributes), or forwarded to a
+# trace backend (``--forward-otlp``) as well. The middleware's own span exporter reads
+# it, so that phase spans turn themselves on where a trace view shows them.
+PHASE_SPANS_HEADER: Final = "Gpuscope-Phase-Spans"
+PHASE_SPANS_DROPPED: Final = "dropped"
+PHASE_SPANS_FORWARDED: Final = "forwarded"
+
 # Parts of ``compute`` that a continuous-batching engine reports (vLLM: prefill, then
 # decode); they add up to ``compute`` and are never summed with the phases.
 COMPUTE_STAGES: Final = ("prefill", "decode")

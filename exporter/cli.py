@@ -11,7 +11,7 @@ from gpuscope import flags
 from gpuscope.exporter.config import ConfigError, ExporterConfig
 from gpuscope.exporter.gpu.source import ComputeObserver
 from gpuscope.exporter.http.security import load_web_config, read_bearer_token
-from gpuscope.exporter.http.server import serve
+from gpuscope.exporter.service import serve
 
 log = logging.getLogger("gpuscope.exporter")
 

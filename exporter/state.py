@@ -1,9 +1,11 @@
-"""``ExporterState``: what the request handlers, the middlewares and the reload task share.
+"""``ExporterState``: the parts the exporter is made of, shared by its HTTP side.
 
-One per app, reached from a request through ``request.app[STATE]``. It holds the parts
-built at start-up (aggregator, ingest thread, GPU poller, authenticator, connection
-guard) and the two flags of the exporter's life (started, stopping); it does no work of
-its own beyond keeping the aggregator's GPU index map in step with the poller.
+One per app, reached from a request through ``request.app[STATE]``. The composition
+root (``gpuscope.exporter.app``) builds it: the aggregator, the ingest thread, the GPU
+poller, the forwarder, the connection guard and the two flags of the exporter's life
+(started, stopping). It does no work of its own. What belongs to HTTP alone (the
+credentials checked and the pool that checks passwords) is kept by ``http.auth``, so
+that this module, like ``ingest/``, knows nothing of the transport.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from gpuscope.connections import ConnectionGuard
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.source import GpuSource
-from gpuscope.exporter.http.security import Authenticator
-from gpuscope.exporter.http.threads import ThreadPool
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.exporter.ingest.forward import OtlpForwarder
@@ -35,11 +35,9 @@ class ExporterState:
     aggregator: SpanAggregator
     metrics: SelfMetrics
     registry: CollectorRegistry
-    authenticator: Authenticator
     gpu_source: GpuSource | None
     limits: otlp.Limits
     guard: ConnectionGuard
-    password_checks: ThreadPool
     ingest: Ingest
     # Set when the shutdown timeout has passed: bodies still uploading get a 503.
     drain_expired: asyncio.Event = field(default_factory=asyncio.Event)
@@ -48,16 +46,6 @@ class ExporterState:
     poller: GpuPoller | None = None
     started: bool = False
     stopping: bool = False
-    _devices: object = field(default=None, repr=False)
-
-    def refresh_gpu_devices(self) -> None:
-        """Keep the aggregator's uuid -> index map in step with the poller's device list."""
-        if self.poller is None:
-            return
-        devices = self.poller.devices()
-        if devices is not self._devices:
-            self._devices = devices
-            self.aggregator.set_gpu_devices(devices)
 
 
 STATE = web.AppKey("gpuscope_exporter_state", ExporterState)

@@ -12,6 +12,7 @@ Importing this package needs only the OpenTelemetry API.
 
 from gpuscope.middleware.asgi import GpuscopeMiddleware
 from gpuscope.middleware.batch import Batch, BatchRecorder
+from gpuscope.middleware.phase_spans import PhaseSpans
 from gpuscope.middleware.timeline import RequestTimeline, current_timeline
 from gpuscope.middleware.tracing import setup_tracing
 
@@ -19,6 +20,7 @@ __all__ = [
     "Batch",
     "BatchRecorder",
     "GpuscopeMiddleware",
+    "PhaseSpans",
     "RequestTimeline",
     "current_timeline",
     "setup_tracing",

@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gpuscope import __version__, spans
 from gpuscope.middleware import environment, response_fields, stats
-from gpuscope.middleware.phase_spans import PhaseSpanEmitter
+from gpuscope.middleware.phase_spans import PhaseSpanEmitter, PhaseSpans
 from gpuscope.middleware.request_attributes import request_attributes
 from gpuscope.middleware.routes import RouteResolver
 from gpuscope.middleware.timeline import ARRIVED, FINISHED, RequestTimeline, activate, deactivate
@@ -125,7 +125,11 @@ class GpuscopeMiddleware:
     arguments, those two come from ``GPUSCOPE_SERVICE_NAME`` and
     ``GPUSCOPE_EXCLUDED_PATHS``. ``request_hook(span, scope)`` and
     ``response_hook(span, timeline)`` may add attributes; an exception they raise is
-    counted and logged, never propagated.
+    counted and logged, never propagated. ``phase_spans`` (``PhaseSpans``, or a bool
+    for on or off) says whether the queue, batch-wait and compute child spans are
+    emitted: ``auto`` (the default, or ``GPUSCOPE_PHASE_SPANS``) emits them only where
+    the spans reach a trace backend (``phase_spans``); the exporter needs only the
+    server span's phase attributes.
 
     Behind an engine that traces itself (vLLM), the engine's request span is folded
     into this server span (``engine_bridge``) and the model is read from a successful
@@ -141,6 +145,7 @@ class GpuscopeMiddleware:
         excluded_paths: Iterable[str] | None = None,
         request_hook: RequestHook | None = None,
         response_hook: ResponseHook | None = None,
+        phase_spans: PhaseSpans | bool | None = None,
     ) -> None:
         self.app = app
         self.tracer = trace.get_tracer(
@@ -158,7 +163,13 @@ class GpuscopeMiddleware:
         self.request_hook = request_hook
         self.response_hook = response_hook
         self.routes = RouteResolver()
-        self.phase_spans = PhaseSpanEmitter(self.tracer, tracer_provider)
+        if phase_spans is None:
+            mode = environment.phase_spans()
+        elif isinstance(phase_spans, bool):
+            mode = PhaseSpans.ON if phase_spans else PhaseSpans.OFF
+        else:
+            mode = phase_spans
+        self.phase_spans = PhaseSpanEmitter(self.tracer, tracer_provider, mode)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.excluded_paths:
@@ -383,14 +394,16 @@ class _Exchange:
             span.update_name(f"{self.method} {route}")
         span.set_attributes(attributes)
         _run_hook("response_hook", self.middleware.response_hook, span, timeline)
-        self.middleware.phase_spans.emit(
-            span,
-            [
-                (name, timeline.epoch_ns(phases[phase][0]), timeline.epoch_ns(phases[phase][1]))
-                for phase, name in spans.PHASE_SPANS.items()
-                if phase in phases
-            ],
-        )
+        children = self.middleware.phase_spans
+        if children.wanted():
+            children.emit(
+                span,
+                [
+                    (name, timeline.epoch_ns(phases[phase][0]), timeline.epoch_ns(phases[phase][1]))
+                    for phase, name in spans.PHASE_SPANS.items()
+                    if phase in phases
+                ],
+            )
         finished = timeline.mark_ns(FINISHED)
         assert finished is not None
         span.end(end_time=timeline.epoch_ns(finished))

@@ -11,7 +11,9 @@ leaves no place to pass a tracer provider or options, so the middleware reads th
 - ``GPUSCOPE_EXCLUDED_PATHS``: comma-separated paths served untraced (``/metrics,/health``);
 - ``GPUSCOPE_SERVICE_NAME``: the ``service`` label, where several apps share a process;
 - ``GPUSCOPE_GPU_UUID``: the GPU every request of this process runs on, where the exporter
-  cannot find it from the process (see docs/engines/vllm.md).
+  cannot find it from the process (see docs/engines/vllm.md);
+- ``GPUSCOPE_PHASE_SPANS``: ``on``, ``off`` or ``auto`` (the default), the phase child
+  spans (``phase_spans``); the worker's ``--phase-spans`` has the same twin.
 Arguments given to the middleware always win over these variables.
 """
 
@@ -24,11 +26,14 @@ import threading
 
 from opentelemetry import trace
 
+from gpuscope.middleware.phase_spans import PhaseSpans
+
 logger = logging.getLogger("gpuscope.middleware")
 
 EXCLUDED_PATHS_VARIABLE = "GPUSCOPE_EXCLUDED_PATHS"
 SERVICE_NAME_VARIABLE = "GPUSCOPE_SERVICE_NAME"
 GPU_UUID_VARIABLE = "GPUSCOPE_GPU_UUID"
+PHASE_SPANS_VARIABLE = "GPUSCOPE_PHASE_SPANS"
 SDK_DISABLED_VARIABLE = "OTEL_SDK_DISABLED"
 
 _setup_lock = threading.Lock()
@@ -45,6 +50,21 @@ def service_name() -> str | None:
 
 def gpu_uuid() -> str | None:
     return os.environ.get(GPU_UUID_VARIABLE) or None
+
+
+def phase_spans() -> PhaseSpans:
+    """``GPUSCOPE_PHASE_SPANS``; ``auto`` when unset, and (with a warning) when unknown."""
+    raw = os.environ.get(PHASE_SPANS_VARIABLE, "").strip().lower()
+    if not raw:
+        return PhaseSpans.AUTO
+    try:
+        return PhaseSpans(raw)
+    except ValueError:
+        choices = ", ".join(mode.value for mode in PhaseSpans)
+        logger.warning(
+            "gpuscope: %s=%r is not one of %s; using auto", PHASE_SPANS_VARIABLE, raw, choices
+        )
+        return PhaseSpans.AUTO
 
 
 def tracing_disabled() -> bool:

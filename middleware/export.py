@@ -10,7 +10,10 @@ window (``span_pipeline.SHUTDOWN_RETRY_S``), after which a failed attempt is fin
 a backoff under way ends. Before, a worker whose exporter had gone with it (a SIGKILLed
 ``gpuscope demo``) backed off 0.25 + 0.5 + 1 + 2 + 4 s on one batch and lingered 8 s.
 Spans the receiver rejects in a ``partial_success`` are counted
-(``spans_rejected_by_receiver``), not retried.
+(``spans_rejected_by_receiver``), not retried. Each accepted answer also says whether
+the receiver keeps phase child spans (``keeps_phase_spans``: a gpuscope exporter's
+``Gpuscope-Phase-Spans`` header; without one, a trace backend), which the phase spans'
+``auto`` mode follows (``phase_spans``).
 ``CountingExporter`` counts what was delivered and what was not in ``stats``, and
 never lets an exception out.
 """
@@ -35,6 +38,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from gpuscope import __version__
+from gpuscope import spans as contract
 from gpuscope.middleware import stats
 from gpuscope.middleware.otlp_encoding import encode_export_request
 
@@ -47,12 +51,13 @@ MAX_RESPONSE_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class _Answer:
-    """What came back from one POST: the status, two headers and the (capped) body."""
+    """What came back from one POST: the status, three headers and the (capped) body."""
 
     status: int
     content_type: str
     retry_after: str | None
     body: bytes
+    phase_spans: str | None = None
 
 
 class OtlpHttpExporter(SpanExporter):
@@ -83,6 +88,8 @@ class OtlpHttpExporter(SpanExporter):
         self._closing = False
         self._retries_end = math.inf  # monotonic time after which nothing is retried
         self._failing = False
+        # Whether the receiver keeps phase child spans; None until it has accepted a request.
+        self.keeps_phase_spans: bool | None = None
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._closing:
@@ -102,6 +109,7 @@ class OtlpHttpExporter(SpanExporter):
             else:
                 if 200 <= answer.status < 300:
                     self._recovered()
+                    self.keeps_phase_spans = answer.phase_spans != contract.PHASE_SPANS_DROPPED
                     self._note_partial_success(answer)
                     return SpanExportResult.SUCCESS
                 text = answer.body[:200].decode("utf-8", "replace")
@@ -146,6 +154,7 @@ class OtlpHttpExporter(SpanExporter):
                     response.headers.get("Content-Type", ""),
                     response.headers.get("Retry-After"),
                     response.read(MAX_RESPONSE_BYTES),
+                    response.headers.get(contract.PHASE_SPANS_HEADER),
                 )
         except urllib.error.HTTPError as error:
             with error:

@@ -1,8 +1,13 @@
-"""The SDK side of ``setup_tracing()``: a span queue that accounts for every span.
+"""The SDK side of ``setup_tracing()``: a span queue with a bounded shutdown.
 
-The SDK's ``BatchSpanProcessor`` drops spans silently when its queue is full, and
-``TracerProvider.shutdown()`` waits up to 30 s for a flush whatever the process's own
-shutdown budget is. ``CountingBatchSpanProcessor`` counts each finished span's fate in
+``TracerProvider.shutdown()`` gives its span processors no deadline, and the SDK's
+``BatchSpanProcessor`` then waits up to 30 s for a flush whatever the process's own
+shutdown budget is: a worker whose receiver is gone would outlive its pod's grace
+period. That is why ``setup_tracing()`` has a processor of its own. (The SDK counts
+its drops since 1.45, ``otel.sdk.processor.span.processed`` with an error type, but
+only through a ``MeterProvider`` the process must set up and read; the counts below
+need none and land in ``stats`` beside the middleware's other failures.)
+``CountingBatchSpanProcessor`` counts each finished span's fate in
 ``stats``: exported (``spans_exported``), refused or undeliverable
 (``spans_export_failed``, counted by ``CountingExporter``), or dropped, because the queue
 was full (``spans_dropped_queue_full``) or shutdown came first
@@ -150,6 +155,8 @@ class BoundedTracerProvider(TracerProvider):
 
     ``shutdown(timeout_s)`` gives gpuscope's span pipeline at most ``timeout_s``
     (default: the one given at construction) before the other processors shut down.
+    ``receiver_keeps_phase_spans()`` asks ``receiver`` (the exporter's last answer,
+    see ``phase_spans``); None without one.
     """
 
     def __init__(
@@ -159,11 +166,16 @@ class BoundedTracerProvider(TracerProvider):
         resource: Resource,
         sampler: Sampler,
         shutdown_timeout_s: float,
+        receiver: Callable[[], bool | None] | None = None,
     ) -> None:
         super().__init__(resource=resource, sampler=sampler)
         self.pipeline = pipeline
         self.shutdown_timeout_s = shutdown_timeout_s
+        self._receiver = receiver
         self.add_span_processor(pipeline)
+
+    def receiver_keeps_phase_spans(self) -> bool | None:
+        return None if self._receiver is None else self._receiver()
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         self.pipeline.shutdown(self.shutdown_timeout_s if timeout_s is None else timeout_s)

@@ -111,6 +111,7 @@ def setup_tracing(
         resource=Resource.create(attributes),
         sampler=ALWAYS_ON,
         shutdown_timeout_s=shutdown_timeout_s,
+        receiver=lambda: otlp.keeps_phase_spans,
     )
     if set_global:
         trace.set_tracer_provider(provider)

@@ -267,6 +267,10 @@ def create_app(
         exception_handlers=dict(EXCEPTION_HANDLERS),
     )
     traced = GpuscopeMiddleware(
-        app, tracer_provider=tracer_provider, service_name=None, excluded_paths=UNTRACED_PATHS
+        app,
+        tracer_provider=tracer_provider,
+        service_name=None,
+        excluded_paths=UNTRACED_PATHS,
+        phase_spans=config.phase_spans,
     )
     return WorkerApp(traced, worker, listener)

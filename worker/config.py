@@ -23,6 +23,7 @@ from gpuscope.flags import (
     option,
     positive,
 )
+from gpuscope.middleware.phase_spans import PhaseSpans
 
 __all__ = ["BatchingMode", "ConfigError", "WorkerConfig"]
 
@@ -142,6 +143,12 @@ class WorkerConfig(
     )
     service_name: str = option("gpuscope-worker", help="service.name of the worker's spans")
     no_tracing: bool = option(False, help="do not export spans")
+    phase_spans: PhaseSpans = option(
+        PhaseSpans.AUTO,
+        help="queue, batch-wait and compute child spans under each request's span: auto "
+        "emits them only where the spans reach a trace backend (the exporter's "
+        "--forward-otlp, or an --otlp-endpoint that is one)",
+    )
     log_level: str = option("info", help="uvicorn and worker log level", check=one_of(LOG_LEVELS))
     shutdown_timeout_s: float = option(
         10.0,

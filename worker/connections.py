@@ -19,11 +19,10 @@ import socket
 from collections.abc import Iterator
 from typing import Any, Final
 
+import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.config import HTTP_PROTOCOLS
-from uvicorn.importer import import_from_string
 
 from gpuscope.connections import (
     ConnectionGuard,
@@ -109,7 +108,7 @@ class ConnectionTracking:
 
 def http_protocol(guard: ConnectionGuard, http: str = "auto") -> type[asyncio.Protocol]:
     """uvicorn's ``http`` protocol class, each connection wrapped for ``guard``."""
-    inner_class: Any = import_from_string(HTTP_PROTOCOLS.get(http, http))
+    inner_class: Any = uvicorn_protocol(http)
 
     class Guarded(GuardedProtocol):
         # uvicorn passes its config, server state and (in recent versions) loop by keyword
@@ -117,6 +116,23 @@ def http_protocol(guard: ConnectionGuard, http: str = "auto") -> type[asyncio.Pr
             super().__init__(guard, inner_class(**kwargs))
 
     return Guarded
+
+
+def uvicorn_protocol(http: str) -> type[asyncio.Protocol]:
+    """The protocol class uvicorn serves ``--http`` ``http`` with (``auto``, ``h11``,
+    ``httptools``, ``module:Class``), found the way uvicorn finds it: a ``Config`` of its
+    own, loaded, read from its ``http_protocol_class``. Through uvicorn's public
+    ``Config`` rather than its name table and importer, which are internals that a minor
+    release may move. Nothing is started: no lifespan, no websockets, no logging set up."""
+    config = uvicorn.Config(
+        _unused_app, http=http, ws="none", lifespan="off", interface="asgi3", log_config=None
+    )
+    config.load()
+    return config.http_protocol_class
+
+
+async def _unused_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app of the ``Config`` that only names a protocol class; never called."""
 
 
 class ConnectionCollector(Collector):

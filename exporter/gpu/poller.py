@@ -17,6 +17,10 @@ same thread lists the processes on the GPUs into ``processes``, the ``ProcessGpu
 that joins span pids to GPUs; a failed listing leaves the last map in place and does
 not fail the round.
 
+``on_devices`` is told the device list at ``start()`` and again, from the sampling
+thread, whenever a round finds it changed (a GPU gone or back), so a reader such as the
+span aggregator follows the list without asking for it.
+
 ``release()`` asks the thread to let go of the source between rounds (``Releasable``:
 NVML's ``nvmlShutdown``) and to stop polling, every GPU then reading down with reason
 ``released``; ``acquire()`` takes it again.
@@ -83,6 +87,7 @@ class GpuPoller:
         processes: ProcessGpuMap | None = None,
         process_interval_s: float = PROCESS_LIST_INTERVAL_S,
         deadline_s: float | None = None,
+        on_devices: Callable[[Sequence[GpuDevice]], None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"GPU poll interval must be positive, got {interval_s}")
@@ -108,10 +113,13 @@ class GpuPoller:
         self._sampled_at = timer()  # when the served readings were taken
         self._want_released = False
         self._released = False
+        self._on_devices = on_devices
 
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("GpuPoller already started")
+        if self._on_devices is not None:
+            self._on_devices(self._snapshot.devices)
         self._thread = threading.Thread(target=self._run, name="gpuscope-gpu-poller", daemon=True)
         self._thread.start()
 
@@ -233,6 +241,9 @@ class GpuPoller:
         return self._publish(GpuSnapshot(previous.round + 1, devices, readings, tuple(runs)))
 
     def _publish(self, snapshot: GpuSnapshot) -> GpuSnapshot:
+        changed = snapshot.devices != self._snapshot.devices
+        if changed and self._on_devices is not None:
+            self._on_devices(snapshot.devices)  # before the round is seen as done
         with self._round_done:
             self._snapshot = snapshot
             self._round_done.notify_all()

@@ -1,30 +1,20 @@
-"""``create_app``: the exporter's aiohttp application (routes, auth, background parts).
+"""``web_app``: the exporter's aiohttp application around parts built elsewhere.
 
-The handlers and the state they share are in ``handlers``, the auth middleware in
-``auth``. The GPU source is polled by its own thread (``GpuPoller``); a scrape only
-reads the poller's last snapshot.
+Routes, the middlewares (connection tracking, then authentication), the ``Server``
+header and the connection families; the parts (aggregator, ingest, poller, forwarder)
+come in an ``ExporterState`` from the composition root, ``gpuscope.exporter.app``.
 
-Serve the app with ``auto_decompress=False`` on the runner (``start_exporter`` does):
+Serve the app with ``auto_decompress=False`` on the runner (``server.listen`` does):
 the handler inflates gzip bodies itself, with a size limit.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from aiohttp import hdrs, web
-from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.connections import ConnectionGuard, ConnectionLimits
-from gpuscope.exporter.config import ExporterConfig
-from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.poller import STOP_JOIN_S, GpuPoller
-from gpuscope.exporter.gpu.processes import ProcessGpuMap
-from gpuscope.exporter.gpu.source import ComputeObserver, GpuSource
-from gpuscope.exporter.http import connections
-from gpuscope.exporter.http.auth import auth_middleware, password_check_pool
+from gpuscope.exporter.http.auth import AUTH, AuthState, auth_middleware
 from gpuscope.exporter.http.connections import ConnectionCollector, request_middleware
 from gpuscope.exporter.http.handlers import (
     expect_traces_body,
@@ -34,99 +24,25 @@ from gpuscope.exporter.http.handlers import (
     serve_metrics,
 )
 from gpuscope.exporter.http.routes import TRACES_PATH
-from gpuscope.exporter.http.security import Authenticator, WebConfig
-from gpuscope.exporter.ingest import otlp
-from gpuscope.exporter.ingest.aggregator import SpanAggregator
-from gpuscope.exporter.ingest.forward import OtlpForwarder
-from gpuscope.exporter.ingest.memory import IngestMemory
-from gpuscope.exporter.ingest.pipeline import Ingest
-from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 from gpuscope.exporter.state import STATE, ExporterState
 
 
-def create_app(
-    config: ExporterConfig,
-    *,
-    gpu_source: GpuSource | None = None,
-    compute_observers: Sequence[ComputeObserver] = (),
-    web_config: WebConfig | None = None,
-    bearer_token: str | None = None,
-) -> web.Application:
-    """Build the app; the GPU poller and forwarder start with it and stop on cleanup.
-
-    ``gpu_source`` is owned by the app from here on (the poller closes it);
-    ``compute_observers`` hear of every batch span ingested (the simulated source, when
-    it is the source). TLS in ``web_config`` is applied by the runner's site, not here.
-    """
-    web_config = web_config or WebConfig()
-    metrics = SelfMetrics()
-    # pid -> GPUs its process tree holds, kept up to date by the GPU poller (if any), so
-    # that spans naming only their process (vLLM's) are joined to their GPU.
-    processes = ProcessGpuMap(require_auth=config.process_join_needs_auth)
-    aggregator = SpanAggregator(
-        max_series=config.max_series,
-        max_models_per_service=config.max_models_per_service,
-        max_label_length=config.max_label_length,
-        compute_observers=compute_observers,
-        uuids_for_pid=processes.uuids_for_claim,
-    )
-    limits = otlp.Limits(
-        config.max_body_bytes,
-        config.max_decompressed_bytes,
-        config.max_spans_per_request,
-        config.max_attributes_per_request,
-        config.max_json_values_per_request,
-    )
-    registry = CollectorRegistry()
-    forwarding = config.forward_otlp is not None
-    in_use = "none" if gpu_source is None else gpu_source.name
-    registry.register(
-        ExporterCollector(
-            aggregator,
-            metrics,
-            forwarding=forwarding,
-            gpu_source=(str(config.gpu_source), str(in_use)),
-        )
-    )
-    state = ExporterState(
-        config=config,
-        aggregator=aggregator,
-        metrics=metrics,
-        registry=registry,
-        authenticator=Authenticator(web_config.basic_auth_users, bearer_token),
-        gpu_source=gpu_source,
-        limits=limits,
-        guard=ConnectionGuard(
-            ConnectionLimits(
-                config.max_connections,
-                config.header_timeout_s,
-                config.idle_timeout_s,
-                config.write_timeout_s,
-            ),
-            logger=connections.log,
-        ),
-        password_checks=password_check_pool(),
-        ingest=Ingest(
-            aggregator,
-            limits,
-            memory=IngestMemory(config.max_ingest_bytes),
-            decode_cpu_s=config.max_decode_cpu_s,
-        ),
-    )
-    registry.register(ConnectionCollector(state.guard))
+def web_app(state: ExporterState, auth: AuthState) -> web.Application:
+    """The app serving ``state``, checking requests against ``auth``; the password
+    check pool closes with the app."""
+    state.registry.register(ConnectionCollector(state.guard))
     # Connection tracking first, so that refused requests count as in flight too. The
     # auth middleware is there even without credentials: a reload may bring some.
-    middlewares = [request_middleware(state.guard), auth_middleware(state)]
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
+    middlewares = [request_middleware(state.guard), auth_middleware(state, auth)]
+    app = web.Application(client_max_size=state.config.max_body_bytes, middlewares=middlewares)
     app[STATE] = state
+    app[AUTH] = auth
     app.on_response_prepare.append(_server_header)
     app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.cleanup_ctx.append(functools.partial(_gpu_poller, processes=processes))
-    app.cleanup_ctx.append(_forwarder)
-    app.cleanup_ctx.append(_lifecycle)
+    app.cleanup_ctx.append(_password_checks)
     return app
 
 
@@ -137,57 +53,6 @@ async def _server_header(_request: web.Request, response: web.StreamResponse) ->
     response.headers[hdrs.SERVER] = "gpuscope"
 
 
-async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIterator[None]:
-    state = app[STATE]
-    if state.gpu_source is None:
-        yield
-        return
-    poller = GpuPoller(
-        state.gpu_source,
-        state.config.gpu_interval_s,
-        processes=processes,
-        deadline_s=state.config.gpu_poll_deadline_s,
-    )
-    collector = GpuCollector(poller)
-    poller.start()
-    state.registry.register(collector)
-    state.poller = poller
-    state.refresh_gpu_devices()
-    try:
-        yield
-    finally:
-        state.registry.unregister(collector)
-        # joins the thread (bounded: a call hung in the driver is left behind) and closes
-        # the source, within half the shutdown timeout
-        join_s = min(STOP_JOIN_S, state.config.shutdown_timeout_s / 2)
-        await asyncio.to_thread(poller.stop, join_s)
-
-
-async def _forwarder(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    url = state.config.forward_otlp
-    if url is None:
-        yield
-        return
-    forwarder = OtlpForwarder(
-        url,
-        queue_size=state.config.forward_queue,
-        queue_bytes=state.config.forward_queue_bytes,
-        timeout_s=state.config.forward_timeout_s,
-        metrics=state.metrics,
-    )
-    await forwarder.start()
-    state.forwarder = forwarder
-    try:
-        yield
-    finally:
-        await forwarder.stop(state.config.shutdown_timeout_s)
-
-
-async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    state.started = True
+async def _password_checks(app: web.Application) -> AsyncIterator[None]:
     yield
-    state.stopping = True
-    state.password_checks.close()
-    state.ingest.close()
+    app[AUTH].password_checks.close()

@@ -20,6 +20,7 @@ already verified (``Authenticator.cached``) needs no check and is never refused 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Final
 
@@ -27,9 +28,10 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from gpuscope.exporter.http.routes import TRACES_PATH, otlp_error
-from gpuscope.exporter.http.threads import Busy, ThreadPool
+from gpuscope.exporter.http.security import Authenticator
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.state import ExporterState
+from gpuscope.exporter.threads import Busy, ThreadPool
 
 # bcrypt releases the GIL: two threads use two cores, the most a check flood may take.
 PASSWORD_CHECK_THREADS: Final = 2
@@ -50,34 +52,47 @@ def password_check_pool() -> ThreadPool:
     return ThreadPool("gpuscope-bcrypt", PASSWORD_CHECK_THREADS, PASSWORD_CHECKS_PENDING)
 
 
+@dataclass
+class AuthState:
+    """The credentials requests are checked against (replaced whole by a reload) and
+    the pool the password checks run in; one per app, ``request.app[AUTH]``."""
+
+    authenticator: Authenticator
+    password_checks: ThreadPool = field(default_factory=password_check_pool)
+
+
+AUTH = web.AppKey("gpuscope_exporter_auth", AuthState)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def auth_middleware(state: ExporterState) -> Middleware:
+def auth_middleware(state: ExporterState, credentials: AuthState) -> Middleware:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in PROBE_PATHS:
             return await handler(request)
-        auth = state.authenticator
+        auth = credentials.authenticator
         header = request.headers.get(hdrs.AUTHORIZATION)
         is_traces = request.path == TRACES_PATH
         if is_traces and auth.bearer_token is not None:
             if auth.bearer_ok(header):
                 request[_AUTHENTICATED] = True
                 return await handler(request)
-            return _unauthorized(state, request, "a valid bearer token is required")
+            return _unauthorized(state, auth, request, "a valid bearer token is required")
         if auth.users:
-            credentials = auth.basic_credentials(header)
-            if credentials is None:
-                return _unauthorized(state, request, "valid basic auth credentials are required")
-            if not auth.cached(*credentials):
+            given = auth.basic_credentials(header)
+            if given is None:
+                return _unauthorized(
+                    state, auth, request, "valid basic auth credentials are required"
+                )
+            if not auth.cached(*given):
                 try:
-                    check = state.password_checks.submit(partial(auth.verify, *credentials))
+                    check = credentials.password_checks.submit(partial(auth.verify, *given))
                 except Busy:
                     return _busy(state, request)
                 if not await check:
                     return _unauthorized(
-                        state, request, "valid basic auth credentials are required"
+                        state, auth, request, "valid basic auth credentials are required"
                     )
             request[_AUTHENTICATED] = True
         return await handler(request)
@@ -85,7 +100,9 @@ def auth_middleware(state: ExporterState) -> Middleware:
     return authenticate
 
 
-def _unauthorized(state: ExporterState, request: web.Request, message: str) -> web.Response:
+def _unauthorized(
+    state: ExporterState, auth: Authenticator, request: web.Request, message: str
+) -> web.Response:
     if request.path != TRACES_PATH:
         return web.Response(
             status=401,
@@ -95,7 +112,7 @@ def _unauthorized(state: ExporterState, request: web.Request, message: str) -> w
     state.metrics.requests_rejected[otlp.UNAUTHORIZED] += 1
     media = otlp.JSON if request.content_type == otlp.JSON else otlp.PROTOBUF
     response = otlp_error(media, 401, message)
-    scheme = "Bearer" if state.authenticator.bearer_token is not None else 'Basic realm="gpuscope"'
+    scheme = "Bearer" if auth.bearer_token is not None else 'Basic realm="gpuscope"'
     response.headers[hdrs.WWW_AUTHENTICATE] = scheme
     return response
 

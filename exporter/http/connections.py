@@ -9,7 +9,7 @@ connection busy while aiohttp handles its request (found by ``request.protocol``
 aiohttp's protocol, the handler the guard keys its books by), and
 ``ConnectionCollector`` serves the guard's counts under the exporter's metric names;
 ``AcceptErrorLog`` and ``log`` keep the exporter's name on its connection log lines.
-``server.GuardedSite`` listens through ``ConnectionGuard.protocol_factory``;
+``server.listen`` accepts through ``ConnectionGuard.protocol_factory``;
 ``handlers.receive_traces`` reads a body under ``ConnectionGuard.uploading``.
 """
 

@@ -24,6 +24,7 @@ from functools import partial
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client.exposition import gzip_accepted
 
+from gpuscope import spans
 from gpuscope.exporter.http.auth import was_authenticated
 from gpuscope.exporter.http.render import content_type_for, scrape_pieces
 from gpuscope.exporter.http.routes import otlp_error
@@ -46,7 +47,6 @@ async def receive_traces(request: web.Request) -> web.Response:
         with state.ingest.memory.holding(_most_it_can_hold(request, state)) as held:
             body = await _read_body(request, state)
             held.resize(len(body))
-            state.refresh_gpu_devices()
             result = await state.ingest.run(
                 body,
                 request.headers.get(hdrs.CONTENT_ENCODING),
@@ -66,7 +66,10 @@ async def receive_traces(request: web.Request) -> web.Response:
             body, media, request.headers.get(hdrs.CONTENT_ENCODING), result.received
         )
     answer = otlp.encode_response(media, result.rejected_total, result.error_message())
-    return web.Response(body=answer, content_type=media)
+    # Tells the sender's span exporter whether phase child spans reach a trace view here
+    # (the middleware emits them only then, unless told otherwise).
+    kept = spans.PHASE_SPANS_FORWARDED if state.forwarder is not None else spans.PHASE_SPANS_DROPPED
+    return web.Response(body=answer, content_type=media, headers={spans.PHASE_SPANS_HEADER: kept})
 
 
 def _most_it_can_hold(request: web.Request, state: ExporterState) -> int:
@@ -110,8 +113,13 @@ async def expect_traces_body(request: web.Request) -> web.StreamResponse | None:
         return None
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
         raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # the interim answer is not part of the response
+    # Straight to the transport (nothing of this response is written yet, so nothing
+    # can come before it): the response's writer never counts the interim answer, so
+    # aiohttp still sees a response not yet begun (an error can still be answered) and
+    # its size stays the real answer's, without resetting the writer's private count.
+    transport = request.transport
+    if transport is not None and not transport.is_closing():
+        transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     return None
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Final
 
 from gpuscope.exporter.config import ConfigError
+from gpuscope.exporter.http.auth import AuthState
 from gpuscope.exporter.http.security import (
     Authenticator,
     WebConfig,
@@ -60,8 +61,9 @@ _Signature = tuple[int, int, int] | None
 class CredentialFiles:
     """The ``--web-config-file`` and ``--bearer-token-file`` of one exporter, watched."""
 
-    def __init__(self, state: ExporterState) -> None:
+    def __init__(self, state: ExporterState, auth: AuthState) -> None:
         self.state = state
+        self.auth = auth
         self.paths = tuple(
             path
             for path in (state.config.web_config_file, state.config.bearer_token_file)
@@ -105,7 +107,7 @@ class CredentialFiles:
 
     async def _reload(self, why: str) -> bool:
         state = self.state
-        config, current = state.config, state.authenticator
+        config, current = state.config, self.auth.authenticator
         try:
             web_config = (
                 await asyncio.to_thread(load_web_config, config.web_config_file)
@@ -124,7 +126,7 @@ class CredentialFiles:
             return self._refused(why, str(exc))
         # What has no file keeps what it was given at start.
         users = current.users if web_config is None else web_config.basic_auth_users
-        state.authenticator = Authenticator(users, token)
+        self.auth.authenticator = Authenticator(users, token)
         if web_config is not None and web_config.tls is not None:
             state.guard.tls = web_config.tls
         self.reloads += 1

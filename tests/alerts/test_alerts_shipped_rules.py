@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config
 from support.pack_stack import PackStack, run_pack_stack
 

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.middleware import (
     BatchRecorder,
     GpuscopeMiddleware,

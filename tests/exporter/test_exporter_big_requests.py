@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, post_spans, samples, scrape, value
 

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from gpuscope.exporter.http.connections import AcceptErrorLog
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 

@@ -16,8 +16,8 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from gpuscope.exporter.ingest import otlp
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import SpanFactory, encode, loopback_config
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpuscope.exporter.http.server import start_exporter
 from gpuscope.exporter.ingest.forward import BackendHealth
+from gpuscope.exporter.service import start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans
 

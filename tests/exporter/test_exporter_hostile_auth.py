@@ -11,7 +11,7 @@ import bcrypt
 import pytest
 
 from gpuscope.exporter.cli import main
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config
 from support.raw_http import get_request, post_request, raw_exchange, status_of
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from google.rpc import code_pb2  # type: ignore[import-untyped]
 
-from gpuscope.exporter.http.server import RunningExporter
+from gpuscope.exporter.service import RunningExporter
 from support.exporter_fixtures import post_spans, samples, scrape, value
 
 

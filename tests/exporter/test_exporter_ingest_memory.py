@@ -11,7 +11,7 @@ import re
 import aiohttp
 
 from gpuscope.exporter.http.routes import TRACES_PATH
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config
 
 MIB = 2**20

@@ -20,7 +20,7 @@ from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricTyp
 from gpuscope.exporter.gpu.definitions import GPU_METRICS
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import T0, SpanFactory, encode, loopback_config, post_spans, scrape
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

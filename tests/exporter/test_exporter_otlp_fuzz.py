@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.exporter.http.render import render_histograms
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.exporter_fixtures import post_spans, samples, scrape, value
 from support.otlp_cases import (
     Case,

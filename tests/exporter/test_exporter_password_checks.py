@@ -13,10 +13,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuscope.exporter.http.auth import PASSWORD_CHECKS_PENDING
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
-from gpuscope.exporter.http.threads import ThreadPool
-from gpuscope.exporter.state import STATE
+from gpuscope.exporter.http.auth import AUTH, PASSWORD_CHECKS_PENDING
+from gpuscope.exporter.service import RunningExporter, start_exporter
+from gpuscope.exporter.threads import ThreadPool
 from support.exporter_fixtures import loopback_config
 from support.raw_http import get_request, raw_exchange, status_of
 
@@ -52,7 +51,7 @@ async def test_a_wrong_password_flood_is_refused_past_the_pool_and_scrapes_go_on
 ) -> None:
     exporter = costly
     assert status_of(await get_metrics(exporter, basic("prom", "right"))) == 200  # now cached
-    pool = exporter.app[STATE].password_checks
+    pool = exporter.app[AUTH].password_checks
     flood = [
         asyncio.ensure_future(get_metrics(exporter, basic("prom", f"wrong-{n}")))
         for n in range(PASSWORD_CHECKS_PENDING + 10)
@@ -85,7 +84,7 @@ def pool_cpu_s(pool: ThreadPool) -> float:
 
 
 async def bcrypt_work_of(exporter: RunningExporter, user: str, requests: int) -> float:
-    pool = exporter.app[STATE].password_checks
+    pool = exporter.app[AUTH].password_checks
     before = pool_cpu_s(pool)
     for n in range(requests):
         assert status_of(await get_metrics(exporter, basic(user, f"guess-{n}"))) == 401

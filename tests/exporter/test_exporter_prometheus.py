@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from gpuscope import spans as contract
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.binaries import require_binary
 from support.exporter_fixtures import (
     FakeGpuSource,

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, make_self_signed
 from support.raw_http import get_request, raw_exchange, status_of
 from support.web_config import basic, metrics_status, until_reloaded, users

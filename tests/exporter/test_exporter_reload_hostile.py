@@ -23,7 +23,7 @@ import pytest
 
 from gpuscope.exporter.http import reload
 from gpuscope.exporter.http.security import MAX_FILE_BYTES
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.exporter_fixtures import loopback_config
 from support.raw_http import get_request, raw_exchange
 from support.web_config import basic, metrics_status, until_reloaded, users

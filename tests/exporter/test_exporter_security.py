@@ -12,7 +12,7 @@ import pytest
 
 from gpuscope.exporter.config import ConfigError
 from gpuscope.exporter.http.security import load_web_config
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, post_spans, samples
 from support.exporter_fixtures import value as sample_value
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from gpuscope import spans as contract
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import (
     FakeGpuSource,
@@ -300,5 +300,44 @@ async def test_expect_100_continue_over_the_limit_gets_413_at_once_and_under_it_
         scraped = samples(await scrape(exporter_http, exporter))
         rejected = "gpuscope_otlp_requests_rejected_total"
         assert value(scraped, rejected, {"reason": "body_too_large"}) == 1
+    finally:
+        await exporter.stop()
+
+
+async def continued_exchange(exporter: RunningExporter, body: bytes) -> tuple[bytes, bytes]:
+    """``Expect: 100-continue``, the body once invited; the interim line and the answer."""
+    reader, writer = await asyncio.open_connection(exporter.host, exporter.port)
+    try:
+        writer.write(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        writer.write(body)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        return interim, head + await asyncio.wait_for(reader.readexactly(length), 30)
+    finally:
+        writer.close()
+
+
+async def test_after_100_continue_the_answer_is_whole_and_an_error_still_answered() -> None:
+    """The interim answer goes out beside the response's writer, so the answer that
+    follows is a response of its own: its length is its body's, and a refused body is
+    still answered (aiohttp answers an error only while nothing of the response is out)."""
+    exporter = await start_exporter(loopback_config())
+    try:
+        good = encode([SpanFactory().server()]).SerializeToString()
+        interim, answer = await continued_exchange(exporter, good)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert answer.startswith(b"HTTP/1.1 200")
+        ExportTraceServiceResponse.FromString(answer.split(b"\r\n\r\n", 1)[1])
+        interim, answer = await continued_exchange(exporter, b"\xff" * 16)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert answer.startswith(b"HTTP/1.1 400")
     finally:
         await exporter.stop()

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.samples import Sample
 
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.middleware import (
     BatchRecorder,
     GpuscopeMiddleware,

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from gpuscope.exporter.http.threads import Busy, ThreadPool
+from gpuscope.exporter.threads import Busy, ThreadPool
 
 
 async def test_past_its_bound_the_pool_refuses_at_once_and_takes_jobs_again_after() -> None:

@@ -6,7 +6,7 @@ import re
 
 import aiohttp
 
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import (
     FakeGpuSource,
     SpanFactory,

@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.samples import Sample
 
 from gpuscope import engine_spans
-from gpuscope.exporter.http.server import RunningExporter
+from gpuscope.exporter.service import RunningExporter
 from support.exporter_fixtures import post_spans, samples, scrape
 from support.vllm_fixtures import export_requests, spans
 

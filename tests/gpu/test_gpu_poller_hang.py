@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller, default_deadline
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config
 from support.gpu_fake_nvml import FakeNvml, fake_gpu
 

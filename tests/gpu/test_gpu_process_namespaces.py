@@ -30,7 +30,7 @@ from gpuscope.exporter.gpu.pid_namespaces import (
 from gpuscope.exporter.gpu.processes import ProcessGpuMap, ProcessJoin, ProcessListing
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples
 

@@ -22,7 +22,7 @@ from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.nvml import source as nvml_source
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config, samples, scrape
 from support.gpu_fake_nvml import FakeNvml, fake_gpu
 

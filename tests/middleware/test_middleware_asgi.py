@@ -70,7 +70,7 @@ async def test_server_span_carries_phases_that_add_up(span_recorder: SpanRecorde
 async def test_phase_spans_start_and_end_exactly_at_the_marks(
     span_recorder: SpanRecorder,
 ) -> None:
-    app = GpuscopeMiddleware(phased_app, tracer_provider=span_recorder.provider)
+    app = GpuscopeMiddleware(phased_app, tracer_provider=span_recorder.provider, phase_spans=True)
     await call(app, http_scope("/", "POST"))
     (server,) = span_recorder.server_spans()
     children = {span.name: span for span in span_recorder.children_of(server)}

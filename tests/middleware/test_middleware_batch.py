@@ -52,7 +52,7 @@ async def test_a_batch_links_every_member_and_shares_its_instants(
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    wrapped = GpuscopeMiddleware(app, tracer_provider=span_recorder.provider)
+    wrapped = GpuscopeMiddleware(app, tracer_provider=span_recorder.provider, phase_spans=True)
     task = asyncio.create_task(scheduler())
     await asyncio.gather(*(call(wrapped, http_scope(f"/{i}")) for i in range(3)))
     await task

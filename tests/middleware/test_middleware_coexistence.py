@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.middleware import GpuscopeMiddleware, current_timeline, setup_tracing
 from gpuscope.middleware.span_pipeline import BoundedTracerProvider
 from support.exporter_fixtures import loopback_config, samples, scrape

@@ -15,7 +15,7 @@ import sys
 import aiohttp
 import pytest
 
-from gpuscope.exporter.http.server import RunningExporter
+from gpuscope.exporter.service import RunningExporter
 from support.exporter_fixtures import samples, scrape
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)

@@ -241,7 +241,9 @@ async def serve(
     span_recorder: SpanRecorder, handler: Callable[[str], Awaitable[int]], texts: Sequence[str]
 ) -> list[bytes]:
     """Send one request per text, all at once; the response bodies."""
-    app = GpuscopeMiddleware(asgi_app(handler), tracer_provider=span_recorder.provider)
+    app = GpuscopeMiddleware(
+        asgi_app(handler), tracer_provider=span_recorder.provider, phase_spans=True
+    )
     answers = await asyncio.gather(*(call(app, http_scope(f"/{text}")) for text in texts))
     return [answer[-1]["body"] for answer in answers]
 

@@ -97,7 +97,7 @@ async def marked_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 async def test_spans_reach_a_real_otlp_endpoint_as_protobuf(otlp_sink: OtlpSink) -> None:
     provider = setup_tracing(otlp_sink.url, "embedding-svc", set_global=False)
-    app = GpuscopeMiddleware(marked_app, tracer_provider=provider)
+    app = GpuscopeMiddleware(marked_app, tracer_provider=provider, phase_spans=True)
     await call(app, http_scope("/v1/embeddings", "POST"))
     assert provider.force_flush(10_000)
     assert otlp_sink.received.wait(10)
@@ -124,7 +124,7 @@ async def test_an_unreachable_endpoint_costs_spans_never_requests(otlp_sink: Otl
     otlp_sink.server_close()  # nothing listens there any more
     stats.reset()
     provider = setup_tracing(url, "svc", timeout_s=0.5, set_global=False)
-    app = GpuscopeMiddleware(marked_app, tracer_provider=provider)
+    app = GpuscopeMiddleware(marked_app, tracer_provider=provider, phase_spans=True)
     sent = await call(app, http_scope())
     assert sent[1]["body"] == b"ok"
     provider.force_flush(5_000)

@@ -29,7 +29,7 @@ from prometheus_client.samples import Sample
 from gpuscope import spans as contract
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.binaries import require_binary
 
 T0 = 1_700_000_000_000_000_000  # a fixed epoch instant (ns) for span times

@@ -12,7 +12,7 @@ import sys
 from gpuscope import flags
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
-from gpuscope.exporter.http.server import serve
+from gpuscope.exporter.service import serve
 from support.gpu_fake_nvml import FakeNvml, fake_gpu
 
 

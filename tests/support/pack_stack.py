@@ -57,7 +57,7 @@ from opentelemetry.trace import SpanKind
 
 from gpuscope.exporter.gpu.scenario import load_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource, simulated_uuid
-from gpuscope.exporter.http.server import RunningExporter, start_exporter
+from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.loadgen.client import discover_model, send
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
 from gpuscope.middleware import setup_tracing

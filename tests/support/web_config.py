@@ -8,7 +8,7 @@ import base64
 
 import bcrypt
 
-from gpuscope.exporter.http.server import RunningExporter
+from gpuscope.exporter.service import RunningExporter
 from support.raw_http import get_request, raw_exchange, status_of
 
 

@@ -311,3 +311,24 @@ async def test_trickled_bodies_at_the_cap_are_cut_for_new_clients() -> None:
         head, _, payload = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503"), answer
         assert json.loads(payload)["error"]["code"] == "upload_cut"
+
+
+@pytest.mark.parametrize("http", ["auto", "h11", "uvicorn.protocols.http.h11_impl:H11Protocol"])
+def test_uvicorns_protocol_class_comes_from_its_public_config(http: str) -> None:
+    """The guarded protocol wraps the class uvicorn would serve ``--http`` with, read from
+    ``uvicorn.Config(http=...).load()`` and its ``http_protocol_class``; a uvicorn that
+    drops either fails here by that name, not in a worker that will not start."""
+    import uvicorn
+
+    from gpuscope.connections import GuardedProtocol
+    from gpuscope.worker.connections import Listener, http_protocol, uvicorn_protocol
+
+    config = uvicorn.Config(lambda scope, receive, send: None, http=http, log_config=None)
+    assert hasattr(config, "load"), "uvicorn.Config.load is gone"
+    config.load()
+    assert isinstance(getattr(config, "http_protocol_class", None), type), (
+        "uvicorn.Config.http_protocol_class is gone"
+    )
+    assert uvicorn_protocol(http) is config.http_protocol_class
+    assert issubclass(uvicorn_protocol(http), asyncio.Protocol)
+    assert issubclass(http_protocol(Listener(8, 1.0, 1.0).guard, http), GuardedProtocol)

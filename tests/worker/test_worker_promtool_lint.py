@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
-from gpuscope.exporter.http.server import start_exporter
+from gpuscope.exporter.service import start_exporter
 from support.binaries import require_binary
 from support.exporter_fixtures import loopback_config
 from support.worker_servers import serve_worker
