@@ -396,7 +396,9 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
         ),
         _rule(
             f"{HOST_OCCUPANCY}{w}",
-            _max_by_host(with_host(settings, f"avg_over_time({occupancy}{settings.gpu_sel()}[{w}])")),
+            _max_by_host(
+                with_host(settings, f"avg_over_time({occupancy}{settings.gpu_sel()}[{w}])")
+            ),
         ),
     ]
 
