@@ -181,8 +181,9 @@ def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
 
 
 def _own(settings: Settings, record: str) -> str:
-    """The rule's own series of the previous evaluation."""
-    return record + settings.dcgm_sel(f'source="{SOURCE}"')
+    """The rule's own series of the previous evaluation: of dcgm-exporter's job, which
+    gpuscope's exporter, serving the same names, is not."""
+    return record + settings.dcgm_sel()
 
 
 def _keyed(settings: Settings, name: str) -> str:
