@@ -51,6 +51,10 @@ RELEASE = "4.5.3-4.8.2"
 # index, the UUID, the MIG instance and the node. The rebuilt counters and the GPU's
 # info are kept per these labels only, so a pod that comes or goes does not restart them.
 KEYS = "job, instance, gpu, uuid, GPU_I_ID, GPU_I_PROFILE, hostname"
+# The whole GPU's: a property of the board, which dcgm-exporter repeats on each MIG
+# instance and on each pod sharing the GPU. Recorded once per GPU, as the pack's rules
+# multiply them one-to-one per GPU (the PCIe link's capacity).
+GPU_KEYS = "job, instance, gpu, uuid, hostname"
 XID_LAST = "instance_gpu:DCGM_FI_DEV_XID_ERRORS:last"
 MIB = 1024 * 1024
 
@@ -66,6 +70,7 @@ class Field:
     # the counters-file line that brings a field dcgm-exporter's default file leaves out
     # (None: in etc/default-counters.csv)
     counters_line: str | None = None
+    whole_gpu: bool = False  # one series per GPU (GPU_KEYS), see there
 
 
 PLAIN: tuple[Field, ...] = (
@@ -108,6 +113,7 @@ PLAIN: tuple[Field, ...] = (
         "generation",
         "",
         "DCGM_FI_DEV_PCIE_LINK_GEN, gauge, PCIe link generation.",
+        whole_gpu=True,
     ),
     Field(
         "DCGM_FI_DEV_PCIE_LINK_WIDTH",
@@ -115,6 +121,7 @@ PLAIN: tuple[Field, ...] = (
         "lanes",
         "",
         "DCGM_FI_DEV_PCIE_LINK_WIDTH, gauge, PCIe link width (lanes).",
+        whole_gpu=True,
     ),
     Field("DCGM_FI_DEV_FB_USED", gpu_rows.MEMORY_USED, "MiB", f" * {MIB}"),
     Field("DCGM_FI_DEV_FB_RESERVED", gpu_rows.MEMORY_RESERVED, "MiB", f" * {MIB}"),
@@ -190,6 +197,13 @@ def _keyed(settings: Settings, name: str) -> str:
     return f"max by ({KEYS}) (\n  {_indent(normalized(settings, name))}\n)"
 
 
+def _plain(settings: Settings, field: Field) -> str:
+    expr = normalized(settings, field.dcgm)
+    if field.whole_gpu:
+        expr = f"max by ({GPU_KEYS}) (\n  {_indent(expr)}\n)"
+    return expr + field.scale
+
+
 def pcie_rule(settings: Settings, dcgm: str, row: MetricDef) -> dict[str, Any]:
     record, rate = series(row), _keyed(settings, dcgm)
     own = _own(settings, record)
@@ -238,13 +252,7 @@ def xid_rules(settings: Settings) -> list[dict[str, Any]]:
 
 
 def dcgm_groups(settings: Settings) -> list[dict[str, Any]]:
-    rules = [
-        _rule(
-            series(f.row),
-            f"{normalized(settings, f.dcgm)}{f.scale}" if f.scale else normalized(settings, f.dcgm),
-        )
-        for f in PLAIN
-    ]
+    rules = [_rule(series(f.row), _plain(settings, f)) for f in PLAIN]
     total = "\n+\n".join(normalized(settings, name) for name in FB_PARTS)
     rules.append(_rule(series(gpu_rows.MEMORY_TOTAL), f"(\n{total}\n)\n* {MIB}"))
     rules += [
