@@ -180,8 +180,8 @@ def slo_alerts(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
 def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
     w, inc = settings.window, settings.increase_window
     gpu = gpu_conditions(settings)
-    throttling = settings.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
-    uncorrected = settings.sel(f'{ECC_TYPE}="volatile_uncorrected"')
+    throttling = settings.gpu_sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    uncorrected = settings.gpu_sel(f'{ECC_TYPE}="volatile_uncorrected"')
     on_gpu = "GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
     return [
         _alert(
@@ -217,7 +217,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
         _alert(
             settings,
             "GpuscopeGpuXidErrors",
-            f"increase({series(gpu_rows.XID_EVENTS)}{settings.sel()}[{inc}]) > 0",
+            f"increase({series(gpu_rows.XID_EVENTS)}{settings.gpu_sel()}[{inc}]) > 0",
             settings.for_("0m"),
             "warning",
             "A GPU reported XID errors.",
@@ -239,7 +239,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
         _alert(
             settings,
             "GpuscopeGpuLost",
-            f"{series(gpu_rows.UP)}{settings.sel()} == 0",
+            f"{series(gpu_rows.UP)}{settings.gpu_sel()} == 0",
             settings.for_(settings.for_gpu_lost),
             "critical",
             "A GPU cannot be read any more.",

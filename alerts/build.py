@@ -27,6 +27,7 @@ if __name__ == "__main__" and not __package__:
 
 import yaml
 
+from alerts import dcgm_rules
 from alerts.alerting import alerting_groups
 from alerts.engine_rules import EngineJobs, engine_groups, releases_comment, with_engine_timings
 from alerts.recording import recording_groups
@@ -67,6 +68,9 @@ def rendered(settings: Settings, jobs: EngineJobs | None = None) -> dict[str, st
         ),
         "alerting.yml": render(alerting_groups(settings, jobs)),
         "engines.yml": render(engine_groups(settings, jobs), releases_comment()),
+        "dcgm-exporter.yml": render(
+            dcgm_rules.dcgm_groups(settings), dcgm_rules.releases_comment()
+        ),
     }
 
 
@@ -79,6 +83,7 @@ def prometheus_rule(settings: Settings, metadata: dict[str, Any]) -> dict[str, A
     jobs = EngineJobs()
     groups = with_engine_timings(recording_groups(settings), settings, jobs)
     groups += alerting_groups(settings, jobs) + engine_groups(settings, jobs)
+    groups += dcgm_rules.dcgm_groups(settings)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -102,6 +107,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--job-selector", help='e.g. job="gpuscope"')
     parser.add_argument("--worker-job-selector", help='e.g. job="gpuscope-worker"')
     parser.add_argument("--vllm-job-selector", help='vLLM\'s own /metrics, e.g. job="vllm"')
+    parser.add_argument("--gpu-job-selector", help='the gpuscope_gpu_* series, e.g. job="gpuscope"')
+    parser.add_argument("--dcgm-job-selector", help='dcgm-exporter, e.g. job="dcgm-exporter"')
     for engine in ("triton", "tgi", "sglang", "trtllm"):
         parser.add_argument(
             f"--{engine}-job-selector", help=f'its own /metrics, e.g. job="{engine}"'
@@ -115,6 +122,8 @@ def main(argv: Sequence[str]) -> int:
         "job_selector",
         "worker_job_selector",
         "vllm_job_selector",
+        "gpu_job_selector",
+        "dcgm_job_selector",
         "runbook",
     }
     overrides = {k: v for k, v in vars(args).items() if k in settable and v is not None}

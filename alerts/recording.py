@@ -335,26 +335,26 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     occupancy, utilization = series(gpu_rows.SM_OCCUPANCY), series(gpu_rows.UTILIZATION)
     capacity = "\n    + ".join(
-        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{settings.sel()} == bool {gen})"
+        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{settings.gpu_sel()} == bool {gen})"
         f" * {lane_bytes_per_second(gen):.6g}"
         for gen in sorted(LINK_GENERATIONS)
     )
-    throttling = settings.sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
+    throttling = settings.gpu_sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
     pcie = {"receive": gpu_rows.PCIE_RECEIVE, "transmit": gpu_rows.PCIE_TRANSMIT}
-    info = series(gpu_rows.INFO) + settings.sel()
+    info = series(gpu_rows.INFO) + settings.gpu_sel()
     return [
         _rule(
             f"{OCCUPANCY_AVG}{w}",
-            f"avg by ({INSTANCE_GPU}) (avg_over_time({occupancy}{settings.sel()}[{w}]))",
+            f"avg by ({INSTANCE_GPU}) (avg_over_time({occupancy}{settings.gpu_sel()}[{w}]))",
         ),
         _rule(
             f"{UTILIZATION_AVG}{w}",
-            f"avg by ({INSTANCE_GPU}) (avg_over_time({utilization}{settings.sel()}[{w}]))",
+            f"avg by ({INSTANCE_GPU}) (avg_over_time({utilization}{settings.gpu_sel()}[{w}]))",
         ),
         _rule(
             SM_CLOCK_RATIO,
-            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.sel()})\n/\n"
-            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.sel()})",
+            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.gpu_sel()})\n/\n"
+            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.gpu_sel()})",
         ),
         _rule(
             f"{SM_CLOCK_RATIO_AVG}{w}",
@@ -369,14 +369,14 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
         # dividing by 0 would give +Inf, a saturated link, under any traffic
         _rule(
             PCIE_CAPACITY,
-            f"max by ({INSTANCE_GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.sel()}\n"
+            f"max by ({INSTANCE_GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.gpu_sel()}\n"
             f"  * on ({INSTANCE_GPU}) (\n    {capacity}\n  )\n)\n> 0",
         ),
         _rule(
             f"{PCIE_UTILIZATION}{w}",
             " or ".join(
                 f"label_replace(\n"
-                f"  sum by ({INSTANCE_GPU}) (rate({series(row)}{settings.sel()}[{w}]))\n"
+                f"  sum by ({INSTANCE_GPU}) (rate({series(row)}{settings.gpu_sel()}[{w}]))\n"
                 f"  / on ({INSTANCE_GPU}) {PCIE_CAPACITY},\n"
                 f'  "direction", "{direction}", "", ""\n)'
                 for direction, row in pcie.items()
@@ -384,8 +384,8 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
         ),
         _rule(
             MEMORY_USED_RATIO,
-            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.sel()})\n/\n"
-            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.sel()})",
+            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.gpu_sel()})\n/\n"
+            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.gpu_sel()})",
         ),
         # Each GPU's host (the exporter's instance without the port), for the boards'
         # GPU panels of a host; and the best-fed GPU of each host, for requests that
@@ -396,7 +396,9 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
         ),
         _rule(
             f"{HOST_OCCUPANCY}{w}",
-            _max_by_host(with_host(settings, f"avg_over_time({occupancy}{settings.sel()}[{w}])")),
+            _max_by_host(
+                with_host(settings, f"avg_over_time({occupancy}{settings.gpu_sel()}[{w}])")
+            ),
         ),
     ]
 

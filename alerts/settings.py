@@ -50,6 +50,12 @@ class Settings:
     worker_job_selector: str = 'job="gpuscope-worker"'
     # vLLM's own /metrics (vllm:*), scraped as its own job: the metrics-only path
     vllm_job_selector: str = 'job="vllm"'
+    # NVIDIA's dcgm-exporter (DCGM_FI_*; alerts/dcgm_rules.py records them as gpuscope's
+    # GPU series): its own job, or the GPU Operator's service "nvidia-dcgm-exporter"
+    dcgm_job_selector: str = 'job=~"(nvidia-)?dcgm-exporter"'
+    # where the GPU side's gpuscope_gpu_* series come from: gpuscope's exporter, or the
+    # rules over dcgm-exporter (which keep its job), or both on different nodes
+    gpu_job_selector: str = 'job=~"gpuscope|(nvidia-)?dcgm-exporter"'
     # The host of a scrape target, from its ``instance`` label (Prometheus anchors the
     # regex): "gpu-host-1:8000" and "gpu-host-1" give gpu-host-1, "[::1]:9420" [::1].
     # Requests without a GPU UUID meet the GPUs of the exporter on the same host.
@@ -124,6 +130,14 @@ class Settings:
     def sel(self, extra: str = "") -> str:
         """A label selector with the job and ``extra`` matchers."""
         return "{" + ", ".join(m for m in (self.job_selector, extra) if m) + "}"
+
+    def gpu_sel(self, extra: str = "") -> str:
+        """The selector of the GPU side's gpuscope_gpu_* series, with ``extra`` matchers."""
+        return "{" + ", ".join(m for m in (self.gpu_job_selector, extra) if m) + "}"
+
+    def dcgm_sel(self, extra: str = "") -> str:
+        """The selector of dcgm-exporter's series, with ``extra`` matchers."""
+        return "{" + ", ".join(m for m in (self.dcgm_job_selector, extra) if m) + "}"
 
     def worker_sel(self) -> str:
         """The selector of the worker's own metrics."""

@@ -115,11 +115,18 @@ def served_metric_names(text: str) -> set[str]:
     }
 
 
+def gpuscope_rules(rules_dir: Path) -> list[Path]:
+    """The rule files over what gpuscope's processes and vLLM serve: not the one over
+    dcgm-exporter's series (and its own records), which test_alerts_dcgm_exporter.py
+    checks against dcgm-exporter's exposition."""
+    return [path for path in sorted(rules_dir.glob("*.yml")) if path.name != "dcgm-exporter.yml"]
+
+
 def metrics_in_exprs(rules_dir: Path) -> set[str]:
     """Exporter, worker and vLLM metrics the rule expressions select (recorded names
     excluded)."""
     exprs = "\n".join(
-        rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")
+        rule["expr"] for path in gpuscope_rules(rules_dir) for rule in rules(path, "expr")
     )
     found = set(re.findall(r"\bgpuscope_\w+", exprs)) | set(re.findall(r"\bvllm:\w+", exprs))
     return found - {name.split(":")[1] for name in recorded_names(rules_dir)}
@@ -134,7 +141,7 @@ def served_label_names(text: str) -> set[str]:
 def labels_in_exprs(rules_dir: Path) -> set[str]:
     """Label names the rule expressions match, group or join on, minus those rules create."""
     text = "\n".join(
-        rule["expr"] for path in rules_dir.glob("*.yml") for rule in rules(path, "expr")
+        rule["expr"] for path in gpuscope_rules(rules_dir) for rule in rules(path, "expr")
     )
     used = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", text))
     for group in re.findall(

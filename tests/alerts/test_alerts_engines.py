@@ -188,7 +188,7 @@ def test_the_timings_are_where_the_verdict_reads_them() -> None:
 
 def test_the_engine_rules_are_generated_into_their_own_file_and_named_like_the_rest() -> None:
     made = rendered(Settings())
-    assert set(made) == {"recording.yml", "alerting.yml", "engines.yml"}
+    assert set(made) == {"recording.yml", "alerting.yml", "engines.yml", "dcgm-exporter.yml"}
     for rule in (
         rule for group in yaml.safe_load(made["engines.yml"])["groups"] for rule in group["rules"]
     ):

@@ -63,8 +63,12 @@ GPUSCOPE_NAME = re.compile(r"(?<![\w:])(gpuscope_\w+)(?![\w:])")
 
 
 def recording_rules() -> set[str]:
+    """Names the rules record; not dcgm-exporter.yml's, which records gpuscope's own GPU
+    names from dcgm-exporter: the boards' GPU names must be served by the exporter."""
     names: set[str] = set()
     for path in sorted(RULES_DIR.glob("*.yml")) if RULES_DIR.is_dir() else []:
+        if path.name == "dcgm-exporter.yml":
+            continue
         for group in yaml.safe_load(path.read_text()).get("groups", []):
             names.update(rule["record"] for rule in group["rules"] if "record" in rule)
     return names

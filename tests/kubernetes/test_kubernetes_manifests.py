@@ -70,7 +70,7 @@ def test_the_prometheus_rule_holds_the_groups_alerts_build_writes() -> None:
     # ... which differs from the shipped rules in the host of a target only
     assert s.rules == Settings(host_from_instance=s.rules.host_from_instance)
     shipped = []
-    for name in ("recording.yml", "alerting.yml", "engines.yml"):
+    for name in ("recording.yml", "alerting.yml", "engines.yml", "dcgm-exporter.yml"):
         shipped += yaml.safe_load((REPO / "alerts" / "rules" / name).read_text())["groups"]
     assert [g["name"] for g in groups] == [g["name"] for g in shipped]
     assert [len(g["rules"]) for g in groups] == [len(g["rules"]) for g in shipped]
