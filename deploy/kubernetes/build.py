@@ -22,7 +22,13 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from alerts.build import dump
-from deploy.kubernetes.components import COMPONENTS, OVERLAYS, base, overlay_namespace
+from deploy.kubernetes.components import (
+    COMPONENTS,
+    OVERLAYS,
+    base,
+    image_entries,
+    overlay_namespace,
+)
 from deploy.kubernetes.objects import Obj, kustomization
 from deploy.kubernetes.settings import KubeSettings
 
@@ -77,6 +83,9 @@ def rendered(s: KubeSettings | None = None) -> dict[str, str]:
                 namespace=overlay_namespace(s, name),
                 resources=["../../base"],
                 components=[f"../../components/{part}" for part in parts],
+                # and the image: base's entry reaches only base's own containers, not a
+                # component's (the demo's worker would run gpuscope:latest)
+                images=image_entries(s),
             )
         }
     return {
