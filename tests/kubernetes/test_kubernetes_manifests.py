@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from alerts import build as alerts_build
-from alerts.settings import Settings
+from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 from deploy.kubernetes import build, components
 from deploy.kubernetes import settings as build_settings
 from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
@@ -47,6 +47,39 @@ def test_committed_manifests_are_what_the_builder_writes(tmp_path: Path) -> None
     assert build.main(["--out", str(out), "--check"]) == 1
     (out / "overlays" / "demo" / "kustomization.yaml").write_text("# edited\n")
     assert build.main(["--out", str(out), "--check"]) == 1
+
+
+def _runbook_urls(folder: Path) -> set[str]:
+    """The runbook addresses (without their sections) of the PrometheusRule that
+    ``kubectl kustomize`` renders from ``folder``."""
+    kubectl = require_binary("kubectl")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+    groups = find(objects, "PrometheusRule")["spec"]["groups"]
+    return {
+        rule["annotations"]["runbook_url"].partition("#")[0]
+        for group in groups
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+
+
+def test_the_runbook_url_is_a_setting_of_the_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(RUNBOOK_URL_VARIABLE, raising=False)
+    assert _runbook_urls(KUBERNETES / "overlays" / "demo") == {RUNBOOK_PATH}
+    mine = "https://git.example.com/ops/gpuscope/blob/v1/alerts/runbook.md"
+    assert build.main(["--out", str(tmp_path / "flag"), "--runbook-url", mine]) == 0
+    assert _runbook_urls(tmp_path / "flag" / "overlays" / "kube-prometheus-stack") == {mine}
+    # the committed manifests are the default's: --check says so when told another
+    assert build.main(["--check", "--runbook-url", mine]) == 1
+    monkeypatch.setenv(RUNBOOK_URL_VARIABLE, mine)
+    assert build.main(["--out", str(tmp_path / "env")]) == 0
+    assert _runbook_urls(tmp_path / "env" / "base") == {mine}
 
 
 def test_every_overlay_and_component_is_rendered_here() -> None:
