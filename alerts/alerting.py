@@ -303,19 +303,27 @@ def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
 
 def spans_not_arriving(settings: Settings, jobs: EngineJobs) -> str:
     """No span reached an exporter within ``spans_idle_window`` while requests are known to
-    arrive: on its host by the servers' own counters (where it received spans before, so
-    that an exporter kept only for its GPUs beside an untraced engine stays quiet), or at
-    the exporter itself as OTLP export requests it refused (a wrong token, a full budget).
-    Without either, no spans is no traffic: an idle model alerts nobody."""
+    arrive: by the servers' own counters on its host, or on a host without an exporter
+    of its own (compose's services each have their own host name; one exporter takes
+    the spans of them all), where it received spans before (so that an exporter kept
+    only for its GPUs beside an untraced engine stays quiet); or at the exporter itself
+    as OTLP export requests it refused (a wrong token, a full budget). Without either,
+    no spans is no traffic: an idle model alerts nobody."""
     idle, sel = settings.spans_idle_window, settings.sel()
     received = series(exporter_rows.SPANS_RECEIVED) + sel
     refused = f"increase({series(exporter_rows.OTLP_REQUESTS_REJECTED)}{sel}[{idle}])"
-    traced = with_host(settings, f"{received} > 0")
-    arriving = requests_arriving(settings, jobs)
-    known = (
-        f"(\n  {indent(traced)}\n  and on (host)\n  (\n    {indent(indent(arriving))}\n  )\n)"
-        f"\nor\nsum by (job, instance) ({refused}) > 0"
+    arriving = indent(indent(requests_arriving(settings, jobs)))
+    same_host = (
+        f"(\n  {indent(with_host(settings, f'{received} > 0'))}\n  and on (host)\n"
+        f"  (\n    {arriving}\n  )\n)"
     )
+    exporter_hosts = indent(indent(with_host(settings, received)))
+    no_exporter = (
+        f"(\n  {received} > 0\n  and on ()\n"
+        f"  (\n    (\n      {indent(arriving)}\n    )\n    unless on (host)\n"
+        f"    {exporter_hosts}\n  )\n)"
+    )
+    known = f"{same_host}\nor\n{no_exporter}\nor\nsum by (job, instance) ({refused}) > 0"
     return f"rate({received}[{idle}]) == 0\nand on (job, instance)\n(\n  {indent(known)}\n)"
 
 
@@ -332,8 +340,8 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
             "warning",
             "Requests arrive but the exporter receives no spans.",
             f"{on} received no span in the last {idle} while requests arrived (counted by "
-            "the servers on its host, or OTLP exports it refused): the application's "
-            "tracing or its path to the exporter is broken.",
+            "the servers on its host or on a host without an exporter, or OTLP exports it "
+            "refused): the application's tracing or its path to the exporter is broken.",
         ),
         _alert(
             settings,
