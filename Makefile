@@ -89,8 +89,9 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/gpuscope demo
 
-# The healthy demo for 20 minutes against the shipped rules in a real Prometheus and
-# Alertmanager: nothing may fire (about 25 minutes; not part of make test).
+# The healthy demo for 20 minutes under load, then 23 minutes idle, against the shipped
+# rules in a real Prometheus and Alertmanager: nothing may fire in either half (about
+# 50 minutes; not part of make test).
 soak: install system-deps
 	$(BIN)/pytest -q -rP -m soak tests/alerts/test_alerts_soak.py
 

@@ -26,10 +26,11 @@ from alerts.recording import (
     on_request_gpu,
     phase_is,
     slo_errors_ratio,
+    with_host,
 )
 from alerts.settings import SMG, THROTTLE_REASONS, Settings, Slo
 from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
-from dashboards.engines import ENGINES
+from dashboards.engines import ENGINES, VLLM_FINISHED, WORKER_REQUESTS
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
 
@@ -283,21 +284,64 @@ def gpu_source_alerts(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def exporter_alerts(settings: Settings) -> list[dict[str, Any]]:
+def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
+    """Per host, > 0 where requests arrived within ``spans_idle_window`` by the servers'
+    own counters: the reference worker's, vLLM's and each engine's of the engine table
+    (what they count whether or not their tracing works)."""
+    idle = settings.spans_idle_window
+    counters = [
+        WORKER_REQUESTS + settings.worker_sel(),
+        VLLM_FINISHED + settings.vllm_sel(),
+        *(counter + jobs.sel(engine) for engine in ENGINES for counter in engine.requests),
+    ]
+    per_host = (
+        f"sum by (host) (\n  {indent(with_host(settings, f'increase({c}[{idle}])'))}\n) > 0"
+        for c in counters
+    )
+    return "\nor\n".join(per_host)
+
+
+def spans_not_arriving(settings: Settings, jobs: EngineJobs) -> str:
+    """No span reached an exporter within ``spans_idle_window`` while requests are known to
+    arrive: by the servers' own counters on its host, or on a host without an exporter
+    of its own (compose's services each have their own host name; one exporter takes
+    the spans of them all), where it received spans before (so that an exporter kept
+    only for its GPUs beside an untraced engine stays quiet); or at the exporter itself
+    as OTLP export requests it refused (a wrong token, a full budget). Without either,
+    no spans is no traffic: an idle model alerts nobody."""
+    idle, sel = settings.spans_idle_window, settings.sel()
+    received = series(exporter_rows.SPANS_RECEIVED) + sel
+    refused = f"increase({series(exporter_rows.OTLP_REQUESTS_REJECTED)}{sel}[{idle}])"
+    arriving = indent(indent(requests_arriving(settings, jobs)))
+    same_host = (
+        f"(\n  {indent(with_host(settings, f'{received} > 0'))}\n  and on (host)\n"
+        f"  (\n    {arriving}\n  )\n)"
+    )
+    exporter_hosts = indent(indent(with_host(settings, received)))
+    no_exporter = (
+        f"(\n  {received} > 0\n  and on ()\n"
+        f"  (\n    (\n      {indent(arriving)}\n    )\n    unless on (host)\n"
+        f"    {exporter_hosts}\n  )\n)"
+    )
+    known = f"{same_host}\nor\n{no_exporter}\nor\nsum by (job, instance) ({refused}) > 0"
+    return f"rate({received}[{idle}]) == 0\nand on (job, instance)\n(\n  {indent(known)}\n)"
+
+
+def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
     w, inc, idle = settings.window, settings.increase_window, settings.spans_idle_window
     sel, down_for = settings.sel(), settings.for_(settings.for_exporter)
-    received = series(exporter_rows.SPANS_RECEIVED) + sel
     on = "{{ $labels.instance }}"
     return [
         _alert(
             settings,
             "GpuscopeSpansNotArriving",
-            f"rate({received}[{idle}]) == 0\nand\n{received} > 0",
+            spans_not_arriving(settings, jobs),
             settings.for_(settings.for_exporter_signals),
             "warning",
-            "The exporter stopped receiving spans.",
-            f"{on} received spans earlier but none in the last {idle}: "
-            "the application's tracing or its path to the exporter is broken.",
+            "Requests arrive but the exporter receives no spans.",
+            f"{on} received no span in the last {idle} while requests arrived (counted by "
+            "the servers on its host or on a host without an exporter, or OTLP exports it "
+            "refused): the application's tracing or its path to the exporter is broken.",
         ),
         _alert(
             settings,
@@ -436,7 +480,7 @@ def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[
             *slo_alerts(settings, settings.ttft_slo),
         ],
         "gpuscope-gpu-alerts": [*gpu_alerts(settings), *gpu_source_alerts(settings)],
-        "gpuscope-exporter-alerts": exporter_alerts(settings),
+        "gpuscope-exporter-alerts": exporter_alerts(settings, jobs),
         "gpuscope-worker-alerts": [*worker_alerts(settings), *engine_alerts(settings, jobs)],
     }
     return [

@@ -6,6 +6,7 @@ rule files under ``alerts/rules/`` are generated from it and committed::
     python alerts/build.py                         # rewrite alerts/rules/*.yml
     python alerts/build.py --check                 # exit 1 if the committed rules are stale
     python alerts/build.py --out /tmp/r --interval 1s --for 2s   # a fast variant
+    python alerts/build.py --runbook-url https://git.example.com/ops/gpuscope/blob/main/alerts/runbook.md
 
 The table is ``settings.py``; ``recording.py`` and ``alerting.py`` turn it into rule
 groups; this script writes them as YAML.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ from alerts import dcgm_rules
 from alerts.alerting import alerting_groups
 from alerts.engine_rules import EngineJobs, engine_groups, releases_comment, with_engine_timings
 from alerts.recording import recording_groups
-from alerts.settings import Settings
+from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 
 HERE = Path(__file__).resolve().parent
 
@@ -113,7 +115,15 @@ def main(argv: Sequence[str]) -> int:
         parser.add_argument(
             f"--{engine}-job-selector", help=f'its own /metrics, e.g. job="{engine}"'
         )
-    parser.add_argument("--runbook", help="URL of runbook.md that alerts link to")
+    parser.add_argument(
+        "--runbook-url",
+        "--runbook",
+        dest="runbook",
+        metavar="URL",
+        default=os.environ.get(RUNBOOK_URL_VARIABLE) or None,
+        help="address of runbook.md that every alert's runbook_url links into "
+        f"(environment: {RUNBOOK_URL_VARIABLE}; default: {RUNBOOK_PATH}, the shipped file)",
+    )
     args = parser.parse_args(argv)
     settable = {
         "interval",

@@ -20,6 +20,11 @@ GPU = f"{GPU_INDEX}, {UUID}"
 REQUEST = f"{SERVICE_MODEL}, host, {GPU}"
 SMG = "source, " + REQUEST
 HOST_GPU = "host, " + GPU
+# The runbook as shipped, from the repository root: the default of ``Settings.runbook``.
+RUNBOOK_PATH = "alerts/runbook.md"
+# The environment twin of alerts/build.py's --runbook-url (deploy/kubernetes/build.py
+# reads it too).
+RUNBOOK_URL_VARIABLE = "GPUSCOPE_RUNBOOK_URL"
 # Clock event reasons that mean the hardware holds clocks down (not idle, not a setting).
 THROTTLE_REASONS = (
     "hw_slowdown",
@@ -60,8 +65,13 @@ class Settings:
     # regex): "gpu-host-1:8000" and "gpu-host-1" give gpu-host-1, "[::1]:9420" [::1].
     # Requests without a GPU UUID meet the GPUs of the exporter on the same host.
     host_from_instance: str = "(.+?)(?::[0-9]+)?"
-    # where alerts/runbook.md is served; each alert links to its section
-    runbook: str = "https://github.com/gpuscope/gpuscope/blob/main/alerts/runbook.md"
+    # Where alerts/runbook.md is read; each alert's runbook_url is this and "#" and the
+    # alert's section. No host serves the project, so the default is the runbook shipped
+    # beside these rules, as a path from the repository root: it names the file of the
+    # same commit in any checkout or repository browser, and never a host nobody owns.
+    # A site sets the address its people open (its git host's view of the file, a wiki)
+    # with alerts/build.py --runbook-url or GPUSCOPE_RUNBOOK_URL (alerts/README.md).
+    runbook: str = RUNBOOK_PATH
     # requests an SLO counts: model calls, not /v1/models or health checks
     slo_selector: str = 'model!=""'
     interval: str = "30s"  # rule group evaluation interval

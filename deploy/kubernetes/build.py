@@ -2,6 +2,7 @@
 
     python deploy/kubernetes/build.py            # rewrite base/, components/, overlays/
     python deploy/kubernetes/build.py --check    # exit 1 if the committed files are stale
+    python deploy/kubernetes/build.py --runbook-url URL --out my-manifests   # your runbook
 
 Run by ``make kubernetes``. The objects come from the table in ``settings.py``, the
 rule groups from ``alerts/build.py``, the dashboards from ``dashboards/json/``; see
@@ -11,6 +12,8 @@ rule groups from ``alerts/build.py``, the dashboards from ``dashboards/json/``; 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +25,14 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from alerts.build import dump
-from deploy.kubernetes.components import COMPONENTS, OVERLAYS, base, overlay_namespace
+from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
+from deploy.kubernetes.components import (
+    COMPONENTS,
+    OVERLAYS,
+    base,
+    image_entries,
+    overlay_namespace,
+)
 from deploy.kubernetes.objects import Obj, kustomization
 from deploy.kubernetes.settings import KubeSettings
 
@@ -77,6 +87,9 @@ def rendered(s: KubeSettings | None = None) -> dict[str, str]:
                 namespace=overlay_namespace(s, name),
                 resources=["../../base"],
                 components=[f"../../components/{part}" for part in parts],
+                # and the image: base's entry reaches only base's own containers, not a
+                # component's (the demo's worker would run gpuscope:latest)
+                images=image_entries(s),
             )
         }
     return {
@@ -93,8 +106,18 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=HERE, help="output folder")
     parser.add_argument("--check", action="store_true", help="fail if the files are stale")
+    parser.add_argument(
+        "--runbook-url",
+        metavar="URL",
+        default=os.environ.get(RUNBOOK_URL_VARIABLE) or None,
+        help="address of runbook.md that the PrometheusRule's alerts link into "
+        f"(environment: {RUNBOOK_URL_VARIABLE}; default: {RUNBOOK_PATH}, as alerts/build.py)",
+    )
     args = parser.parse_args(argv)
-    files = rendered()
+    s = KubeSettings()
+    if args.runbook_url:
+        s = dataclasses.replace(s, rules=dataclasses.replace(s.rules, runbook=args.runbook_url))
+    files = rendered(s)
     present = {
         str(path.relative_to(args.out))
         for folder in GENERATED

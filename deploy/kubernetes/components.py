@@ -75,9 +75,14 @@ def base(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
     files["kustomization.yaml"] = kustomization(
         namespace=s.namespace,
         resources=list(files),
-        images=[{"name": s.image, "newTag": s.image_tag}],
+        images=image_entries(s),
     )
     return files
+
+
+def image_entries(s: KubeSettings) -> list[Obj]:
+    """The one ``images:`` entry: every gpuscope container runs ``image:image_tag``."""
+    return [{"name": s.image, "newTag": s.image_tag}]
 
 
 def kube_prometheus_stack(s: KubeSettings) -> dict[str, Obj | list[Obj]]:

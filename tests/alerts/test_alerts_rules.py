@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
 from support.binaries import require_binary
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
@@ -23,10 +25,13 @@ UNIT_TESTS = sorted((ALERTS / "tests").glob("*_test.yml"))
 CAUSES = {"queue", "batch_wait", "compute", "underfed", "throttled", "pcie", "none"}
 
 
-def build_rules(out: Path, *args: str) -> None:
-    """Run alerts/build.py as a user would."""
+def build_rules(out: Path, *args: str, runbook_url: str | None = None) -> None:
+    """Run alerts/build.py as a user would (with GPUSCOPE_RUNBOOK_URL only when given)."""
     command = [sys.executable, str(ALERTS / "build.py"), "--out", str(out), *args]
-    subprocess.run(command, check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != RUNBOOK_URL_VARIABLE}
+    if runbook_url is not None:
+        env[RUNBOOK_URL_VARIABLE] = runbook_url
+    subprocess.run(command, check=True, capture_output=True, env=env)
 
 
 def rules_of(path: Path) -> list[dict[str, Any]]:
@@ -136,6 +141,39 @@ def test_every_verdict_cause_is_produced_by_a_case() -> None:
         for match in re.findall(r'cause="(\w+)"', sample["labels"])
     }
     assert produced == CAUSES
+
+
+def test_every_runbook_url_opens_its_section_of_the_shipped_runbook() -> None:
+    # by default the links name the runbook beside the rules, not a host nobody owns
+    sections = {
+        heading.lower()
+        for heading in re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M)
+    }
+    for path in RULES:
+        for rule in rules_of(path):
+            if "alert" not in rule:
+                continue
+            url = rule["annotations"]["runbook_url"]
+            file, _, section = url.partition("#")
+            assert file == RUNBOOK_PATH and (REPO / file).is_file(), url
+            assert section == rule["alert"].lower() and section in sections, url
+
+
+def test_the_runbook_url_is_a_setting_of_the_build(tmp_path: Path) -> None:
+    def urls(folder: Path) -> set[str]:
+        found = {r["annotations"]["runbook_url"] for r in rules_of(folder / "alerting.yml")}
+        return {url.partition("#")[0] for url in found}
+
+    mine = "https://git.example.com/ops/gpuscope/blob/v1/alerts/runbook.md"
+    build_rules(tmp_path / "env", runbook_url=mine)
+    assert urls(tmp_path / "env") == {mine}
+    other = "https://wiki.example.com/gpuscope/runbook.md"
+    build_rules(tmp_path / "flag", "--runbook-url", other, runbook_url=mine)  # the flag wins
+    assert urls(tmp_path / "flag") == {other}
+    build_rules(tmp_path / "old", "--runbook", other)  # the former spelling still works
+    assert urls(tmp_path / "old") == {other}
+    build_rules(tmp_path / "empty", runbook_url="")  # set but empty: the default
+    assert urls(tmp_path / "empty") == {RUNBOOK_PATH}
 
 
 def test_the_runbook_has_a_section_per_alert() -> None:

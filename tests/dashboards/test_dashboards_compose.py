@@ -34,12 +34,21 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 PROVISIONING = REPO / "dashboards" / "provisioning"
 
 
-def bind_mounts(service: dict[str, Any]) -> list[tuple[Path, str]]:
-    """(host path, container path) of every ``./...`` volume of ``service``."""
+# ``${NAME:-default}``: a path the environment may replace, read as its default
+DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def bind_mounts(
+    service: dict[str, Any], environ: dict[str, str] | None = None
+) -> list[tuple[Path, str]]:
+    """(host path, container path) of every bind mount of ``service``, a path from the
+    environment as compose reads it (``environ``, else the variable's default)."""
+    environ = environ or {}
     mounts = []
     for volume in service.get("volumes", []):
+        volume = DEFAULTED.sub(lambda m: environ.get(m.group(1)) or m.group(2), volume)
         source, target = volume.split(":")[:2]
-        if source.startswith("./"):
+        if source.startswith(("./", "/")):
             mounts.append((REPO / source, target))
     return mounts
 
@@ -119,11 +128,10 @@ def promtool_check_config(config: Path) -> str:
     return result.stdout + result.stderr
 
 
-def test_prometheus_config_passes_promtool_with_the_rules_as_mounted(tmp_path: Path) -> None:
-    """The container's files laid out under ``tmp_path`` as its bind mounts place them:
-    the config must find every rule file there (promtool also checks each rule)."""
-    root = tmp_path / "container"
-    for source, target in bind_mounts(SERVICES["prometheus"]):
+def _prometheus_container(root: Path, environ: dict[str, str] | None = None) -> str:
+    """The container's files laid out under ``root`` as its bind mounts place them; what
+    promtool says of its config there (it also checks each rule)."""
+    for source, target in bind_mounts(SERVICES["prometheus"], environ):
         destination = root / target.lstrip("/")
         destination.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
@@ -131,10 +139,32 @@ def test_prometheus_config_passes_promtool_with_the_rules_as_mounted(tmp_path: P
         else:
             shutil.copy(source, destination)
     flag = next(a for a in SERVICES["prometheus"]["command"] if a.startswith("--config.file="))
-    report = promtool_check_config(root / flag.removeprefix("--config.file=").lstrip("/"))
+    return promtool_check_config(root / flag.removeprefix("--config.file=").lstrip("/"))
+
+
+def test_prometheus_config_passes_promtool_with_the_rules_as_mounted(tmp_path: Path) -> None:
+    """The config must find every rule file where the container has them."""
+    root = tmp_path / "container"
+    report = _prometheus_container(root)
     assert f"SUCCESS: {len(RULE_FILES)} rule files found" in report, report
     for rules in RULE_FILES:
         assert f"Checking {root}/etc/alerts/rules/{rules.name}" in report, report
+
+
+def test_rules_built_with_another_runbook_replace_the_shipped_ones(tmp_path: Path) -> None:
+    # GPUSCOPE_RULES_DIR (documented beside the mount) puts rules built with another
+    # runbook address (alerts/build.py --runbook-url) where Prometheus reads its rules
+    text = COMPOSE_FILE.read_text()
+    assert "alerts/build.py --runbook-url" in text and "GPUSCOPE_RULES_DIR=" in text
+    mine, url = tmp_path / "my-rules", "https://wiki.example.com/gpuscope/runbook.md"
+    build = [sys.executable, str(REPO / "alerts" / "build.py"), "--out", str(mine)]
+    subprocess.run([*build, "--runbook-url", url], check=True, capture_output=True)
+    root = tmp_path / "container"
+    report = _prometheus_container(root, {"GPUSCOPE_RULES_DIR": str(mine)})
+    assert f"SUCCESS: {len(RULE_FILES)} rule files found" in report, report
+    mounted = (root / "etc" / "alerts" / "rules" / "alerting.yml").read_text()
+    assert f"runbook_url: {url}#" in mounted
+    assert mounted == (mine / "alerting.yml").read_text()
 
 
 def test_prometheus_config_finds_the_rules_where_it_sits_in_the_repository() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from alerts import build as alerts_build
-from alerts.settings import Settings
+from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 from deploy.kubernetes import build, components
 from deploy.kubernetes import settings as build_settings
 from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
@@ -49,6 +50,39 @@ def test_committed_manifests_are_what_the_builder_writes(tmp_path: Path) -> None
     assert build.main(["--out", str(out), "--check"]) == 1
     (out / "overlays" / "demo" / "kustomization.yaml").write_text("# edited\n")
     assert build.main(["--out", str(out), "--check"]) == 1
+
+
+def _runbook_urls(folder: Path) -> set[str]:
+    """The runbook addresses (without their sections) of the PrometheusRule that
+    ``kubectl kustomize`` renders from ``folder``."""
+    kubectl = require_binary("kubectl")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+    groups = find(objects, "PrometheusRule")["spec"]["groups"]
+    return {
+        rule["annotations"]["runbook_url"].partition("#")[0]
+        for group in groups
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+
+
+def test_the_runbook_url_is_a_setting_of_the_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(RUNBOOK_URL_VARIABLE, raising=False)
+    assert _runbook_urls(KUBERNETES / "overlays" / "demo") == {RUNBOOK_PATH}
+    mine = "https://git.example.com/ops/gpuscope/blob/v1/alerts/runbook.md"
+    assert build.main(["--out", str(tmp_path / "flag"), "--runbook-url", mine]) == 0
+    assert _runbook_urls(tmp_path / "flag" / "overlays" / "kube-prometheus-stack") == {mine}
+    # the committed manifests are the default's: --check says so when told another
+    assert build.main(["--check", "--runbook-url", mine]) == 1
+    monkeypatch.setenv(RUNBOOK_URL_VARIABLE, mine)
+    assert build.main(["--out", str(tmp_path / "env")]) == 0
+    assert _runbook_urls(tmp_path / "env" / "base") == {mine}
 
 
 def test_every_overlay_and_component_is_rendered_here() -> None:
@@ -387,3 +421,56 @@ def test_every_pod_runs_as_a_user_of_its_own() -> None:
     assert all(len(uids) == 1 for uids in users.values()), users
     every = [next(iter(uids)) for uids in users.values()]
     assert len(set(every)) == len(every), users
+
+
+def _gpuscope_images(objects: list[Obj], image: str) -> dict[str, str]:
+    """``workload/container`` -> image of every container (init ones too) running the
+    gpuscope image, however it is tagged."""
+
+    def name_of(reference: str) -> str:
+        # the reference without its digest and tag (a registry's port stays)
+        path, _, last = reference.split("@")[0].rpartition("/")
+        return (path + "/" if path else "") + last.split(":")[0]
+
+    return {
+        f"{name}/{container['name']}": container["image"]
+        for name, pod in _pods(objects)
+        for container in (*pod.get("initContainers", ()), *pod["containers"])
+        if name_of(container["image"]) == image
+    }
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_gpuscope_container_runs_the_one_tagged_version(folder: str) -> None:
+    # an images: entry reaches only the objects of its own kustomization and those below
+    # it: base's did not reach the containers a component adds (the demo's worker)
+    s = KubeSettings()
+    images = _gpuscope_images(kustomize(folder), s.image)
+    assert images, f"{folder} runs no gpuscope container"
+    assert set(images.values()) == {f"{s.image}:{s.image_tag}"}, images
+
+
+def test_one_images_entry_of_a_users_overlay_retags_every_gpuscope_container(
+    tmp_path: Path,
+) -> None:
+    # the README's own overlay: its one entry moves the exporter and the worker alike
+    kubectl = require_binary("kubectl")
+    s = KubeSettings()
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize refuses an absolute path
+        "resources": [os.path.relpath(KUBERNETES / "overlays" / "demo", tmp_path)],
+        "images": [
+            {"name": s.image, "newName": "registry.example.com/gpuscope", "newTag": "9.9.9"}
+        ],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay), encoding="utf-8")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+    images = _gpuscope_images(objects, "registry.example.com/gpuscope")
+    assert set(images) == {"gpuscope/exporter", "gpuscope-worker/worker"}, images
+    assert set(images.values()) == {"registry.example.com/gpuscope:9.9.9"}
