@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test test-fast lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
+.PHONY: demo soak test test-fast pack pack-check lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ lint: install
 # does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
+	$(BIN)/mypy $(wildcard pack/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps pynvml-versions
@@ -61,6 +61,14 @@ test: lint typecheck extras unit
 # (tests/support/fast_tier.py refuses a process start there); no lint, no system deps.
 test-fast: install
 	$(BIN)/pytest -q --fast
+
+# Regenerate every generated file of the pack (rules, boards, Kubernetes manifests) from
+# its one table, pack/settings.py; pack-check fails, naming them, if any is stale.
+pack: install
+	$(BIN)/python pack/build.py
+
+pack-check: install
+	$(BIN)/python pack/build.py --check
 
 # Regenerate the Grafana dashboards (dashboards/json/) from dashboards/build.py.
 dashboards: install
@@ -95,7 +103,7 @@ demo: $(DEMO_STAMP)
 soak: install system-deps
 	$(BIN)/pytest -q -rP -m soak tests/alerts/test_alerts_soak.py
 
-# Regenerate alerts/rules/*.yml from the Settings table of alerts/settings.py.
+# Regenerate alerts/rules/*.yml from the Settings table of pack/settings.py.
 rules: install
 	$(BIN)/python alerts/build.py
 	$(BIN)/python deploy/kubernetes/build.py  # its PrometheusRule carries the rules

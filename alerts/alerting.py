@@ -8,31 +8,33 @@ from typing import Any
 
 from alerts.engine_rules import EngineJobs
 from alerts.recording import (
-    BATCH_WAIT,
-    ERRORS_RATIO,
     INSTANCE,
     INSTANCE_GPU,
-    KV_USAGE,
     MEMORY_USED_RATIO,
     PCIE_UTILIZATION,
     PHASE_P99,
     PHASE_SHARE_MEAN,
     PREEMPTIONS,
-    QUEUE,
     QUEUE_DELAY,
-    WAITING,
     gpu_conditions,
     indent,
     on_request_gpu,
     phase_is,
-    slo_errors_ratio,
     with_host,
 )
-from alerts.settings import SMG, THROTTLE_REASONS, Settings, Slo
-from dashboards.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
-from dashboards.engines import ENGINES, VLLM_FINISHED, WORKER_REQUESTS
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
+from pack.engines import ENGINES, VLLM_FINISHED, WORKER_REQUESTS
+from pack.recorded import (
+    BATCH_WAIT,
+    ERRORS_RATIO,
+    KV_USAGE,
+    QUEUE,
+    WAITING,
+    slo_errors_ratio,
+)
+from pack.settings import SMG, THROTTLE_REASONS, Settings, Slo
 
 # Where a request alert is about: its service and model, the GPU (or, for requests
 # that name none, the host) and the source the numbers came through.

@@ -39,11 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from alerts.settings import Settings
-from dashboards.contract import series
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASON_BITS
+from pack.contract import series
+from pack.settings import Settings
 
 SOURCE = "dcgm-exporter"
 RELEASE = "4.5.3-4.8.2"

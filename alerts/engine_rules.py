@@ -1,6 +1,6 @@
 """Recording rules over Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``.
 
-Each engine (``dashboards/engines.py``: ``ENGINES``, with the release its names were
+Each engine (``pack/engines.py``: ``ENGINES``, with the release its names were
 read from) is scraped by Prometheus as a job of its own. These rules write its
 numbers into the series the boards, the verdict and the alerts already read, with the
 engine as the ``source`` label, exactly as ``recording.py`` does for vLLM:
@@ -28,22 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from alerts.recording import (
-    ERRORS_RATIO,
-    KV_USAGE,
-    REQUESTS_RATE,
-    RUNNING,
-    WAITING,
     error_ratio,
     indent,
     le_matcher,
-    rate_record,
-    slo_errors_ratio,
     slo_ratio,
     with_host,
 )
-from alerts.settings import SERVICE_MODEL, Settings, Slo, seconds_of
-from dashboards.contract import MODEL, SERVICE
-from dashboards.engines import (
+from pack.contract import MODEL, SERVICE
+from pack.engines import (
     ENGINES,
     HISTOGRAM_KEY,
     SGLANG_ENGINE,
@@ -58,13 +50,20 @@ from dashboards.engines import (
     Engine,
     EngineTiming,
 )
+from pack.recorded import (
+    BATCH_SIZE_MEAN,
+    ERRORS_RATIO,
+    KV_USAGE,
+    REQUESTS_RATE,
+    RUNNING,
+    WAITING,
+    rate_record,
+    slo_errors_ratio,
+)
+from pack.settings import SERVICE_MODEL, Settings, Slo, seconds_of
 
 # The recording group whose verdict reads the engines' timings.
 BOTTLENECK_GROUP = "gpuscope-bottleneck"
-# Per source, service, model and host: the mean batch size (requests, or Triton's
-# inferences, per model execution), a series of its own: gpuscope's spans keep theirs
-# in the exporter's gpuscope_batch_size histogram.
-BATCH_SIZE_MEAN = "service_model_gpu:gpuscope_batch_size:mean"
 # What an engine's queue holds, as the worker's ``endpoint`` label: the generation
 # engines' requests all hold KV-cache blocks (the worker's "completions"); Triton serves
 # any model through its ``infer`` endpoint.

@@ -6,7 +6,7 @@ adds ``host``, the exporter's ``instance`` without its port. ``service_model_gpu
 keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
 ``service_model`` keeps ``source``, ``service`` and ``model``.
 
-``source`` says which path the numbers came through (``dashboards/engines.py``):
+``source`` says which path the numbers came through (``pack/engines.py``):
 ``spans`` from gpuscope's exporter, ``vllm`` from vLLM's own ``/metrics`` mapped onto
 the same names. Every statistic is computed within one source, so requests seen
 through both paths are never added up. Requests that name no GPU (vLLM's ``/metrics``
@@ -23,23 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.settings import (
-    GPU,
-    HOST_GPU,
-    REQUEST,
-    SERVICE_MODEL,
-    SMG,
-    THROTTLE_REASONS,
-    Settings,
-    Slo,
-    seconds_of,
-)
-from dashboards.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
+from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
 
-# The PCIe per-lane table is the dashboards' (dashboards/pcie.py), so that the panels
+# The PCIe per-lane table is the dashboards' (pack/pcie.py), so that the panels
 # and the rules agree on every generation's capacity; so is the table of sources and
-# of vLLM's series (dashboards/engines.py), which the boards' notes use too.
-from dashboards.engines import (
+# of vLLM's series (pack/engines.py), which the boards' notes use too.
+from pack.engines import (
     DURATION_HISTOGRAM,
     HISTOGRAM_KEY,
     PHASE_HISTOGRAM,
@@ -62,8 +52,34 @@ from dashboards.engines import (
     WORKER_WAITING,
     vllm_histograms_for,
 )
-from dashboards.pcie import LINK_GENERATIONS, lane_bytes_per_second
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.pcie import LINK_GENERATIONS, lane_bytes_per_second
+from pack.recorded import (
+    BATCH_WAIT,
+    COMPUTE,
+    ERRORS_RATIO,
+    FINISHED_RATE,
+    GPU_HOST,
+    KV_USAGE,
+    QUEUE,
+    REQUESTS_RATE,
+    RUNNING,
+    VERDICT,
+    VERDICT_CAUSES,
+    WAITING,
+    rate_record,
+    slo_errors_ratio,
+)
+from pack.settings import (
+    GPU,
+    HOST_GPU,
+    REQUEST,
+    SERVICE_MODEL,
+    SMG,
+    THROTTLE_REASONS,
+    Settings,
+    Slo,
+    seconds_of,
+)
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -97,12 +113,6 @@ def _vllm(settings: Settings, expr: str, by: str) -> str:
 
 
 # --- recording rules ----------------------------------------------------------------
-
-
-def rate_record(hist: str, suffix: str) -> str:
-    """The recorded per-second rate of ``hist``'s ``sum``, ``count`` or ``bucket`` per
-    source, service, model, host and GPU (and phase or stage), without its window."""
-    return f"service_model_gpu:{hist}_{suffix}:rate"
 
 
 def stat_record(hist: str, statistic: str) -> str:
@@ -201,29 +211,12 @@ def engine_histogram_rules(settings: Settings, hist: str) -> list[dict[str, Any]
     return rules
 
 
-# Requests finished per second by why they ended (``reason``: stop, length, abort,
-# error, ...), per source, service, model and host: vLLM's finished_reason. gpuscope's
-# spans carry no finish reason as a metric label, so only engines that count them
-# feed it.
-FINISHED_RATE = "service_model_gpu:gpuscope_requests_finished:rate"
-
-
 def finished_rules(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     rate = f"rate({VLLM_FINISHED}{settings.vllm_sel()}[{w}])"
     reason = _copy_label(rate, "reason", "finished_reason")
     expr = _vllm(settings, reason, f"{SERVICE_MODEL}, host, reason")
     return [_rule(FINISHED_RATE + w, expr, source=VLLM)]
-
-
-# Per source, service and model (each name ends with its window): requests per second,
-# the share that failed, the share that missed an objective.
-REQUESTS_RATE = "service_model:gpuscope_requests:rate"
-ERRORS_RATIO = "service_model:gpuscope_request_errors:ratio_rate"
-
-
-def slo_errors_ratio(slo: Slo) -> str:
-    return f"service_model:gpuscope_{slo.name}_slo_errors:ratio_rate"
 
 
 def request_rules(settings: Settings) -> list[dict[str, Any]]:
@@ -325,9 +318,6 @@ THROTTLE_ACTIVE = "instance_gpu:gpuscope_gpu_clock_throttle_reasons:active"
 PCIE_CAPACITY = "instance_gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
 PCIE_UTILIZATION = "instance_gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
 MEMORY_USED_RATIO = "instance_gpu:gpuscope_gpu_memory_used:ratio"
-# 1 per GPU, labelled with its host as well (the boards' GPU-to-host map); the best SM
-# occupancy among a host's GPUs
-GPU_HOST = f"instance_host_gpu:{gpu_rows.INFO.name}:max"
 HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
 
 
@@ -456,9 +446,6 @@ def on_request_gpu(settings: Settings, cause: str) -> str:
 
 # Verdict precedence: a hardware limit explains everything above it, so it wins; then
 # an underfed GPU (a feeding problem shows as queueing); then the dominant phase.
-COMPUTE, BATCH_WAIT, QUEUE = phase("compute"), phase("batch_wait"), phase("queue")
-VERDICT_CAUSES = ("none", COMPUTE, BATCH_WAIT, QUEUE, "underfed", "pcie", "throttled")
-VERDICT = "service_model_gpu:gpuscope_bottleneck:verdict"
 
 
 def phase_is(name: str) -> str:
@@ -507,10 +494,7 @@ def indent(text: str) -> str:
 # Per-instance series of the serving engine's own /metrics (the worker's
 # gpuscope_worker_*, or vLLM's, mapped onto the same names), and the configured batching
 # window per model. A scrape target is one engine, so these never mix sources.
-KV_USAGE = f"instance:{WORKER_KV_USAGE}:avg"
 PREEMPTIONS = f"instance:{WORKER_PREEMPTIONS.removesuffix('_total')}:rate"
-WAITING = f"instance_endpoint:{WORKER_WAITING}:avg"
-RUNNING = f"instance_endpoint:{WORKER_RUNNING}:avg"
 QUEUE_DELAY = f"model:{WORKER_MAX_QUEUE_DELAY}:max"
 # vLLM schedules generation only: every request it runs or keeps waiting holds (or
 # needs) KV-cache blocks, the worker's "completions" endpoint.

@@ -5,7 +5,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from dashboards.contract import CONNECTION_STATE, OVERFLOWED_METRIC, REASON, VERSION, series
 from dashboards.panels import (
     EXPORTER_CHAIN,
     HALF,
@@ -21,6 +20,7 @@ from dashboards.panels import (
 )
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.definitions import MetricDef
+from pack.contract import CONNECTION_STATE, OVERFLOWED_METRIC, REASON, VERSION, series
 
 UID = "gpuscope-exporter-health"
 EXPORTER = selector("job", "instance")

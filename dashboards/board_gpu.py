@@ -5,7 +5,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 
-from dashboards.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, XID, series
 from dashboards.panels import (
     FULL,
     GPU_CHAIN,
@@ -25,9 +24,10 @@ from dashboards.panels import (
     thresholds,
     timeseries,
 )
-from dashboards.pcie import capacity_expr
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, XID, series
+from pack.pcie import capacity_expr
 
 UID = "gpuscope-gpu"
 GPU = selector("job", "instance", GPU_INDEX)

@@ -7,29 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from alerts.engine_rules import BATCH_SIZE_MEAN
-from alerts.recording import ERRORS_RATIO, FINISHED_RATE, REQUESTS_RATE, slo_errors_ratio
-from alerts.settings import Settings, Slo
-from dashboards import contract, engines, serving
-from dashboards.contract import series
-from dashboards.engines import (
-    DURATION_HISTOGRAM,
-    GENERATION_TOKENS_HISTOGRAM,
-    NO_TRAFFIC,
-    PHASE_HISTOGRAM,
-    PROMPT_TOKENS_HISTOGRAM,
-    SOURCES,
-    SPANS,
-    STAGE_HISTOGRAM,
-    TPOT_HISTOGRAM,
-    TTFT_HISTOGRAM,
-    WORKER_MAX_BATCH_SIZE,
-    WORKER_MAX_QUEUE_DELAY,
-    has_bound,
-    lacking_note,
-    not_reported,
-    phases_note,
-)
+from dashboards import serving
 from dashboards.panels import (
     FULL,
     HALF,
@@ -50,17 +28,45 @@ from dashboards.panels import (
     thresholds,
     timeseries,
 )
-from dashboards.recorded import WINDOW
-from dashboards.recorded import rate as recorded_rate
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack import contract, engines
+from pack.contract import series
+from pack.engines import (
+    DURATION_HISTOGRAM,
+    GENERATION_TOKENS_HISTOGRAM,
+    NO_TRAFFIC,
+    PHASE_HISTOGRAM,
+    PROMPT_TOKENS_HISTOGRAM,
+    SOURCES,
+    SPANS,
+    STAGE_HISTOGRAM,
+    TPOT_HISTOGRAM,
+    TTFT_HISTOGRAM,
+    WORKER_MAX_BATCH_SIZE,
+    WORKER_MAX_QUEUE_DELAY,
+    has_bound,
+    lacking_note,
+    not_reported,
+    phases_note,
+)
+from pack.recorded import (
+    BATCH_SIZE_MEAN,
+    ERRORS_RATIO,
+    FINISHED_RATE,
+    REQUESTS_RATE,
+    WINDOW,
+    slo_errors_ratio,
+)
+from pack.recorded import rate as recorded_rate
+from pack.settings import Settings, Slo
 
 UID = "gpuscope-inference-latency"
 # P50, P90 and P99 with the mean beside them, as engines' own boards draw them: a mean
 # far above P50 means a long tail, a P99 far above P90 a few outliers.
 QUANTILES = (0.5, 0.9, 0.99)
-# The thresholds of the headline row: the rules' objectives and limits (alerts/settings.py).
+# The thresholds of the headline row: the rules' objectives and limits (pack/settings.py).
 SETTINGS = Settings()
 
 # Request histograms carry route; phase, token-timing and batch histograms do not.
@@ -358,7 +364,7 @@ def add_source_rows(board: Dashboard) -> None:
     latencies as above, for gpuscope's spans and for an engine's own /metrics alike,
     with what only some sources report (prompt and generation lengths, finish reasons)
     and the SLOs' error budget burn. A panel over something the source does not
-    report says so (the table in dashboards/engines.py)."""
+    report says so (the table in pack/engines.py)."""
     board.with_row(row("Per source: $source (recording rules)", repeat="source"))
     board.with_panel(
         timeseries(

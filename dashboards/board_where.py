@@ -15,20 +15,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from alerts.recording import BATCH_WAIT, COMPUTE, QUEUE
-from alerts.settings import GPU
-from dashboards.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
-from dashboards.engines import (
-    COMPUTE_SPLIT,
-    DURATION_HISTOGRAM,
-    NO_TRAFFIC,
-    PHASE_HISTOGRAM,
-    PHASE_QUANTILES,
-    PHASE_TIMES,
-    STAGE_HISTOGRAM,
-    not_reported,
-    phases_note,
-)
 from dashboards.panels import (
     RATE,
     SOURCE_CHAIN,
@@ -45,9 +31,22 @@ from dashboards.panels import (
     text_panel,
     timeseries,
 )
-from dashboards.pcie import capacity_expr
-from dashboards.recorded import GPU_HOST, VERDICT, rate
 from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
+from pack.engines import (
+    COMPUTE_SPLIT,
+    DURATION_HISTOGRAM,
+    NO_TRAFFIC,
+    PHASE_HISTOGRAM,
+    PHASE_QUANTILES,
+    PHASE_TIMES,
+    STAGE_HISTOGRAM,
+    not_reported,
+    phases_note,
+)
+from pack.pcie import capacity_expr
+from pack.recorded import BATCH_WAIT, COMPUTE, GPU_HOST, QUEUE, VERDICT, rate
+from pack.settings import GPU
 
 UID = "gpuscope-where-did-the-time-go"
 # Written by the bottleneck rules in alerts/: 1 for the cause that holds now.

@@ -43,11 +43,11 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
 
-from dashboards.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
-from dashboards.engines import NO_TRAFFIC, SCRAPED_ENGINE_SERIES
-from dashboards.recorded import SOURCE_SERIES
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
+from pack.engines import NO_TRAFFIC, SCRAPED_ENGINE_SERIES
+from pack.recorded import SOURCE_SERIES
 
 TAGS = ["gpuscope"]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

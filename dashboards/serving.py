@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-from alerts.recording import KV_USAGE, RUNNING, WAITING
-from dashboards.engines import (
+from dashboards.panels import RATE, THIRD, query, row, selector, timeseries
+from pack.engines import (
     VLLM_KV_USAGE,
     VLLM_PREEMPTIONS,
     VLLM_RUNNING,
@@ -31,8 +31,7 @@ from dashboards.engines import (
     WORKER_RUNNING,
     WORKER_WAITING,
 )
-from dashboards.panels import RATE, THIRD, query, row, selector, timeseries
-from dashboards.recorded import WINDOW
+from pack.recorded import KV_USAGE, RUNNING, WAITING, WINDOW
 
 # Every series of the row is one scrape target's: filtered by the board's $job, $instance.
 TARGET = selector("job", "instance")

@@ -25,7 +25,6 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from alerts.build import dump
-from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
 from deploy.kubernetes.components import (
     COMPONENTS,
     OVERLAYS,
@@ -35,6 +34,7 @@ from deploy.kubernetes.components import (
 )
 from deploy.kubernetes.objects import Obj, kustomization
 from deploy.kubernetes.settings import KubeSettings
+from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
 
 HERE: Final = Path(__file__).resolve().parent
 # the folders this script owns: every file in them is generated

@@ -1,7 +1,7 @@
 """The one table of the Kubernetes manifests: names, placement, resources, images.
 
 What the rest of the pack already decides is read from there, never written again:
-the scrape job names from ``alerts/settings.py`` (the rules select them), the
+the scrape job names from ``pack/settings.py`` (the rules select them), the
 exporter's port, shutdown timeout and flag defaults from its own parser, the
 dashboards' folder from ``dashboards/provisioning/``. ``build.py`` turns this table
 into the objects of ``base/``, ``components/`` and ``overlays/``.
@@ -18,10 +18,10 @@ from typing import Final
 
 import yaml
 
-from alerts.settings import Settings
 from gpuscope import __version__, flags
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.worker.config import WorkerConfig
+from pack.settings import Settings
 
 REPO: Final = Path(__file__).resolve().parents[2]
 

@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 import yaml
 
-from dashboards.engines import ENGINES
 from gpuscope.exporter.definitions import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
+from pack.engines import ENGINES
 from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
 

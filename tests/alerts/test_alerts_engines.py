@@ -1,5 +1,5 @@
 """Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``: the rules read only what
-each engine exposes (``dashboards/engines.py``, taken from its source at a release), and
+each engine exposes (``pack/engines.py``, taken from its source at a release), and
 their promtool cases feed series shaped exactly as the engine writes them."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import yaml
 from alerts.build import main as build_main
 from alerts.build import rendered
 from alerts.engine_rules import BOTTLENECK_GROUP, EngineJobs, timing_rules
-from alerts.settings import Settings
-from dashboards import engines
-from dashboards.contract import PHASES
-from dashboards.engines import ENGINES, Engine
+from pack import engines
+from pack.contract import PHASES
+from pack.engines import ENGINES, Engine
+from pack.settings import Settings
 
 REPO = Path(__file__).parents[2]
 RULES = REPO / "alerts" / "rules"

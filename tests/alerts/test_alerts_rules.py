@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
+from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
 from support.binaries import require_binary
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)

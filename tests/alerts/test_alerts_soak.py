@@ -26,8 +26,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from alerts.settings import Settings, seconds_of
 from gpuscope.children import free_port
+from pack.settings import Settings, seconds_of
 from support.prometheus_server import (
     instant_query,
     run_alertmanager,

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from dashboards import engines
+from pack import engines
 from support.prometheus_server import run_prometheus, wait_for_scrapes
 from support.triton_engine import MODELS, REPO, check_recorded, recorded, scalar
 from support.triton_replay import captures, run_triton_replay, truth

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboards import engines
-from dashboards.engines import EngineHistogram
+from pack import engines
+from pack.engines import EngineHistogram
 
 REPO = Path(__file__).parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-0.32.0" / "metrics.txt"

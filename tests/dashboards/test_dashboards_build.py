@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from alerts.settings import Settings
-from dashboards import engines, pcie
+from pack import engines, pcie
+from pack.settings import Settings
 from support.dashboards_json import (
     DASHBOARD_DIR,
     REPO,

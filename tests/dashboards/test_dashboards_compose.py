@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards.engines import ENGINES
 from gpuscope import flags
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.simulated import simulated_uuid
 from gpuscope.worker.config import WorkerConfig
+from pack.engines import ENGINES
 from support.binaries import require_binary
 from support.dashboards_json import REPO
 

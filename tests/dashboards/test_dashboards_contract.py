@@ -11,13 +11,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from dashboards import contract, engines
 from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
 from gpuscope.exporter.gpu.definitions import GPU_METRICS
 from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.metrics import WorkerCollector
 from gpuscope.worker.scheduler import BatchPolicy, Counters
+from pack import contract, engines
 from support.dashboards_json import (
     REPO,
     TARGET_LABELS,

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts.settings import Settings
-from dashboards import engines
-from dashboards.recorded import SOURCE_SERIES, WINDOW
+from pack import engines
+from pack.recorded import SOURCE_SERIES, WINDOW
+from pack.settings import Settings
 from support.binaries import require_binary
 from support.dashboards_json import (
     REPO,

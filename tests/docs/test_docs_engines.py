@@ -1,4 +1,4 @@
-"""docs/engines/: the table says what ``SOURCE_DETAILS`` (dashboards/engines.py) says, and
+"""docs/engines/: the table says what ``SOURCE_DETAILS`` (pack/engines.py) says, and
 each engine's page names the release its metric names were read from."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards import engines
-from dashboards.engines import ENGINES, SOURCE_DETAILS, Engine
+from pack import engines
+from pack.engines import ENGINES, SOURCE_DETAILS, Engine
 
 DOCS = Path(__file__).parents[2] / "docs" / "engines"
 # table column -> source

@@ -121,7 +121,7 @@ committed = {p.name: p.read_text() for p in (repo / "dashboards" / "json").glob(
 found["boards_changed"] = sorted(n for n in rendered if rendered[n] != committed[n])
 
 from alerts import build as rules
-from alerts.settings import Settings
+from pack.settings import Settings
 made = rules.rendered(Settings())
 found["rules_unchanged"] = all(
     made[name] == (repo / "alerts" / "rules" / name).read_text() for name in made

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from alerts import build as alerts_build
-from alerts.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 from deploy.kubernetes import build, components
 from deploy.kubernetes import settings as build_settings
 from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
+from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 from support.binaries import require_binary
 from support.kubernetes_manifests import (
     KUBERNETES,

@@ -75,8 +75,8 @@ REPO = Path(__file__).parents[2]
 SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
 WORKER_JOB = "gpuscope-worker"
-VLLM_JOB = "vllm"  # the job alerts/settings.py selects (vllm_job_selector)
-TRITON_JOB = "triton"  # the job the engine rules select (dashboards/engines.py)
+VLLM_JOB = "vllm"  # the job pack/settings.py selects (vllm_job_selector)
+TRITON_JOB = "triton"  # the job the engine rules select (pack/engines.py)
 SERVICE = "pack-worker"
 # The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
 WORKER_CONFIG = replace(SMALL, max_new_tokens=32)

@@ -11,8 +11,8 @@ Generation 5 x16 comes to 63.0 GB/s per direction, generation 6 x16 to 121 GB/s.
 
 from __future__ import annotations
 
-from dashboards.contract import series
 from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import series
 
 # generation -> (GT/s per lane, payload bits per line bit)
 LINK_GENERATIONS: dict[int, tuple[float, float]] = {

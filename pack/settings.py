@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboards.contract import GPU_INDEX, MODEL, SERVICE, UUID
 from gpuscope.exporter import definitions as exporter_rows
+from pack.contract import GPU_INDEX, MODEL, SERVICE, UUID
 
 # The labels of service_model_gpu:* series: the source the numbers came through (see
-# dashboards/engines.py), then what the request ran on. ``host`` is the scrape
+# pack/engines.py), then what the request ran on. ``host`` is the scrape
 # target's host (its ``instance`` without the port): the GPU join of requests that
 # name no GPU (``gpu`` and ``uuid`` empty).
 SERVICE_MODEL = f"{SERVICE}, {MODEL}"

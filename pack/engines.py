@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dashboards.contract import COMPUTE_STAGES, PHASE, PHASES, STAGE, phase, stage
 from gpuscope.exporter import definitions as exporter_rows
+from pack.contract import COMPUTE_STAGES, PHASE, PHASES, STAGE, phase, stage
 
 SPANS = "spans"
 VLLM = "vllm"
