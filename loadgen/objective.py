@@ -112,6 +112,8 @@ def _why_lost(
     own: StepResult | None,
     winner: StepResult,
 ) -> str:
+    if steps and all(step.not_started for step in steps):
+        return f"  {config}: did not start: {steps[0].not_started}"
     if own is not None:
         head = f"  {config}: {objective.describe(own)}"
     elif objective.kind == "max-throughput":

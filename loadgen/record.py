@@ -84,6 +84,9 @@ def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict
         "env": env,
     }
     row.update(_server_columns(result))
+    if result.not_started:
+        last = result.notes[0] if result.notes else ""
+        row.update(load="not started", errors=f"{result.not_started} {last}".strip())
     return {column: _cell(row.get(column, "")) for column in COLUMNS}
 
 
