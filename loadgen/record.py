@@ -85,8 +85,7 @@ def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict
     }
     row.update(_server_columns(result))
     if result.not_started:
-        last = result.notes[0] if result.notes else ""
-        row.update(load="not started", errors=f"{result.not_started} {last}".strip())
+        row.update(load="not started", errors=result.not_started)
     return {column: _cell(row.get(column, "")) for column in COLUMNS}
 
 

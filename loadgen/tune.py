@@ -222,14 +222,18 @@ class TuneOptions(
         """What the rows call the swept knob."""
         if not self.command:
             return self.flag
-        name, sep, _ = self.sweep.partition("=")
-        named = sep and _SWEEP_NAME.fullmatch(name.strip())
-        return self.sweep_name or (name.strip() if named else "value")
+        return self.sweep_name or self._split_sweep()[0] or "value"
+
+    def _split_sweep(self) -> tuple[str, str]:
+        """--command's sweep as (NAME or '', the values): ``NAME=`` is a name only when
+        no value holds an '=' of its own (``k=1,k=2`` is two values)."""
+        name, sep, rest = self.sweep.partition("=")
+        if sep and _SWEEP_NAME.fullmatch(name.strip()) and "=" not in rest:
+            return name.strip(), rest
+        return "", self.sweep
 
     def _command_values(self) -> list[str]:
-        name, sep, rest = self.sweep.partition("=")
-        text = rest if sep and _SWEEP_NAME.fullmatch(name.strip()) else self.sweep
-        return [v.strip() for v in text.split(",") if v.strip()]
+        return [v.strip() for v in self._split_sweep()[1].split(",") if v.strip()]
 
     def launch(
         self,
@@ -418,14 +422,13 @@ async def _run_command(
     does not start is one row saying why (None: stopped meanwhile)."""
     launch = options.launch(index, value, work_dir, exporter_url, gpu_uuid)
     label, first_load = launch.label, options.loads()[0]
-    with launch.log.open("a") as log:  # the log says what ran, first
-        log.write(f"# gpuscope tune {label}: {launch.command_line}\n")
+    (launch.workdir / "command").write_text(launch.command_line + "\n")
     print(f"gpuscope tune: {label}: starting {launch.command_line}", file=sys.stderr)
     name = f"server {label}"
     started = time.monotonic()
     try:
         process = children.start_command(
-            name, launch.argv, log=launch.log, env=launch.env, cwd=launch.workdir,
+            name, launch.argv, log=launch.log, env=launch.env,
             grace_s=options.stop_grace_s,
         )  # fmt: skip
     except OSError as exc:
@@ -440,6 +443,8 @@ async def _run_command(
             return None
         lines = server_command.log_tail(launch.log)
         why = str(exc).removeprefix(f"{name} ")
+        if lines:
+            why += f"; its log's last line: {lines[-1]}"
         print(f"gpuscope tune: {label}: {why}; log {launch.log}", file=sys.stderr)
         return [not_started(first_load, label, why, lines)]
     print(
@@ -497,8 +502,10 @@ def main(argv: Sequence[str]) -> int:
     steps = [step for config_steps in sweep.values() for step in config_steps]
     verdict = choose(Objective.parse(options.objective), sweep)
     stream = table_stream(options)
-    # the best value as Triton's and Ray Serve's batching settings
-    lines = [*verdict.lines, *batching_equivalents.for_tune(options, verdict.best)]
+    # the best worker value as Triton's and Ray Serve's batching settings
+    lines = list(verdict.lines)
+    if not options.command:  # another engine's settings are its own, not the worker's
+        lines += batching_equivalents.for_tune(options, verdict.best)
     print(table(steps, env) + "\n".join(lines), file=stream, flush=True)
     write_outputs(options, steps, env, with_record=False)  # the record grew value by value
     if stopped:
