@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -176,3 +176,11 @@ triton-check: triton-venv system-deps
 	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
 	GPUSCOPE_TRITON_CAPTURE=tests/fixtures/triton-2.51 \
 	$(BIN)/pytest -q -rP tests/engines/test_triton_live.py
+
+# gpuscope tune --command on the same Triton: max_queue_delay_microseconds swept through a
+# rendered config (tests/engines/test_tune_triton_live.py); it re-captures the fixtures
+# of tests/fixtures/tune-triton-2.51/ that make test replays (tests/loadgen/test_tune_replay.py).
+tune-triton-check: triton-venv system-deps
+	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
+	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-triton-2.51 \
+	$(BIN)/pytest -q -rP tests/engines/test_tune_triton_live.py
