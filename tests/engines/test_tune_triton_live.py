@@ -32,18 +32,14 @@ import pytest
 
 from gpuscope.loadgen import record
 from gpuscope.loadgen.results import StepResult
-from support.triton_engine import COMPUTE_OVERHEAD_S, triton_python
+from support.triton_engine import triton_python
+from support.tune_triton import DELAYS_US, check
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "engines" / "triton_tune_model.py"
 TEMPLATE = REPO / "scripts" / "engines" / "triton_batcher.json"
 CAPTURE_VARIABLE = "GPUSCOPE_TUNE_CAPTURE"
-HANDLER_S = 0.010  # the model's sleep per execution (triton_tune_model.HANDLER_S)
-DELAYS_US = ("0", "20000", "80000")
 CLIENTS = 8
-# Counters scraped after the step settles against executions logged inside the step's
-# window: a batch or two at either edge of a step of some 200 executions.
-BATCH_WITHIN = 0.05
 
 pytestmark = [
     pytest.mark.slow,
@@ -94,35 +90,6 @@ def window_truth(executions: Path, step: StepResult) -> dict[str, Any]:
         "mean_batch": requests / len(inside),
         "handler_ms": 1000 * sum(e["handler_s"] for e in inside) / len(inside),
     }
-
-
-def check(steps: list[StepResult], truth: dict[str, dict[str, Any]]) -> list[str]:
-    """The rows against the model's log and against each other; the failures."""
-    problems = []
-    by_config = {step.config: step for step in steps}
-    batches, queues = [], []
-    for delay in DELAYS_US:
-        config = f"max-queue-delay-us={delay}"
-        step = by_config[config]
-        server = step.server
-        if server is None or step.ok == 0 or step.errors:
-            problems.append(f"{config}: no clean server view: {step}")
-            continue
-        batch, queue = server.batch_size_mean, server.phase_mean_ms.get("queue")
-        compute = server.phase_mean_ms.get("compute")
-        expected = truth[config]["mean_batch"]
-        if batch is None or abs(batch - expected) > BATCH_WITHIN * expected:
-            problems.append(f"{config}: mean batch {batch} vs the model's {expected:.3f}")
-        handler_ms = truth[config]["handler_ms"]
-        if compute is None or not handler_ms <= compute <= handler_ms + 1000 * COMPUTE_OVERHEAD_S:
-            problems.append(f"{config}: compute {compute} ms vs a handler of {handler_ms:.2f} ms")
-        batches.append(batch or 0.0)
-        queues.append(queue or 0.0)
-    if batches != sorted(batches) or batches[-1] < batches[0] + 2:
-        problems.append(f"the mean batch does not rise with the delay: {batches}")
-    if queues[-1] <= queues[0]:
-        problems.append(f"Triton's queue does not rise with the delay: {queues}")
-    return problems
 
 
 def test_a_triton_queue_delay_sweep_batches_more_and_queues_longer(tmp_path: Path) -> None:
