@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check alerts-check pynvml-versions
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check tune-vllm-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -184,3 +184,12 @@ tune-triton-check: triton-venv system-deps
 	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
 	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-triton-2.51 \
 	$(BIN)/pytest -q -rP tests/engines/test_tune_triton_live.py
+
+# gpuscope tune --command on vLLM: --max-num-seqs 2 and 8 under 16 clients, spans to the
+# tuner's exporter (tests/engines/test_tune_vllm_live.py); it re-captures the fixtures of
+# tests/fixtures/tune-vllm-$(VLLM_VERSION)/ that make test replays.
+tune-vllm-check: vllm-venv
+	GPUSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python \
+	GPUSCOPE_VLLM_MODEL_DIR=$(VLLM_VENV)/tiny-llama \
+	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-vllm-$(VLLM_VERSION) \
+	$(BIN)/pytest -q -rP tests/engines/test_tune_vllm_live.py
