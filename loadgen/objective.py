@@ -138,6 +138,10 @@ def phase_difference(loser: StepResult, winner: StepResult) -> str:
     if not growth:
         return text
     phase = max(growth, key=lambda name: growth[name])
+    if growth[phase] <= 0:
+        # every phase's mean is at most the winner's: the loss is in the tail, or in time
+        # outside the server's phases (its HTTP frontend, the client)
+        return text + "; no server phase's mean grew" + _batch_difference(loser, winner)
     text += f"; {phase} {growth[phase]:+.2f} ms mean"
     if not (loser.server.phase_p99_share and winner.server.phase_p99_share):
         # an engine's counters (Triton's) give means, not a P99 split: no share to show
