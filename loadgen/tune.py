@@ -56,6 +56,7 @@ DEFAULT_SWEEP: Final = "max-queue-delay-ms=0.1,0.25,0.5,1,2,5"
 # Worker fields the tuner sets itself; a sweep or --worker-args must leave them alone.
 OWN_WORKER_FIELDS: Final = ("host", "port", "otlp_endpoint", "gpu_uuid", "no_tracing")
 METRICS_FORMATS: Final = (*BUILDERS, "none")
+LAST_LINE_CHARS: Final = 200
 _SWEEP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 
 
@@ -443,8 +444,13 @@ async def _run_command(
             return None
         lines = server_command.log_tail(launch.log)
         why = str(exc).removeprefix(f"{name} ")
-        if lines:
-            why += f"; its log's last line: {lines[-1]}"
+        if lines:  # one line in the row (a traceback's last can be long), all in the note
+            last = (
+                lines[-1]
+                if len(lines[-1]) <= LAST_LINE_CHARS
+                else lines[-1][:LAST_LINE_CHARS] + "..."
+            )
+            why += f"; its log's last line: {last}"
         print(f"gpuscope tune: {label}: {why}; log {launch.log}", file=sys.stderr)
         return [not_started(first_load, label, why, lines)]
     print(

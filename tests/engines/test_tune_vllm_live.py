@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,13 @@ CAPTURE_VARIABLE = "GPUSCOPE_TUNE_CAPTURE"
 MODEL_VARIABLE = "GPUSCOPE_VLLM_MODEL_DIR"
 
 
-def vllm_command(python: Path, model: Path) -> str:
-    # what vLLM needs on a 2-core CPU machine (docs/engines/vllm.md), its IPC sockets in
-    # the value's folder
+def vllm_command(python: Path, model: Path, sockets: Path) -> str:
+    # what vLLM needs on a 2-core CPU machine (docs/engines/vllm.md); its IPC sockets in a
+    # short folder: a socket's path must fit 107 bytes, and pytest's folders do not
     env = (
         "env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0-1 HF_HUB_OFFLINE=1 "
-        "TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_RPC_BASE_PATH={workdir} "
-        "TMPDIR={workdir}"
+        f"TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_RPC_BASE_PATH={sockets} "
+        f"TMPDIR={sockets}"
     )
     return (
         f"{env} {shlex.quote(str(python))} -m vllm.entrypoints.openai.api_server "
@@ -57,10 +58,11 @@ def test_more_sequences_queue_less_and_compute_more(tmp_path: Path) -> None:
     python = vllm_python()
     assert python is not None
     folder = os.environ.get(MODEL_VARIABLE)
-    model = tiny_model(python, Path(folder) if folder else tmp_path / "tiny-llama")
+    model = tiny_model(python, Path(folder) if folder else tmp_path / "tiny-llama").absolute()
+    sockets = Path(tempfile.mkdtemp(prefix="vllm-", dir="/tmp"))
     argv = [
         sys.executable, "-m", "gpuscope", "tune",
-        "--command", vllm_command(python, model),
+        "--command", vllm_command(python, model, sockets),
         "--sweep", "max-num-seqs=2,8",
         "--start-timeout-s", "600", "--stop-grace-s", "60",
         "--mix", "completions-stream=1", "--output-tokens", "16",
@@ -69,7 +71,10 @@ def test_more_sequences_queue_less_and_compute_more(tmp_path: Path) -> None:
         "--work-dir", str(tmp_path / "work"),
         "--record", str(tmp_path / "record.md"), "--json", str(tmp_path / "tune.json"),
     ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=1500, check=False)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=1500, check=False)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     print(done.stdout)
     assert done.returncode == 0, done.stderr[-4000:]
     _, steps = record.read_json((tmp_path / "tune.json").read_text())
