@@ -159,6 +159,30 @@ def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: P
     assert not (tmp_path / "work" / "02-10").exists(), "the sweep went on after Ctrl-C"
 
 
+def test_sigterm_while_a_server_starts_stops_it_and_the_sweep(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    args = [
+        *GPUSCOPE, "tune", "--command", f"{SERVE} --behave never-ready --state {state} "
+        "--delay-ms {value}", "--sweep", "5,10", "--server-metrics-format", "none",
+        "--work-dir", str(tmp_path / "work"), "--start-timeout-s", "120",
+    ]  # fmt: skip
+    tuner = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not state.exists():
+            assert time.monotonic() < deadline, "the server never started"
+            time.sleep(0.2)  # another process's progress gives no event to wait on
+        pid = json.loads(state.read_text())["pid"]
+        tuner.send_signal(signal.SIGTERM)
+        _, stderr = tuner.communicate(timeout=60)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    assert tuner.returncode == 130, stderr
+    assert not alive(pid)
+    assert not (tmp_path / "work" / "02-10").exists()
+
+
 def test_a_config_template_is_rendered_per_value_and_named_by_the_command(
     tmp_path: Path,
 ) -> None:
