@@ -183,13 +183,14 @@ triton-check: triton-venv system-deps
 tune-triton-check: triton-venv system-deps
 	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
 	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-triton-2.51 \
-	$(BIN)/pytest -q -rP tests/engines/test_tune_triton_live.py
+	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-triton-check tests/engines/test_tune_triton_live.py
 
 # gpuscope tune --command on vLLM: --max-num-seqs 2 and 8 under 16 clients, spans to the
 # tuner's exporter (tests/engines/test_tune_vllm_live.py); it re-captures the fixtures of
-# tests/fixtures/tune-vllm-$(VLLM_VERSION)/ that make test replays.
+# tests/fixtures/tune-vllm-$(VLLM_VERSION)/ that make test replays. Its own --basetemp: pytest
+# runs elsewhere on the machine prune the shared one's older folders, this run's included.
 tune-vllm-check: vllm-venv
 	GPUSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python \
 	GPUSCOPE_VLLM_MODEL_DIR=$(VLLM_VENV)/tiny-llama \
 	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-vllm-$(VLLM_VERSION) \
-	$(BIN)/pytest -q -rP tests/engines/test_tune_vllm_live.py
+	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-vllm-check tests/engines/test_tune_vllm_live.py

@@ -43,6 +43,7 @@ CLIENTS = 8
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(600),  # one engine started per value
     pytest.mark.skipif(
         triton_python() is None, reason="GPUSCOPE_TRITON_PYTHON unset (make tune-triton-check)"
     ),

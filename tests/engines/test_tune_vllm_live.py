@@ -30,6 +30,7 @@ from support.vllm_engine import SERVED_MODEL, tiny_model, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # one engine started per value
     pytest.mark.skipif(
         vllm_python() is None, reason="GPUSCOPE_VLLM_PYTHON unset (make tune-vllm-check)"
     ),
