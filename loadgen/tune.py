@@ -445,12 +445,9 @@ async def _run_command(
         lines = server_command.log_tail(launch.log)
         why = str(exc).removeprefix(f"{name} ")
         if lines:  # one line in the row (a traceback's last can be long), all in the note
-            last = (
-                lines[-1]
-                if len(lines[-1]) <= LAST_LINE_CHARS
-                else lines[-1][:LAST_LINE_CHARS] + "..."
-            )
-            why += f"; its log's last line: {last}"
+            last = lines[-1]
+            cut = last if len(last) <= LAST_LINE_CHARS else last[:LAST_LINE_CHARS] + "..."
+            why += f"; its log's last line: {cut}"
         print(f"gpuscope tune: {label}: {why}; log {launch.log}", file=sys.stderr)
         return [not_started(first_load, label, why, lines)]
     print(
@@ -461,12 +458,16 @@ async def _run_command(
     target = Target(launch.base_url, metrics, options.model, _metrics_format(options))
     try:
         steps = await _ladder(options, target, label, stop, progress)
+    except RuntimeError as exc:  # no load could start (no model listed, say): a row too
+        why = f"started but could not be loaded: {exc}"
+        print(f"gpuscope tune: {label}: {why}", file=sys.stderr)
+        return [not_started(first_load, label, why, server_command.log_tail(launch.log))]
     finally:
+        exited = process.poll()  # before the stop: did it die under the load?
         children.stop(name)
-    if process.returncode not in (None, 0, -15, 143) and not stop.is_set():
-        steps[-1:] and steps[-1].notes.append(  # type: ignore[func-returns-value]
-            f"the server exited with status {process.returncode} when stopped"
-        )
+    if exited is not None and steps:
+        tail = " / ".join(server_command.log_tail(launch.log))
+        steps[-1].notes.append(f"the server exited with status {exited} during the load: {tail}")
     return steps
 
 

@@ -111,6 +111,17 @@ def test_a_program_that_does_not_exist_is_a_row(tmp_path: Path) -> None:
     ] * 2
 
 
+def test_a_server_that_cannot_be_loaded_or_dies_under_load_is_said_so(tmp_path: Path) -> None:
+    done = tune(tmp_path, f"{SERVE} --behave {{value}}", "no-models,dies")
+    unloaded, died = rows(tmp_path)
+    assert unloaded["load"] == "not started"
+    assert unloaded["errors"].startswith("started but could not be loaded: ")
+    assert "/models answered 404; pass --model" in unloaded["errors"]
+    assert died["load"] == "c=2" and "connection" in died["errors"]
+    assert "value=dies c=2: the server exited with status 5 during the load: " in done.stdout
+    assert "fatal: the engine died" in done.stdout
+
+
 def test_a_server_never_ready_is_stopped_at_the_start_timeout(tmp_path: Path) -> None:
     command = f"{SERVE} --behave {{value}} --state {{workdir}}/state.json"
     started = time.monotonic()

@@ -3,12 +3,14 @@ server answering OpenAI embeddings after a set delay, with start-up behaviours t
 the tuner's process handling against.
 
     python tests/support/command_server.py --port P [--delay-ms MS] [--config FILE]
-        [--state FILE] [--behave normal|exit|never-ready|ignore-sigterm|grandchild]
+        [--state FILE] [--behave normal|exit|never-ready|ignore-sigterm|grandchild|
+                            no-models|dies]
 
 ``--config FILE`` reads ``{"delay_ms": ..., "port": ...}`` (a rendered
 ``--config-template``); ``--state FILE`` gets a JSON object with its pid, the delay,
 its OTLP environment and, with ``grandchild``, the pid of a ``sleep`` it started in its
-own process group. Imports nothing of gpuscope.
+own process group. ``no-models`` lists no model; ``dies`` exits with status 5 at its
+twentieth request. Imports nothing of gpuscope.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> int:
     if args.state is not None:
         args.state.write_text(json.dumps(state))
     ready = args.behave != "never-ready"
+    served: list[int] = []  # requests so far (appended to by the handler's threads)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *_: Any) -> None:
@@ -71,13 +74,17 @@ def main() -> int:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._json(200 if ready else 503, {})
-            elif self.path == "/v1/models":
+            elif self.path == "/v1/models" and args.behave != "no-models":
                 self._json(200, {"data": [{"id": "tiny"}]})
             else:
                 self._json(404, {})
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            served.append(1)
+            if args.behave == "dies" and len(served) >= 20:
+                print("fatal: the engine died", flush=True)
+                os._exit(5)
             time.sleep(delay_ms / 1000)
             usage = {"prompt_tokens": 1, "total_tokens": 1}
             self._json(200, {"data": [{"embedding": [0.0]}], "usage": usage})
