@@ -11,8 +11,9 @@ environment pointing at the exporter, waited on at ``--ready-path`` for at most
 ends with its log's last lines; the sweep goes on. ``--config-template`` renders a
 file per value (Triton's ``config.pbtxt``, a Ray Serve YAML) under the value's folder.
 
-Unless ``--exporter-url`` names one, a gpuscope exporter with a simulated GPU is started
-once for the whole sweep. Each value's rows are appended to the record as it ends; at
+Unless ``--exporter-url`` names one, a gpuscope exporter is started once for the whole
+sweep: with a simulated GPU for the reference worker, with the machine's own (NVML, or
+none) for ``--command``. Each value's rows are appended to the record as it ends; at
 the end, the table and the best value under ``--objective`` with why the others lose.
 Every process started here is stopped on success, error, Ctrl-C, SIGTERM and SIGHUP.
 """
@@ -33,6 +34,7 @@ from typing import Final
 
 from gpuscope import flags
 from gpuscope.children import (
+    SIMULATED_GPU_INTERVAL_S,
     TRACES_PATH,
     ChildFailed,
     Children,
@@ -358,7 +360,15 @@ async def run_sweep(
     sweep: dict[str, list[StepResult]] = {}
     with Children() as children:
         exporter_url, gpu_uuid = options.exporter_url, None
-        if exporter_url is None:
+        if exporter_url is None and options.command:
+            # another engine runs on the machine's own GPU, if any: the exporter polls
+            # that (NVML), not a simulated one whose state would be nobody's
+            exporter = children.exporter(
+                gpu_interval_s=SIMULATED_GPU_INTERVAL_S, log_level="warning"
+            )
+            await exporter.wait_ready(stop)
+            exporter_url = exporter.url
+        elif exporter_url is None:
             exporter = children.simulated_exporter()
             await exporter.wait_ready(stop)
             exporter_url, gpu_uuid = exporter.url, simulated_gpu_uuid(0)
