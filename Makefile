@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check tune-vllm-check alerts-check pynvml-versions
+.PHONY: demo soak test lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check tune-vllm-check tune-ray-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -155,6 +155,13 @@ ray-venv: $(RAY_STAMP) install
 
 ray-check: ray-venv
 	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python $(BIN)/pytest -q -rP tests/engines/test_ray_serve_live.py
+
+# gpuscope tune --command on Ray Serve: batch_wait_timeout_s swept, one Ray per value
+# (tests/engines/test_tune_ray_live.py); it re-captures tests/fixtures/tune-ray-$(RAY_VERSION)/.
+tune-ray-check: ray-venv
+	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python \
+	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-ray-$(RAY_VERSION) \
+	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-ray-check tests/engines/test_tune_ray_live.py
 
 # The real-engine check on Triton Inference Server: nvidia-pytriton (its wheel carries
 # tritonserver 2.51.0; installed once into .venv-triton) serving three NumPy models, a
