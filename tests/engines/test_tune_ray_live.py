@@ -5,8 +5,8 @@ tune-ray-check``.
 measured) is swept over two values, one Ray Serve per value
 (``scripts/engines/ray_serve_tune_app.py``: one replica, batches of at most 8 taking
 20 ms each), under 8 closed-loop embedding clients, the replica's spans sent to the
-tuner's exporter. A longer window must wait longer in ``batch_wait`` and fill bigger
-batches.
+tuner's exporter. A longer window must fill bigger batches and serve more, and the short
+window's loss must be named as its wait in Ray's batcher (``batch_wait``).
 
 With ``GPUSCOPE_TUNE_CAPTURE=DIR`` the run's JSON, record and table are written to
 ``DIR``: the fixtures ``make test`` replays (tests/loadgen/test_tune_replay.py).

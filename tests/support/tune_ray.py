@@ -11,24 +11,26 @@ SHORT, LONG = (f"batch-wait-timeout-s={wait}" for wait in WAITS_S)
 
 
 def check(steps: list[StepResult], verdict_text: str) -> list[str]:
-    """A longer window waits longer in ``batch_wait`` and fills bigger batches."""
+    """A longer window fills bigger batches and serves more; the short window's loss is
+    named as batch wait (with 20 ms a batch and one batch at a time, requests that miss a
+    batch wait in Ray's batcher for the next: measured at 122 ms against 4 ms)."""
     by_config = {step.config: step for step in steps}
     if sorted(by_config) != sorted([SHORT, LONG]):
         return [f"expected one row per value, got {[s.config for s in steps]}"]
-    short, long = by_config[SHORT].server, by_config[LONG].server
-    if short is None or long is None:
+    short, long = by_config[SHORT], by_config[LONG]
+    if short.server is None or long.server is None:
         return ["a step has no exporter view (did the replica's spans reach the exporter?)"]
     problems = [
         f"{step.config}: errors {step.errors}, {step.ok} ok"
         for step in steps
         if step.errors or step.ok == 0
     ]
-    waits = short.phase_mean_ms.get("batch_wait", 0.0), long.phase_mean_ms.get("batch_wait", 0.0)
-    if not waits[1] > waits[0]:
-        problems.append(f"batch wait does not grow with the window: {waits}")
-    batches = short.batch_size_mean or 0.0, long.batch_size_mean or 0.0
+    batches = short.server.batch_size_mean or 0.0, long.server.batch_size_mean or 0.0
     if not batches[1] > batches[0]:
         problems.append(f"the mean batch does not grow with the window: {batches}")
-    if "best under" not in verdict_text:
-        problems.append("no winner named")
+    if not long.throughput_rps > short.throughput_rps:
+        problems.append("bigger batches of a fixed cost did not serve more")
+    loser = next((line for line in verdict_text.splitlines() if line.startswith(f"  {SHORT}")), "")
+    if "batch_wait +" not in loser:
+        problems.append(f"the short window's loss is not batch wait: {loser!r}")
     return problems
