@@ -1,6 +1,6 @@
 """The rows, table and verdict of ``gpuscope tune`` from real engine sweeps, replayed from
-the fixtures ``make tune-triton-check`` and ``make tune-vllm-check`` captured
-(tests/fixtures/tune-triton-2.51/, tests/fixtures/tune-vllm-0.32.0/): each run's
+the fixtures ``make tune-triton-check``, ``make tune-vllm-check`` and ``make
+tune-ray-check`` captured (tests/fixtures/tune-*/): each run's
 ``--json`` steps, its record and table, and for Triton the model's own log, per step."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from gpuscope.loadgen import record
 from gpuscope.loadgen.objective import Objective, choose
 from gpuscope.loadgen.output import table
 from gpuscope.loadgen.results import StepResult
-from support import tune_vllm
+from support import tune_ray, tune_vllm
 from support.tune_triton import DELAYS_US, check
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune-triton-2.51"
 VLLM_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune-vllm-0.32.0"
+RAY_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune-ray-2.60.0"
 OBJECTIVE = Objective.parse("max throughput with p99 <= 100 ms")
 VLLM_OBJECTIVE = Objective.parse("max throughput with p99 <= 5000 ms")
 
@@ -75,3 +76,18 @@ def test_vllm_with_more_sequences_queues_less_and_the_loser_says_queue() -> None
     # the loser's cause is the queue, which leads its P99
     assert "max-num-seqs=2" in lines[1] and "; queue +" in lines[1]
     assert record.step_row(steps[0], env)["p99 led by"].startswith("queue")
+
+
+def test_ray_serve_with_a_longer_window_batches_more_and_the_loser_says_batch_wait() -> None:
+    env, steps = captured(RAY_FIXTURES)
+    text, lines = rendered(RAY_FIXTURES, Objective.parse("max throughput with p99 <= 1000 ms"))
+    assert tune_ray.check(steps, text) == []
+    assert [record.step_row(s, env) for s in steps] == record.read_record(
+        (RAY_FIXTURES / "record.md").read_text()
+    )
+    assert text == (RAY_FIXTURES / "table.txt").read_text()
+    assert lines[0].split(": ")[1] == tune_ray.LONG
+    # every phase the wrapper marks is there, the batch included
+    for step in steps:
+        assert step.server is not None and step.server.batch_size_mean is not None
+        assert set(step.server.phase_mean_ms) >= {"queue", "batch_wait", "compute"}
