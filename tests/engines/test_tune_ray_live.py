@@ -41,7 +41,7 @@ SCRIPT = REPO / "scripts" / "engines" / "ray_serve_tune_app.py"
 CAPTURE_VARIABLE = "GPUSCOPE_TUNE_CAPTURE"
 
 
-def test_a_longer_batch_window_waits_longer_and_batches_more(tmp_path: Path) -> None:
+def test_a_longer_batch_window_batches_more_and_serves_more(tmp_path: Path) -> None:
     python = ray_python()
     assert python is not None
     # Ray's sockets live under its temporary folder, whose paths must fit 107 bytes
