@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test test-fast pack pack-check lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check alerts-check pynvml-versions
+.PHONY: demo soak test test-fast pack pack-check lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check tune-vllm-check tune-ray-check alerts-check pynvml-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -170,6 +170,13 @@ ray-venv: $(RAY_STAMP) install
 ray-check: ray-venv
 	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python $(BIN)/pytest -q -rP tests/engines/test_ray_serve_live.py
 
+# gpuscope tune --command on Ray Serve: batch_wait_timeout_s swept, one Ray per value
+# (tests/engines/test_tune_ray_live.py); it re-captures tests/fixtures/tune-ray-$(RAY_VERSION)/.
+tune-ray-check: ray-venv
+	GPUSCOPE_RAY_PYTHON=$(RAY_VENV)/bin/python \
+	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-ray-$(RAY_VERSION) \
+	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-ray-check tests/engines/test_tune_ray_live.py
+
 # The real-engine check on Triton Inference Server: nvidia-pytriton (its wheel carries
 # tritonserver 2.51.0; installed once into .venv-triton) serving three NumPy models, a
 # real Prometheus with the shipped rules (tests/engines/test_triton_live.py); it
@@ -190,3 +197,21 @@ triton-check: triton-venv system-deps
 	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
 	GPUSCOPE_TRITON_CAPTURE=tests/fixtures/triton-2.51 \
 	$(BIN)/pytest -q -rP tests/engines/test_triton_live.py
+
+# gpuscope tune --command on the same Triton: max_queue_delay_microseconds swept through a
+# rendered config (tests/engines/test_tune_triton_live.py); it re-captures the fixtures
+# of tests/fixtures/tune-triton-2.51/ that make test replays (tests/loadgen/test_tune_replay.py).
+tune-triton-check: triton-venv system-deps
+	GPUSCOPE_TRITON_PYTHON=$(TRITON_VENV)/bin/python \
+	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-triton-2.51 \
+	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-triton-check tests/engines/test_tune_triton_live.py
+
+# gpuscope tune --command on vLLM: --max-num-seqs 2 and 8 under 16 clients, spans to the
+# tuner's exporter (tests/engines/test_tune_vllm_live.py); it re-captures the fixtures of
+# tests/fixtures/tune-vllm-$(VLLM_VERSION)/ that make test replays. Its own --basetemp: pytest
+# runs elsewhere on the machine prune the shared one's older folders, this run's included.
+tune-vllm-check: vllm-venv
+	GPUSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python \
+	GPUSCOPE_VLLM_MODEL_DIR=$(VLLM_VENV)/tiny-llama \
+	GPUSCOPE_TUNE_CAPTURE=tests/fixtures/tune-vllm-$(VLLM_VERSION) \
+	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-vllm-check tests/engines/test_tune_vllm_live.py

@@ -191,6 +191,7 @@ class Children:
 
     def __init__(self, quiet: bool = True) -> None:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.grace_s: dict[str, float] = {}  # a child's own wait between SIGTERM and SIGKILL
         self.quiet = quiet
 
     def start(
@@ -259,6 +260,34 @@ class Children:
         process = self.start(name, [*worker_args(port, **settings), *extra], log=log)
         return Child(name, process, port)
 
+    def start_command(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        grace_s: float = STOP_TIMEOUT_S,
+    ) -> subprocess.Popen[bytes]:
+        """Any program (a serving engine) as ``name``, both its streams appended to ``log``;
+        ``stop`` gives its group ``grace_s`` after SIGTERM before SIGKILL. ``OSError``
+        when the program cannot be run (not found, not executable)."""
+        with log.open("ab") as output:
+            process = subprocess.Popen(
+                list(argv),
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,  # an engine never reads the tuner's terminal
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                preexec_fn=_dies_with(os.getpid()),  # sound before exec: see _dies_with
+            )
+        self.processes[name] = process
+        self.grace_s[name] = grace_s
+        return process
+
     def adopt(self, name: str, args: Sequence[str], port: int) -> Child:
         """``start`` for a command line built elsewhere (and checked there) that serves
         on loopback ``port``."""
@@ -266,8 +295,9 @@ class Children:
 
     def stop(self, name: str) -> None:
         process = self.processes.pop(name, None)
+        grace_s = self.grace_s.pop(name, STOP_TIMEOUT_S)
         if process is not None:
-            _stop_group(name, process)
+            _stop_group(name, process, grace_s)
 
     def close(self) -> None:
         for name in list(self.processes):
@@ -285,18 +315,21 @@ class Children:
         self.close()
 
 
-def _stop_group(name: str, process: subprocess.Popen[bytes]) -> None:
+def _stop_group(
+    name: str, process: subprocess.Popen[bytes], grace_s: float = STOP_TIMEOUT_S
+) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=STOP_TIMEOUT_S)
+            process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             print(
-                f"gpuscope: {name} did not stop within {STOP_TIMEOUT_S:.0f} s, killing it",
+                f"gpuscope: {name} did not stop within {grace_s:g} s, killing it",
                 file=sys.stderr,
             )
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # the group: an engine's workers too
             process.wait()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # whatever the child left in its group

@@ -273,7 +273,8 @@ class Settings:
     Building one, from flags or in code, converts an enum field given as its text and
     runs every field's checks, then ``check`` for what involves several fields."""
 
-    command: ClassVar[tuple[str, str, str] | None] = None  # prog, description, env prefix
+    # prog, description, env prefix (not "command": a command may have a --command flag)
+    cli_command: ClassVar[tuple[str, str, str] | None] = None
 
     def __init_subclass__(
         cls,
@@ -285,7 +286,7 @@ class Settings:
     ) -> None:
         super().__init_subclass__(**kwargs)
         if prog is not None:
-            cls.command = (prog, description, env_prefix)
+            cls.cli_command = (prog, description, env_prefix)
 
     def __post_init__(self) -> None:
         for record in _flags(type(self)):
@@ -470,7 +471,7 @@ def _flags(config_type: type[Any]) -> tuple[_Flag, ...]:
 
 
 def _new_flags(config_type: type[Any]) -> tuple[_Flag, ...]:
-    command = getattr(config_type, "command", None)
+    command = getattr(config_type, "cli_command", None)
     env_prefix = command[2] if command else "GPUSCOPE_"
     try:
         hints = get_type_hints(config_type)
@@ -570,7 +571,7 @@ class _OneLineErrors(argparse.ArgumentParser):
 
 
 def _command(config_type: type[Settings]) -> tuple[str, str, str]:
-    command = getattr(config_type, "command", None)
+    command = getattr(config_type, "cli_command", None)
     if command is None:
         raise TypeError(f"{config_type.__qualname__}: a Settings subclass without prog=...")
     prog, description, env_prefix = command

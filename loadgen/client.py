@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import quote
 
 import aiohttp
 
@@ -106,7 +107,8 @@ async def _exchange(
     started: float,
     max_body_bytes: int,
 ) -> Outcome:
-    async with session.post(base_url + PATHS[spec.endpoint], json=spec.json_body(model)) as answer:
+    url = base_url + PATHS[spec.endpoint].replace("{model}", quote(model, safe=""))
+    async with session.post(url, json=spec.json_body(model)) as answer:
         if answer.status != 200:
             await skim(answer, MAX_ERROR_BODY_BYTES)
             return _failed(spec, started, f"status {answer.status}")

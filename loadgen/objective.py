@@ -112,6 +112,8 @@ def _why_lost(
     own: StepResult | None,
     winner: StepResult,
 ) -> str:
+    if steps and all(step.not_started for step in steps):
+        return f"  {config}: did not start: {steps[0].not_started}"
     if own is not None:
         head = f"  {config}: {objective.describe(own)}"
     elif objective.kind == "max-throughput":
@@ -136,8 +138,27 @@ def phase_difference(loser: StepResult, winner: StepResult) -> str:
     if not growth:
         return text
     phase = max(growth, key=lambda name: growth[name])
+    if growth[phase] <= 0:
+        # every phase's mean is at most the winner's: the loss is in the tail, or in time
+        # outside the server's phases (its HTTP frontend, the client)
+        return text + "; no server phase's mean grew" + _batch_difference(loser, winner)
+    text += f"; {phase} {growth[phase]:+.2f} ms mean"
+    if not (loser.server.phase_p99_share and winner.server.phase_p99_share):
+        # an engine's counters (Triton's) give means, not a P99 split: no share to show
+        return text + _batch_difference(loser, winner)
     own_share = loser.server.phase_p99_share.get(phase, 0.0)
     best_share = winner.server.phase_p99_share.get(phase, 0.0)
-    return text + (
-        f"; {phase} {growth[phase]:+.2f} ms mean ({own_share:.0%} of the p99 vs {best_share:.0%})"
+    return (
+        text
+        + f" ({own_share:.0%} of the p99 vs {best_share:.0%})"
+        + _batch_difference(loser, winner)
     )
+
+
+def _batch_difference(loser: StepResult, winner: StepResult) -> str:
+    """The mean batch of both, when the server says: the knob's effect, often the cause."""
+    assert loser.server is not None and winner.server is not None
+    own, best = loser.server.batch_size_mean, winner.server.batch_size_mean
+    if own is None or best is None or abs(own - best) < 0.05:
+        return ""
+    return f"; batch {own:.2f} vs {best:.2f}"

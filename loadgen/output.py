@@ -81,7 +81,7 @@ def table(results: Sequence[StepResult], env: str) -> str:
     rows = [step_row(result, env) for result in results]
     text = _columns(rows, CLIENT_COLUMNS)
     if any(result.server is not None for result in results):
-        text += "\nwhere the time went (exporter; phases: mean ms (share of the mean)):\n"
+        text += "\nwhere the time went (server side; phases: mean ms (share of the mean)):\n"
         text += _columns(
             [r for r, res in zip(rows, results, strict=True) if res.server], SERVER_COLUMNS
         )

@@ -19,6 +19,7 @@ from typing import Final
 import aiohttp
 
 from gpuscope.loadgen.bounded import MIB, TooLarge, check_declared, lines
+from gpuscope.loadgen.engine_metrics import Builder
 from gpuscope.loadgen.server_view import (
     MalformedMetrics,
     ServerStep,
@@ -43,8 +44,10 @@ class ExporterProbe:
         session: aiohttp.ClientSession,
         exporter_url: str,
         max_bytes: int = DEFAULT_MAX_METRICS_BYTES,
+        builder: type[Builder] = SnapshotBuilder,
     ) -> None:
         self._session = session
+        self._builder = builder  # whose exposition: the exporter's, or an engine's own
         self._url = exporter_url.rstrip("/") + "/metrics"
         self._max_bytes = max_bytes
         self._during: list[Snapshot] = []
@@ -56,7 +59,7 @@ class ExporterProbe:
                 if response.status != 200:
                     raise ProbeFailed(f"{url} answered {response.status}")
                 check_declared(response, self._max_bytes)
-                builder = SnapshotBuilder()
+                builder = self._builder()
                 async for line in lines(response.content, MAX_METRICS_LINE_BYTES, self._max_bytes):
                     builder.add(_text(line))
         except TooLarge as exc:

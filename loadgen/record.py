@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope import __version__
-from gpuscope.loadgen.results import StepResult
+from gpuscope.loadgen.results import Load, StepResult
+from gpuscope.loadgen.server_view import ServerStep
 from gpuscope.spans import PHASES
 
 PHASE_COLUMNS = tuple(f"{phase} ms" for phase in PHASES)
@@ -84,6 +85,8 @@ def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict
         "env": env,
     }
     row.update(_server_columns(result))
+    if result.not_started:
+        row.update(load="not started", errors=result.not_started)
     return {column: _cell(row.get(column, "")) for column in COLUMNS}
 
 
@@ -180,6 +183,20 @@ def csv_text(rows: Sequence[dict[str, str]]) -> str:
 def json_text(results: Sequence[StepResult], env: str) -> str:
     steps: list[dict[str, Any]] = [asdict(result) for result in results]
     return json.dumps({"environment": env, "steps": steps}, indent=2, default=str) + "\n"
+
+
+def read_json(text: str) -> tuple[str, list[StepResult]]:
+    """The environment and the steps of ``json_text``'s output (a run's ``--json`` file),
+    so that its tables and verdict can be made again without the server."""
+    data = json.loads(text)
+    steps = []
+    for step in data["steps"]:
+        fields = dict(step)
+        fields["load"] = Load(**step["load"])
+        fields["server"] = ServerStep(**step["server"]) if step.get("server") else None
+        fields["finished"] = datetime.fromisoformat(step["finished"])
+        steps.append(StepResult(**fields))
+    return str(data["environment"]), steps
 
 
 def write_output(path: str, text: str) -> None:

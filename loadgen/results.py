@@ -44,10 +44,33 @@ class StepResult:
     server: ServerStep | None = None
     notes: list[str] = field(default_factory=list)
     finished: datetime = field(default_factory=lambda: datetime.now(UTC))
+    not_started: str = ""  # why the configuration's server never served (no load ran)
 
     @property
     def p99_ms(self) -> float | None:
         return self.latency_ms.get("p99")
+
+
+def not_started(load: Load, config: str, reason: str, log_lines: Sequence[str]) -> StepResult:
+    """The one row of a configuration whose server did not start: why, and its log's end."""
+    notes = [f"its log ends: {' / '.join(log_lines)}"] if log_lines else []
+    return StepResult(
+        load=load,
+        config=config,
+        duration_s=0.0,
+        sent=0,
+        ok=0,
+        missed=0,
+        errors={},
+        throughput_rps=0.0,
+        tokens_per_s=0.0,
+        latency_ms={},
+        ttft_ms={},
+        tpot_ms={},
+        by_kind={},
+        notes=notes,
+        not_started=reason,
+    )
 
 
 def _cuts(values: Sequence[float], points: Sequence[str]) -> dict[str, float]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES, Outcome, discover_model, send
+from gpuscope.loadgen.engine_metrics import BUILDERS
 from gpuscope.loadgen.probe import DEFAULT_MAX_METRICS_BYTES, ExporterProbe, ProbeFailed
 from gpuscope.loadgen.results import Load, StepResult, summarize
 from gpuscope.loadgen.server_view import Snapshot
@@ -50,8 +51,9 @@ class Plan:
 @dataclass(frozen=True)
 class Target:
     url: str  # the OpenAI base URL, ending in /v1
-    exporter_url: str | None = None
+    exporter_url: str | None = None  # whose /metrics give the server-side view
     model: str | None = None
+    metrics_format: str = "exporter"  # a key of engine_metrics.BUILDERS
 
 
 @dataclass
@@ -103,7 +105,12 @@ class Runner:
             if not self.model:
                 self.model = await discover_model(session, self.url)
             probe = (
-                ExporterProbe(scrape, self.target.exporter_url, self.plan.max_metrics_bytes)
+                ExporterProbe(
+                    scrape,
+                    self.target.exporter_url,
+                    self.plan.max_metrics_bytes,
+                    BUILDERS[self.target.metrics_format],
+                )
                 if self.target.exporter_url
                 else None
             )

@@ -25,6 +25,9 @@ PATHS: Final = {
     "embeddings": "/embeddings",
     "completions": "/completions",
     "chat": "/chat/completions",
+    # KServe v2 (Triton): the body holds the model's own tensors, so it comes only from
+    # --requests-file; the model's name is in the path, not the body
+    "infer": "/v2/models/{model}/infer",
 }
 WORDS: Final = [
     "latency",
@@ -76,6 +79,8 @@ class RequestSpec:
         return self.endpoint + ("-stream" if self.stream else "")
 
     def json_body(self, model: str) -> dict[str, Any]:
+        if self.endpoint == "infer":
+            return dict(self.body)
         body = {"model": model, **self.body}
         if self.stream:
             body["stream"] = True

@@ -1,0 +1,93 @@
+"""The rows, table and verdict of ``gpuscope tune`` from real engine sweeps, replayed from
+the fixtures ``make tune-triton-check``, ``make tune-vllm-check`` and ``make
+tune-ray-check`` captured (tests/fixtures/tune-*/): each run's
+``--json`` steps, its record and table, and for Triton the model's own log, per step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpuscope.loadgen import record
+from gpuscope.loadgen.objective import Objective, choose
+from gpuscope.loadgen.output import table
+from gpuscope.loadgen.results import StepResult
+from support import tune_ray, tune_vllm
+from support.tune_triton import DELAYS_US, check
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune-triton-2.51"
+VLLM_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune-vllm-0.32.0"
+RAY_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune-ray-2.60.0"
+OBJECTIVE = Objective.parse("max throughput with p99 <= 100 ms")
+VLLM_OBJECTIVE = Objective.parse("max throughput with p99 <= 5000 ms")
+
+
+def captured(folder: Path = FIXTURES) -> tuple[str, list[StepResult]]:
+    return record.read_json((folder / "tune.json").read_text())
+
+
+def rendered(folder: Path, objective: Objective) -> tuple[str, list[str]]:
+    """The table and the verdict's lines as ``gpuscope tune`` prints them."""
+    env, steps = captured(folder)
+    by_config: dict[str, list[StepResult]] = {}
+    for step in steps:
+        by_config.setdefault(step.config, []).append(step)
+    verdict = choose(objective, by_config)
+    return table(steps, env) + "\n".join(verdict.lines) + "\n", verdict.lines
+
+
+def test_the_record_rows_are_the_steps_of_the_json() -> None:
+    env, steps = captured()
+    rows = [record.step_row(step, env) for step in steps]
+    assert rows == record.read_record((FIXTURES / "record.md").read_text())
+    assert [r["config"] for r in rows] == [f"max-queue-delay-us={d}" for d in DELAYS_US]
+    # Triton's counters give the phase means, the batch, no P99 split and no GPU state
+    for row in rows:
+        assert row["queue ms"] and row["compute ms"] and row["batch"]
+        assert row["batch_wait ms"] == "" and row["p99 led by"] == "" and row["sm occ"] == ""
+
+
+def test_the_counters_match_what_the_model_logged_and_move_with_the_delay() -> None:
+    _, steps = captured()
+    truth = json.loads((FIXTURES / "truth.json").read_text())
+    assert check(steps, truth) == []
+
+
+def test_the_table_and_the_verdict_are_the_runs() -> None:
+    text, lines = rendered(FIXTURES, OBJECTIVE)
+    assert text == (FIXTURES / "table.txt").read_text()
+    assert lines[0].startswith("best under 'max throughput with p99 <= 100 ms': ")
+    assert lines[0].split(": ")[1] == "max-queue-delay-us=20000"
+    # each loser's line: its P99 against the winner's, the phase that grew, the batch
+    losers = {line.split(":")[0].strip(): line for line in lines[1:]}
+    assert "queue +60.55 ms mean; batch 8.00 vs 7.19" in losers["max-queue-delay-us=80000"]
+    assert "no server phase's mean grew; batch 3.49 vs 7.19" in losers["max-queue-delay-us=0"]
+
+
+def test_vllm_with_more_sequences_queues_less_and_the_loser_says_queue() -> None:
+    env, steps = captured(VLLM_FIXTURES)
+    text, lines = rendered(VLLM_FIXTURES, VLLM_OBJECTIVE)
+    assert tune_vllm.check(steps, text) == []
+    assert [record.step_row(s, env) for s in steps] == record.read_record(
+        (VLLM_FIXTURES / "record.md").read_text()
+    )
+    assert text == (VLLM_FIXTURES / "table.txt").read_text()
+    assert lines[0].split(": ")[1] == "max-num-seqs=8"
+    # the loser's cause is the queue, which leads its P99
+    assert "max-num-seqs=2" in lines[1] and "; queue +" in lines[1]
+    assert record.step_row(steps[0], env)["p99 led by"].startswith("queue")
+
+
+def test_ray_serve_with_a_longer_window_batches_more_and_the_loser_says_batch_wait() -> None:
+    env, steps = captured(RAY_FIXTURES)
+    text, lines = rendered(RAY_FIXTURES, Objective.parse("max throughput with p99 <= 1000 ms"))
+    assert tune_ray.check(steps, text) == []
+    assert [record.step_row(s, env) for s in steps] == record.read_record(
+        (RAY_FIXTURES / "record.md").read_text()
+    )
+    assert text == (RAY_FIXTURES / "table.txt").read_text()
+    assert lines[0].split(": ")[1] == tune_ray.LONG
+    # every phase the wrapper marks is there, the batch included
+    for step in steps:
+        assert step.server is not None and step.server.batch_size_mean is not None
+        assert set(step.server.phase_mean_ms) >= {"queue", "batch_wait", "compute"}
