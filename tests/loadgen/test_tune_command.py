@@ -22,6 +22,9 @@ from gpuscope.loadgen import record
 from gpuscope.loadgen.server_command import log_tail, render
 from gpuscope.loadgen.tune import TuneOptions
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "support" / "command_server.py"
 GPUSCOPE = [sys.executable, "-m", "gpuscope"]
