@@ -287,10 +287,13 @@ def gpu_source_alerts(settings: Settings) -> list[dict[str, Any]]:
 
 
 def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
-    """Per host, > 0 where requests arrived within ``spans_idle_window`` by the servers'
-    own counters: the reference worker's, vLLM's and each engine's of the engine table
-    (what they count whether or not their tracing works)."""
-    idle = settings.spans_idle_window
+    """Per host, > 0 where requests arrived within ``window`` by the servers' own
+    counters: the reference worker's, vLLM's and each engine's of the engine table
+    (what they count whether or not their tracing works). The window is shorter than
+    ``spans_idle_window``, so that when the load stops, its requests leave their window
+    before its spans leave theirs: the spans of the last requests reach the exporter,
+    and its scrape, after the server's scrape has counted those requests."""
+    idle = settings.window
     counters = [
         WORKER_REQUESTS + settings.worker_sel(),
         VLLM_FINISHED + settings.vllm_sel(),
@@ -305,15 +308,15 @@ def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
 
 def spans_not_arriving(settings: Settings, jobs: EngineJobs) -> str:
     """No span reached an exporter within ``spans_idle_window`` while requests are known to
-    arrive: by the servers' own counters on its host, or on a host without an exporter
-    of its own (compose's services each have their own host name; one exporter takes
-    the spans of them all), where it received spans before (so that an exporter kept
-    only for its GPUs beside an untraced engine stays quiet); or at the exporter itself
-    as OTLP export requests it refused (a wrong token, a full budget). Without either,
-    no spans is no traffic: an idle model alerts nobody."""
+    arrive (within ``window``): by the servers' own counters on its host, or on a host
+    without an exporter of its own (compose's services each have their own host name;
+    one exporter takes the spans of them all), where it received spans before (so that
+    an exporter kept only for its GPUs beside an untraced engine stays quiet); or at the
+    exporter itself as OTLP export requests it refused (a wrong token, a full budget).
+    Without either, no spans is no traffic: an idle model alerts nobody."""
     idle, sel = settings.spans_idle_window, settings.sel()
     received = series(exporter_rows.SPANS_RECEIVED) + sel
-    refused = f"increase({series(exporter_rows.OTLP_REQUESTS_REJECTED)}{sel}[{idle}])"
+    refused = f"increase({series(exporter_rows.OTLP_REQUESTS_REJECTED)}{sel}[{settings.window}])"
     arriving = indent(indent(requests_arriving(settings, jobs)))
     same_host = (
         f"(\n  {indent(with_host(settings, f'{received} > 0'))}\n  and on (host)\n"
@@ -341,9 +344,10 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
             settings.for_(settings.for_exporter_signals),
             "warning",
             "Requests arrive but the exporter receives no spans.",
-            f"{on} received no span in the last {idle} while requests arrived (counted by "
-            "the servers on its host or on a host without an exporter, or OTLP exports it "
-            "refused): the application's tracing or its path to the exporter is broken.",
+            f"{on} received no span in the last {idle} while requests arrived in the last "
+            f"{w} (counted by the servers on its host or on a host without an exporter, or "
+            "OTLP exports it refused): the application's tracing or its path to the "
+            "exporter is broken.",
         ),
         _alert(
             settings,
