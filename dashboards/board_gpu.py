@@ -26,7 +26,7 @@ from dashboards.panels import (
 )
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
-from pack.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, XID, series
+from pack.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, UUID, XID, series
 from pack.pcie import capacity_expr
 
 UID = "gpuscope-gpu"
@@ -35,6 +35,35 @@ EXPORTER = selector("job", "instance")
 LEGEND = "{{instance}} GPU {{gpu}}"
 # by instance too: GPU indexes repeat on every host, and "All" spans hosts
 PER_GPU = f"instance, {GPU_INDEX}"
+# dcgm-exporter (through the rules of alerts/rules/dcgm-exporter.yml) repeats a GPU's
+# series on every pod sharing it and on every MIG instance (``GPU_I_ID``); gpuscope's
+# exporter serves one series per GPU, without that label. So no panel adds series up
+# as they come: the GPU's own fields (clocks, power, temperature, its link) are taken
+# once per GPU with ``max``, an instance's own (activity, memory, PCIe traffic) once per
+# instance, and added up per GPU where the panel is per GPU.
+MIG_INSTANCE = "GPU_I_ID"
+PER_INSTANCE = f"{PER_GPU}, {MIG_INSTANCE}"
+INSTANCE_LEGEND = f"{LEGEND} {{{{{MIG_INSTANCE}}}}}"
+# One GPU of the fleet: the target, its index and its UUID.
+ONE_GPU = f"job, {PER_GPU}, {UUID}"
+# What a panel over a field that dcgm-exporter's default counters leave out says: the
+# counters-file line (docs/gpu.md, "The counters file") that brings it.
+DCGM_COUNTERS = "docs/gpu.md, The counters file"
+
+
+def needs_counters(*fields: str, subject: str = "this panel") -> str:
+    """The description's sentence for fields outside dcgm-exporter's default counters."""
+    lines = " and ".join(f"`{field}`" for field in fields)
+    plural = "s" if len(fields) > 1 else ""
+    return (
+        f" With dcgm-exporter, {subject} needs the counters-file line{plural} {lines} "
+        f"({DCGM_COUNTERS})."
+    )
+
+
+def no_counters(*fields: str) -> str:
+    """The no-data text of such a panel."""
+    return f"No data (dcgm-exporter: add {', '.join(fields)} to its counters file)"
 
 
 # How far back an XID counter's previous value is looked for (across a gap in its series)
@@ -49,11 +78,30 @@ def new_events(row: MetricDef, by: str) -> str:
     or restarts (the exporter did) counts its whole value: ``or`` on the counter."""
     counter = f"{series(row)}{GPU}"
     previous = f"last_over_time({counter}[{XID_LOOKBACK}] offset $__interval)"
-    return f"sum by ({by}) (\n  ({counter} - {previous}) >= 0\n  or\n  {counter}\n)"
+    # max, not sum: dcgm-exporter's XID series repeat per MIG instance of the GPU
+    return f"max by ({by}) (\n  ({counter} - {previous}) >= 0\n  or\n  {counter}\n)"
 
 
 def per_gpu(row: MetricDef, legend: str = LEGEND) -> list[Dataquery]:
+    """A field of the whole GPU, once per GPU."""
     return [query(f"max by ({PER_GPU}) ({series(row)}{GPU})", legend)]
+
+
+def per_instance(row: MetricDef, legend: str = INSTANCE_LEGEND) -> list[Dataquery]:
+    """A field of each MIG instance (of the GPU where it is not in MIG mode)."""
+    return [query(f"max by ({PER_INSTANCE}) ({series(row)}{GPU})", legend)]
+
+
+def instances_added(row: MetricDef, legend: str = LEGEND) -> list[Dataquery]:
+    """A field of each MIG instance, added up per GPU (its memory)."""
+    return [
+        query(f"sum by ({PER_GPU}) (\n  max by ({PER_INSTANCE}) ({series(row)}{GPU})\n)", legend)
+    ]
+
+
+def fleet(aggregation: str, row: MetricDef) -> str:
+    """``aggregation`` over the selected GPUs of the GPU-wide ``row``, each GPU once."""
+    return f"{aggregation} (max by ({ONE_GPU}) ({series(row)}{GPU}))"
 
 
 def build() -> Dashboard:
@@ -84,8 +132,8 @@ def _fleet(board: Dashboard) -> None:
             "GPUs up",
             "GPUs that answered their last poll, of those the exporters know.",
             [
-                query(f"sum ({series(gpu_rows.UP)}{GPU})", "up"),
-                query(f"count ({series(gpu_rows.UP)}{GPU})", "known"),
+                query(fleet("sum", gpu_rows.UP), "up"),
+                query(fleet("count", gpu_rows.UP), "known"),
             ],
             "none",
             size,
@@ -97,7 +145,7 @@ def _fleet(board: Dashboard) -> None:
             "Average temperature",
             "Mean core temperature of the selected GPUs. Data-centre GPUs start slowing "
             "their clocks in the mid-80s °C (see Clock event reasons).",
-            [query(f"avg ({series(gpu_rows.TEMPERATURE)}{GPU})", "average")],
+            [query(fleet("avg", gpu_rows.TEMPERATURE), "average")],
             "celsius",
             thresholds("green", (75, "orange"), (85, "red")),
             size,
@@ -108,10 +156,11 @@ def _fleet(board: Dashboard) -> None:
     board.with_panel(
         stat_panel(
             "Total power",
-            "Power the selected GPUs draw together, and their enforced limits added up.",
+            "Power the selected GPUs draw together, and their enforced limits added up."
+            + needs_counters("DCGM_FI_DEV_ENFORCED_POWER_LIMIT"),
             [
-                query(f"sum ({series(gpu_rows.POWER)}{GPU})", "drawn"),
-                query(f"sum ({series(gpu_rows.POWER_LIMIT)}{GPU})", "limit"),
+                query(fleet("sum", gpu_rows.POWER), "drawn"),
+                query(fleet("sum", gpu_rows.POWER_LIMIT), "limit"),
             ],
             "watt",
             size,
@@ -121,11 +170,12 @@ def _fleet(board: Dashboard) -> None:
         gauge_panel(
             "Power against limit",
             "Total power over the total enforced limit; near 100 % the GPUs cap their "
-            "clocks to stay under it (sw_power_cap).",
+            "clocks to stay under it (sw_power_cap)."
+            + needs_counters("DCGM_FI_DEV_ENFORCED_POWER_LIMIT"),
             [
                 query(
-                    f"sum ({series(gpu_rows.POWER)}{GPU})\n/\n"
-                    f"(sum ({series(gpu_rows.POWER_LIMIT)}{GPU}) > 0)",
+                    f"{fleet('sum', gpu_rows.POWER)}\n/\n"
+                    f"({fleet('sum', gpu_rows.POWER_LIMIT)} > 0)",
                     "of limit",
                 )
             ],
@@ -176,7 +226,8 @@ def _health(board: Dashboard) -> None:
     board.with_panel(
         stat_panel(
             "Collector success",
-            "1 if the GPU collector's last run succeeded.",
+            "1 if the GPU collector's last run succeeded (gpuscope's exporter only: "
+            "dcgm-exporter serves no collector health).",
             [
                 query(
                     f"min by (instance, {COLLECTOR}) "
@@ -191,7 +242,7 @@ def _health(board: Dashboard) -> None:
         timeseries(
             "Collector duration",
             "How long the GPU collector's last run took (it runs in the background, never "
-            "during a scrape).",
+            "during a scrape; gpuscope's exporter only).",
             [
                 query(
                     f"max by (instance, {COLLECTOR}) "
@@ -211,20 +262,26 @@ def _activity(board: Dashboard) -> None:
         timeseries(
             "SM occupancy",
             "Resident warps over the SMs' warp capacity (GPM). Under ~70 % while "
-            "requests queue means the batcher is not feeding the GPU.",
-            per_gpu(gpu_rows.SM_OCCUPANCY),
+            "requests queue means the batcher is not feeding the GPU. Per MIG instance "
+            "where the GPU is in MIG mode." + needs_counters("DCGM_FI_PROF_SM_OCCUPANCY"),
+            per_instance(gpu_rows.SM_OCCUPANCY),
             "percentunit",
             THIRD,
             max_value=1,
+            no_value=no_counters("DCGM_FI_PROF_SM_OCCUPANCY"),
         )
     )
     board.with_panel(
         timeseries(
             "SM, tensor and DRAM activity",
             "Fraction of SMs busy, of time tensor cores were busy, and of peak DRAM bandwidth "
-            "used (GPM).",
+            "used (GPM), per MIG instance where the GPU is in MIG mode."
+            + needs_counters("DCGM_FI_PROF_SM_ACTIVE"),
             [
-                query(f"max by ({PER_GPU}) ({series(gauge)}{GPU})", f"{LEGEND} {name}")
+                query(
+                    f"max by ({PER_INSTANCE}) ({series(gauge)}{GPU})",
+                    f"{INSTANCE_LEGEND} {name}",
+                )
                 for name, gauge in (
                     ("sm", gpu_rows.SM_ACTIVE),
                     ("tensor", gpu_rows.TENSOR_ACTIVE),
@@ -240,7 +297,7 @@ def _activity(board: Dashboard) -> None:
         timeseries(
             "Utilization",
             "Fraction of time any kernel ran (NVML's coarse utilization; see SM activity).",
-            per_gpu(gpu_rows.UTILIZATION),
+            per_instance(gpu_rows.UTILIZATION),
             "percentunit",
             THIRD,
             max_value=1,
@@ -250,14 +307,20 @@ def _activity(board: Dashboard) -> None:
 
 def _clocks(board: Dashboard) -> None:
     board.with_row(row("Clocks"))
-    for title, clock, most in (
-        ("SM clock", gpu_rows.SM_CLOCK, gpu_rows.SM_CLOCK_MAX),
-        ("Memory clock", gpu_rows.MEMORY_CLOCK, gpu_rows.MEMORY_CLOCK_MAX),
+    for title, clock, most, field in (
+        ("SM clock", gpu_rows.SM_CLOCK, gpu_rows.SM_CLOCK_MAX, "DCGM_FI_DEV_MAX_SM_CLOCK"),
+        (
+            "Memory clock",
+            gpu_rows.MEMORY_CLOCK,
+            gpu_rows.MEMORY_CLOCK_MAX,
+            "DCGM_FI_DEV_MAX_MEM_CLOCK",
+        ),
     ):
         board.with_panel(
             timeseries(
                 f"{title} against its maximum",
-                f"Current {title.lower()} and the maximum it could run at.",
+                f"Current {title.lower()} and the maximum it could run at."
+                + needs_counters(field, subject="the maximum"),
                 [
                     *per_gpu(clock, "{{instance}} GPU {{gpu}}"),
                     *per_gpu(most, "{{instance}} GPU {{gpu}} max"),
@@ -270,7 +333,8 @@ def _clocks(board: Dashboard) -> None:
         state_timeline(
             "Clock event reasons",
             "Reasons that hold the clocks down while active: thermal or power reasons under "
-            "load mean the hardware is throttling; gpu_idle is harmless.",
+            "load mean the hardware is throttling; gpu_idle is harmless."
+            + needs_counters("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
             [
                 query(
                     f"max by ({PER_GPU}, {REASON}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{GPU})",
@@ -278,6 +342,7 @@ def _clocks(board: Dashboard) -> None:
                 )
             ],
             THIRD,
+            no_value=no_counters("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
         )
     )
 
@@ -292,10 +357,17 @@ def _pcie(board: Dashboard) -> None:
             timeseries(
                 f"PCIe {direction} against link capacity",
                 f"Bytes per second the GPU {verb}s over PCIe, and what its current link "
-                "(generation x width, after line coding) can carry per direction.",
+                "(generation x width, after line coding) can carry per direction, the "
+                "instances of a MIG GPU added up."
+                + needs_counters(
+                    "DCGM_FI_DEV_PCIE_LINK_GEN",
+                    "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+                    subject="the capacity",
+                ),
                 [
                     query(
-                        f"sum by ({PER_GPU}) (rate({series(counter)}{GPU}[{RATE}]))",
+                        f"sum by ({PER_GPU}) (\n  max by ({PER_INSTANCE}) "
+                        f"(rate({series(counter)}{GPU}[{RATE}]))\n)",
                         "{{instance}} GPU {{gpu}}",
                     ),
                     query(
@@ -314,11 +386,12 @@ def _memory_power(board: Dashboard) -> None:
         timeseries(
             "Memory used against total",
             "Device memory allocated by processes, the driver's reserved memory (NVML memory "
-            "v2; absent on drivers that give v1 only, whose used includes it) and the total.",
+            "v2; absent on drivers that give v1 only, whose used includes it) and the total; "
+            "a MIG GPU's instances added up.",
             [
-                *per_gpu(gpu_rows.MEMORY_USED, "{{instance}} GPU {{gpu}} used"),
-                *per_gpu(gpu_rows.MEMORY_RESERVED, "{{instance}} GPU {{gpu}} reserved"),
-                *per_gpu(gpu_rows.MEMORY_TOTAL, "{{instance}} GPU {{gpu}} total"),
+                *instances_added(gpu_rows.MEMORY_USED, "{{instance}} GPU {{gpu}} used"),
+                *instances_added(gpu_rows.MEMORY_RESERVED, "{{instance}} GPU {{gpu}} reserved"),
+                *instances_added(gpu_rows.MEMORY_TOTAL, "{{instance}} GPU {{gpu}} total"),
             ],
             "bytes",
             QUARTER,
@@ -327,7 +400,8 @@ def _memory_power(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "Power against limit",
-            "Power draw and the enforced power limit.",
+            "Power draw and the enforced power limit."
+            + needs_counters("DCGM_FI_DEV_ENFORCED_POWER_LIMIT"),
             [
                 *per_gpu(gpu_rows.POWER, "{{instance}} GPU {{gpu}}"),
                 *per_gpu(gpu_rows.POWER_LIMIT, "{{instance}} GPU {{gpu}} limit"),
@@ -351,7 +425,7 @@ def _memory_power(board: Dashboard) -> None:
             "Energy the GPU consumed over the dashboard's time range.",
             [
                 query(
-                    f"sum by ({PER_GPU}) (increase({series(gpu_rows.ENERGY)}{GPU}[$__range]))",
+                    f"max by ({PER_GPU}) (increase({series(gpu_rows.ENERGY)}{GPU}[$__range]))",
                     LEGEND,
                 )
             ],
@@ -385,10 +459,11 @@ def _errors(board: Dashboard) -> None:
     board.with_panel(
         timeseries(
             "ECC errors",
-            "ECC errors counted by the driver, by type; any uncorrected error needs action.",
+            "ECC errors counted by the driver, by type; any uncorrected error needs action."
+            + needs_counters("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
             [
                 query(
-                    f"sum by ({PER_GPU}, {ECC_TYPE}) "
+                    f"max by ({PER_GPU}, {ECC_TYPE}) "
                     f"(increase({series(gpu_rows.ECC_ERRORS)}{GPU}[{RATE}]))",
                     "{{instance}} GPU {{gpu}} {{type}}",
                 )

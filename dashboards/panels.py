@@ -76,7 +76,14 @@ class Variable:
 
 # The chains each dashboard uses; a dashboard's variables filter in this order.
 EXPORTER_CHAIN = (Variable("job", "Job", BUILD_INFO), Variable("instance", "Instance", BUILD_INFO))
-GPU_CHAIN = (*EXPORTER_CHAIN, Variable(GPU_INDEX, "GPU", GPU_INFO))
+# The GPU board's targets and GPUs from the GPU info series, which gpuscope's exporter
+# serves and the rules over dcgm-exporter record alike (dcgm-exporter serves no
+# gpuscope_build_info).
+GPU_CHAIN = (
+    Variable("job", "Job", GPU_INFO),
+    Variable("instance", "Instance", GPU_INFO),
+    Variable(GPU_INDEX, "GPU", GPU_INFO),
+)
 # The scrape targets of the inference latency board: the exporter's and every serving
 # engine's own /metrics (the worker, vLLM and each engine of the engines table, by a
 # series each always serves), so that $job and $instance pick the environment's workers

@@ -218,14 +218,15 @@ def test_gpu_board_keeps_hosts_apart() -> None:
     for panel in panels(BOARDS["gpu.json"]):
         for target in panel["targets"]:
             groupings = re.findall(r"\bby \(([^)]*)\)", target["expr"])
-            if not groupings:
-                assert FLEET.match(target["expr"]), f"{panel['title']}: {target['expr']}"
-                assert "{{" not in target["legendFormat"], panel["title"]
-                fleet += 1
-                continue
+            assert groupings or FLEET.match(target["expr"]), f"{panel['title']}: {target['expr']}"
+            # a fleet figure's inner grouping (each GPU once) keeps the hosts apart too
             for grouping in groupings:
                 labels = {label.strip() for label in grouping.split(",")}
                 assert "instance" in labels, f"{panel['title']}: {target['expr']}"
+            if FLEET.match(target["expr"]):
+                assert "{{" not in target["legendFormat"], panel["title"]
+                fleet += 1
+                continue
             assert "{{instance}}" in target["legendFormat"], panel["title"]
     assert fleet >= 4  # GPUs up, temperature, power
 
