@@ -479,7 +479,6 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
     }
 
 
-
 # The objects of base/ that run or reach gpuscope's exporter: what the no-daemon
 # component deletes, leaving the Namespace, the PrometheusRule and the dashboards.
 EXPORTER_OBJECTS: Final = (
@@ -626,6 +625,7 @@ def spans_only_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
             ]
         )
     }
+
 
 COMPONENTS: Final = {
     "kube-prometheus-stack": kube_prometheus_stack,

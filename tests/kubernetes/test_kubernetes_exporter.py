@@ -242,7 +242,9 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-@pytest.mark.parametrize("overlay", ["base", "overlays/demo", "overlays/collector"])
+@pytest.mark.parametrize(
+    "overlay", ["base", "overlays/demo", "overlays/collector", "overlays/spans-only"]
+)
 def test_the_exporter_serves_with_the_daemonsets_arguments(
     overlay: str, tmp_path: Path, started: list[Started]
 ) -> None:
