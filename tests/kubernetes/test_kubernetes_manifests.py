@@ -635,3 +635,14 @@ def test_the_spans_only_exporter_takes_no_gpu_and_nothing_privileged() -> None:
     base_pod = find(kustomize("base"), "DaemonSet")["spec"]["template"]["spec"]
     assert "--gpu-source=none" not in base_pod["containers"][0]["args"]
     assert base_pod["runtimeClassName"] == KubeSettings().runtime_class
+
+
+def test_the_readme_lists_every_overlay_with_its_components() -> None:
+    readme = (KUBERNETES / "README.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0].strip("`")] = tuple(c.strip().strip("`") for c in cells[1].split(","))
+    for overlay, parts in components.OVERLAYS.items():
+        assert rows.get(overlay) == parts, overlay
