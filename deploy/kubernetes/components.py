@@ -45,6 +45,7 @@ from deploy.kubernetes.objects import (
     pod_monitor,
     pod_security,
     probe,
+    relabelings,
     rule,
     secret_source,
     selector,
@@ -478,6 +479,154 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
     }
 
 
+# The objects of base/ that run or reach gpuscope's exporter: what the no-daemon
+# component deletes, leaving the Namespace, the PrometheusRule and the dashboards.
+EXPORTER_OBJECTS: Final = (
+    ("apps/v1", "DaemonSet", EXPORTER),
+    ("v1", "Service", EXPORTER),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", EXPORTER),
+    ("networking.k8s.io/v1", "NetworkPolicy", EXPORTER),
+    ("v1", "ConfigMap", FLAGS_CONFIGMAP),
+    ("v1", "Secret", WEB_CONFIG_SECRET),
+    ("v1", "ServiceAccount", EXPORTER),
+)
+
+
+def no_daemon_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
+    """No gpuscope process: base/ without the exporter and what serves it, so that the
+    rules and dashboards read dcgm-exporter's and the engines' own series."""
+    return {
+        "kustomization.yaml": component(
+            patches=[
+                merge_patch(
+                    {
+                        "apiVersion": api,
+                        "kind": kind,
+                        "metadata": {"name": name},
+                        "$patch": "delete",
+                    }
+                )
+                for api, kind, name in EXPORTER_OBJECTS
+            ]
+        )
+    }
+
+
+def dcgm_exporter_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
+    """A ServiceMonitor of the GPU Operator's dcgm-exporter, as the dcgm-exporter rules
+    read it."""
+    job = s.dcgm_exporter_service
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta(job, "dcgm-exporter"),
+        "spec": {
+            "namespaceSelector": {"matchNames": [s.dcgm_exporter_namespace]},
+            "selector": {"matchLabels": dict(s.dcgm_exporter_labels)},
+            "endpoints": [
+                {
+                    "port": s.dcgm_exporter_port,
+                    "path": "/metrics",
+                    "interval": s.scrape_interval,
+                    "relabelings": [
+                        *relabelings(job),
+                        # The Operator labels each target with the scraped pod's own
+                        # pod, namespace and container: dcgm-exporter's. They would
+                        # rename the GPU's holder pod's labels to exported_* and put
+                        # dcgm-exporter's pod on every GPU no pod holds; dropped, the
+                        # series keep the labels dcgm-exporter writes, and only those.
+                        {"action": "labeldrop", "regex": "pod|namespace|container"},
+                    ],
+                }
+            ],
+        },
+    }
+    return {
+        "dcgm-exporter-servicemonitor.yaml": monitor,
+        "kustomization.yaml": component(resources=["dcgm-exporter-servicemonitor.yaml"]),
+    }
+
+
+def vllm_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
+    """A PodMonitor of vLLM's pods in any namespace, as the vllm job, each target with
+    its pod and namespace (the join to the GPU its pod holds)."""
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": meta(s.vllm_job, "vllm"),
+        "spec": {
+            "namespaceSelector": {"any": True},
+            "selector": {"matchLabels": dict(s.vllm_labels)},
+            "podMetricsEndpoints": [
+                {
+                    "port": s.vllm_port,
+                    "path": "/metrics",
+                    "interval": s.scrape_interval,
+                    "relabelings": [
+                        *relabelings(s.vllm_job),
+                        # written out, though the Operator adds both too: a plain
+                        # Prometheus scrape config copied from here keeps them
+                        {
+                            "action": "replace",
+                            "sourceLabels": ["__meta_kubernetes_pod_name"],
+                            "targetLabel": "pod",
+                        },
+                        {
+                            "action": "replace",
+                            "sourceLabels": ["__meta_kubernetes_namespace"],
+                            "targetLabel": "namespace",
+                        },
+                    ],
+                }
+            ],
+        },
+    }
+    return {
+        "vllm-podmonitor.yaml": monitor,
+        "kustomization.yaml": component(resources=["vllm-podmonitor.yaml"]),
+    }
+
+
+def spans_only_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
+    """The exporter taking spans only (``--gpu-source none``): no NVML, no GPU device,
+    no NVIDIA runtime; the GPU side comes from dcgm-exporter."""
+    spec = "/spec/template/spec"
+    flags_patch = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": FLAGS_CONFIGMAP},
+        "data": {"GPUSCOPE_GPU_SOURCE": "none"},
+    }
+    return {
+        "kustomization.yaml": component(
+            patches=[
+                merge_patch(flags_patch),
+                json_patch(
+                    "DaemonSet",
+                    EXPORTER,
+                    [
+                        # a flag, not only the ConfigMap: a patched ConfigMap cannot
+                        # turn NVML back on
+                        {
+                            "op": "add",
+                            "path": f"{spec}/containers/0/args/-",
+                            "value": "--gpu-source=none",
+                        },
+                        {"op": "remove", "path": f"{spec}/runtimeClassName"},
+                        # "void": where nvidia is the node's default runtime, the
+                        # toolkit still mounts no GPU and no driver library
+                        {
+                            "op": "replace",
+                            "path": f"{spec}/containers/0/env",
+                            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                        },
+                    ],
+                ),
+            ]
+        )
+    }
+
+
 COMPONENTS: Final = {
     "kube-prometheus-stack": kube_prometheus_stack,
     "podmonitor": podmonitor_component,
@@ -487,6 +636,10 @@ COMPONENTS: Final = {
     "otel-collector": collector_component,
     "simulated-gpus": simulated_component,
     "worker": worker_component,
+    "no-daemon": no_daemon_component,
+    "dcgm-exporter": dcgm_exporter_component,
+    "vllm": vllm_component,
+    "spans-only": spans_only_component,
 }
 
 # overlay -> the components it adds to base/, in order (the release label last, so
@@ -499,6 +652,8 @@ OVERLAYS: Final = {
     "host-port": ("host-port", "kube-prometheus-stack"),
     "collector": ("otel-collector", "kube-prometheus-stack"),
     "demo": ("simulated-gpus", "worker", "kube-prometheus-stack"),
+    "no-daemon": ("no-daemon", "dcgm-exporter", "vllm", "kube-prometheus-stack"),
+    "spans-only": ("spans-only", "dcgm-exporter", "kube-prometheus-stack"),
 }
 
 

@@ -108,6 +108,19 @@ class KubeSettings:
     # ... and puts each in the folder this annotation names (the sidecar's
     # folderAnnotation value)
     dashboard_folder_annotation: str = "grafana_folder"
+    # NVIDIA's GPU Operator's dcgm-exporter, which the dcgm-exporter component scrapes:
+    # its Service (the operator names it nvidia-dcgm-exporter and labels it app of that
+    # name, port gpu-metrics, 9400) in the namespace the operator is installed in (its
+    # documented "gpu-operator"). The scrape's job is the Service's name, which
+    # pack/settings.py's dcgm_job_selector selects.
+    dcgm_exporter_service: str = "nvidia-dcgm-exporter"
+    dcgm_exporter_namespace: str = "gpu-operator"
+    dcgm_exporter_labels: tuple[tuple[str, str], ...] = (("app", "nvidia-dcgm-exporter"),)
+    dcgm_exporter_port: str = "gpu-metrics"
+    # vLLM's pods, which the vllm component scrapes as the vllm job (any namespace):
+    # their label and the name of the container port serving /metrics
+    vllm_labels: tuple[tuple[str, str], ...] = (("app", "vllm"),)
+    vllm_port: str = "http"
     # the OpenTelemetry Collector of the otel-collector component, and where it sends
     collector_image: str = "otel/opentelemetry-collector:0.115.0"
     tempo_otlp_http: str = "http://tempo.monitoring.svc:4318"
@@ -124,6 +137,10 @@ class KubeSettings:
     @property
     def worker_job(self) -> str:
         return job_name(self.rules.worker_job_selector)
+
+    @property
+    def vllm_job(self) -> str:
+        return job_name(self.rules.vllm_job_selector)
 
     @property
     def port(self) -> int:

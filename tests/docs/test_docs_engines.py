@@ -37,7 +37,12 @@ ABSENT = "–"
 
 def table() -> dict[str, dict[str, str]]:
     """Row label -> column header -> cell, of the page's first table."""
-    lines = [line for line in (DOCS / "README.md").read_text().splitlines() if line.startswith("|")]
+    lines = []
+    for line in (DOCS / "README.md").read_text().splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+        elif lines:  # the first table has ended (the page has others)
+            break
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[2:]:

@@ -242,7 +242,9 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-@pytest.mark.parametrize("overlay", ["base", "overlays/demo", "overlays/collector"])
+@pytest.mark.parametrize(
+    "overlay", ["base", "overlays/demo", "overlays/collector", "overlays/spans-only"]
+)
 def test_the_exporter_serves_with_the_daemonsets_arguments(
     overlay: str, tmp_path: Path, started: list[Started]
 ) -> None:
@@ -256,6 +258,10 @@ def test_the_exporter_serves_with_the_daemonsets_arguments(
     assert status == 200
     assert "gpuscope_build_info{" in text
     flags = find(one.objects, "ConfigMap", "gpuscope-exporter-flags")["data"]
+    if "--gpu-source=none" in one.container["args"]:
+        # spans only: no GPU opened, none served (dcgm-exporter serves the GPUs)
+        assert 'gpuscope_gpu_source_info{requested="none",source="none"} 1.0' in text
+        assert "gpuscope_gpu_up" not in text
     if flags["GPUSCOPE_GPU_SOURCE"] == "simulated":
         # the demo's simulated GPU is the one its worker names on its spans
         worker = find(one.objects, "Deployment", "gpuscope-worker")

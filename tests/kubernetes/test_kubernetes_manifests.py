@@ -355,6 +355,9 @@ def test_every_overlay_lets_only_senders_and_prometheus_reach_the_exporter(folde
     s = KubeSettings()
     objects = kustomize(folder)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    if folder == "overlays/no-daemon":  # no exporter: nothing to guard
+        assert policies == [] and _pods(objects) == []
+        return
     exporter_labels = find(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     guarding = [
         p
@@ -446,6 +449,9 @@ def test_every_gpuscope_container_runs_the_one_tagged_version(folder: str) -> No
     # it: base's did not reach the containers a component adds (the demo's worker)
     s = KubeSettings()
     images = _gpuscope_images(kustomize(folder), s.image)
+    if folder == "overlays/no-daemon":
+        assert images == {}
+        return
     assert images, f"{folder} runs no gpuscope container"
     assert set(images.values()) == {f"{s.image}:{s.image_tag}"}, images
 
@@ -474,3 +480,169 @@ def test_one_images_entry_of_a_users_overlay_retags_every_gpuscope_container(
     images = _gpuscope_images(objects, "registry.example.com/gpuscope")
     assert set(images) == {"gpuscope/exporter", "gpuscope-worker/worker"}, images
     assert set(images.values()) == {"registry.example.com/gpuscope:9.9.9"}
+
+
+WORKLOADS = frozenset(
+    ("Pod", "DaemonSet", "Deployment", "StatefulSet", "ReplicaSet", "Job", "CronJob")
+)
+
+
+def _selects(selector: str, job: str) -> bool:
+    """Whether a ``job="x"`` or ``job=~"re"`` selector of the rules selects ``job``."""
+    match = re.fullmatch(r'job(=~?)"([^"]+)"', selector)
+    assert match is not None, selector
+    op, value = match.groups()
+    return re.fullmatch(value, job) is not None if op == "=~" else value == job
+
+
+def _relabel(rules: list[Obj], meta: dict[str, str]) -> dict[str, str]:
+    """Prometheus's target relabelling of ``replace`` and ``labeldrop`` rules (the two
+    the monitors use) over a target's labels; ``__meta_*`` go after it, as there."""
+    labels = dict(meta)
+    for rule in rules:
+        action = rule.get("action", "replace")
+        regex = rule.get("regex", "(.*)")
+        if action == "labeldrop":
+            labels = {k: v for k, v in labels.items() if not re.fullmatch(regex, k)}
+            continue
+        assert action == "replace", rule
+        joined = rule.get("separator", ";").join(
+            labels.get(name, "") for name in rule.get("sourceLabels", [])
+        )
+        found = re.fullmatch(regex, joined)
+        if found is not None:
+            replacement = rule.get("replacement", "$1")
+            labels[rule["targetLabel"]] = found.expand(re.sub(r"\$(\d)", r"\\\1", replacement))
+    return {k: v for k, v in labels.items() if not k.startswith("__")}
+
+
+def test_the_no_daemon_overlay_ships_rules_boards_and_scrapes_only() -> None:
+    """Before: every overlay ran gpuscope's exporter on every GPU node."""
+    s = KubeSettings()
+    objects = kustomize("overlays/no-daemon")
+    assert [o for o in objects if o["kind"] in WORKLOADS] == []
+    assert {o["kind"] for o in objects} == {
+        "Namespace",
+        "PrometheusRule",
+        "ConfigMap",
+        "ServiceMonitor",
+        "PodMonitor",
+    }
+    # every rule group, dcgm-exporter's included, as base ships them
+    groups = find(objects, "PrometheusRule")["spec"]["groups"]
+    assert groups == find(kustomize("base"), "PrometheusRule")["spec"]["groups"]
+    dcgm = yaml.safe_load((REPO / "alerts" / "rules" / "dcgm-exporter.yml").read_text())
+    assert {g["name"] for g in dcgm["groups"]} <= {g["name"] for g in groups}
+    # every dashboard, and no other ConfigMap
+    boards = {f"gpuscope-dashboard-{p.stem}" for p in (REPO / "dashboards" / "json").glob("*.json")}
+    assert {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"} == boards
+    # the two scrapes, under the jobs the rules select
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["name"] == s.dcgm_exporter_service
+    (podmonitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
+    assert podmonitor["metadata"]["name"] == s.vllm_job
+    assert _selects(s.rules.vllm_job_selector, s.vllm_job)
+
+
+def test_dcgm_exporters_scrape_keeps_the_gpus_holder_pod_and_names_the_node() -> None:
+    s = KubeSettings()
+    monitor = find(kustomize("overlays/no-daemon"), "ServiceMonitor", s.dcgm_exporter_service)
+    spec = monitor["spec"]
+    # the GPU Operator's Service: its namespace, label and port name
+    assert spec["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
+    assert spec["selector"] == {"matchLabels": {"app": "nvidia-dcgm-exporter"}}
+    (endpoint,) = spec["endpoints"]
+    assert endpoint["port"] == "gpu-metrics"
+    # what the Prometheus Operator puts on a ServiceMonitor's target before the
+    # monitor's own relabelings (the pod is dcgm-exporter's)
+    target = {
+        "__meta_kubernetes_pod_node_name": "gpu-node-1",
+        "__meta_kubernetes_pod_name": "nvidia-dcgm-exporter-7xk2p",
+        "__address__": "10.244.1.9:9400",
+        "namespace": "gpu-operator",
+        "pod": "nvidia-dcgm-exporter-7xk2p",
+        "container": "nvidia-dcgm-exporter",
+        "service": "nvidia-dcgm-exporter",
+        "endpoint": "gpu-metrics",
+        "job": "nvidia-dcgm-exporter",
+    }
+    labels = _relabel(endpoint["relabelings"], target)
+    # no pod, namespace or container of its own: a scraped series keeps the holder's
+    # (dcgm-exporter writes them on a held GPU's series only)
+    assert labels == {
+        "job": s.dcgm_exporter_service,
+        "instance": "gpu-node-1/nvidia-dcgm-exporter-7xk2p:9400",
+        "service": "nvidia-dcgm-exporter",
+        "endpoint": "gpu-metrics",
+    }
+    assert _selects(s.rules.dcgm_job_selector, labels["job"])
+    assert _selects(s.rules.gpu_job_selector, labels["job"])
+    host = re.fullmatch(s.rules.host_from_instance, labels["instance"])
+    assert host is not None and host.group(1) == "gpu-node-1"
+
+
+def test_vllms_scrape_carries_its_pod_and_node() -> None:
+    s = KubeSettings()
+    podmonitor = find(kustomize("overlays/no-daemon"), "PodMonitor", s.vllm_job)
+    assert podmonitor["spec"]["namespaceSelector"] == {"any": True}
+    assert podmonitor["spec"]["selector"] == {"matchLabels": dict(s.vllm_labels)}
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == s.vllm_port
+    target = {
+        "__meta_kubernetes_pod_node_name": "gpu-node-1",
+        "__meta_kubernetes_pod_name": "vllm-llama-0",
+        "__meta_kubernetes_namespace": "inference",
+        "__address__": "10.244.1.23:8000",
+    }
+    labels = _relabel(endpoint["relabelings"], target)
+    assert labels == {
+        "job": "vllm",
+        "instance": "gpu-node-1/vllm-llama-0:8000",
+        "pod": "vllm-llama-0",
+        "namespace": "inference",
+    }
+    assert _selects(s.rules.vllm_job_selector, labels["job"])
+
+
+def test_the_spans_only_exporter_takes_no_gpu_and_nothing_privileged() -> None:
+    """Before: every exporter opened NVML, through the NVIDIA runtime and every GPU."""
+    objects = kustomize("overlays/spans-only")
+    daemonset = find(objects, "DaemonSet", "gpuscope")
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--gpu-source=none" in container["args"]
+    assert (
+        find(objects, "ConfigMap", "gpuscope-exporter-flags")["data"]["GPUSCOPE_GPU_SOURCE"]
+        == "none"
+    )
+    assert "runtimeClassName" not in pod
+    assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert all("hostPath" not in v for v in pod["volumes"])
+    assert "volumeDevices" not in container
+    for key in ("hostPID", "hostNetwork", "hostIPC"):
+        assert key not in pod
+    security = container["securityContext"]
+    assert security.get("privileged", False) is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    resources = container["resources"]
+    assert not any("nvidia.com" in k for part in resources.values() for k in part)
+    # it stays in the restricted namespace, beside dcgm-exporter's scrape
+    labels = find(objects, "Namespace")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    find(objects, "ServiceMonitor", KubeSettings().dcgm_exporter_service)
+    # and the base's exporter still reads the GPUs (the patch is the overlay's only)
+    base_pod = find(kustomize("base"), "DaemonSet")["spec"]["template"]["spec"]
+    assert "--gpu-source=none" not in base_pod["containers"][0]["args"]
+    assert base_pod["runtimeClassName"] == KubeSettings().runtime_class
+
+
+def test_the_readme_lists_every_overlay_with_its_components() -> None:
+    readme = (KUBERNETES / "README.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0].strip("`")] = tuple(c.strip().strip("`") for c in cells[1].split(","))
+    for overlay, parts in components.OVERLAYS.items():
+        assert rows.get(overlay) == parts, overlay
