@@ -15,6 +15,7 @@ same as JSON (``scripts/gpu-check`` reads it), also when no GPU source opens
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import sys
@@ -71,28 +72,37 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
     process join (``proc_root`` is for tests)."""
     source.sample()
     time.sleep(SAMPLE_GAP_S)  # hardware time must pass between the samples
-    readings = {r.index: r for r in source.sample()}
+    readings = {r.uuid: r for r in source.sample()}
     reasons: Mapping[int, Mapping[str, str]] = (
         source.unsupported_metrics() if isinstance(source, ExplainsSupport) else {}
     )
     notes: Mapping[int, Mapping[str, str]] = (
         source.notes() if isinstance(source, NotesMethods) else {}
     )
+    # a MIG instance shares its parent's index: its support is keyed by its uuid
+    instances: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]] = getattr(
+        source, "mig_support", dict
+    )()
     gpus = []
     for device in source.devices():
-        reading = readings.get(device.index)
-        gpus.append(
-            {
-                "index": device.index,
-                "uuid": device.uuid,
-                "name": device.name,
-                "driver_version": device.driver_version,
-                "up": bool(reading and reading.up),
-                "metrics": _groups(
-                    reading, reasons.get(device.index, {}), notes.get(device.index, {})
-                ),
-            }
+        reading = readings.get(device.uuid)
+        why, note = (
+            (reasons.get(device.index, {}), notes.get(device.index, {}))
+            if device.mig is None
+            else instances.get(device.uuid, ({}, {}))
         )
+        entry: dict[str, Any] = {
+            "index": device.index,
+            "gpu": device.label,
+            "uuid": device.uuid,
+            "name": device.name,
+            "driver_version": device.driver_version,
+            "up": bool(reading and reading.up),
+            "metrics": _groups(reading, why, note),
+        }
+        if device.mig is not None:
+            entry["mig"] = dataclasses.asdict(device.mig)
+        gpus.append(entry)
     unopened: Mapping[int, str] = getattr(source, "unopened_gpus", dict)()  # NVML only
     return {
         "source": source.name,
@@ -118,6 +128,7 @@ def process_join(source: GpuSource | None, *, proc_root: Path = PROC) -> dict[st
         refused = listing.refused.get(device.uuid)
         gpus[device.uuid] = {
             "index": device.index,
+            "gpu": device.label,
             "pids": list(listing.pids.get(device.uuid, ())),
             "listed": device.uuid in listing.pids,
             "why": None if refused is None else refused.why,
@@ -159,9 +170,15 @@ def render(report: Mapping[str, Any], out: TextIO) -> None:
     for gpu in report["gpus"]:
         state = "" if gpu["up"] else "  [NOT ANSWERING]"
         driver = gpu["driver_version"]
-        print(
-            f"\nGPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}  driver {driver}{state}", file=out
-        )
+        label = gpu.get("gpu", gpu["index"])
+        print(f"\nGPU {label}  {gpu['name']}  {gpu['uuid']}  driver {driver}{state}", file=out)
+        mig = gpu.get("mig")
+        if mig is not None:
+            print(
+                f"  MIG instance of {mig['parent_uuid']}: profile {mig['profile']}, GPU instance"
+                f" {mig['gpu_instance_id']}, compute instance {mig['compute_instance_id']}",
+                file=out,
+            )
         for group, entry in gpu["metrics"].items():
             mark = "yes" if entry["supported"] else "no "
             why = f"  - {entry['why']}" if entry["why"] else ""
@@ -181,7 +198,7 @@ def render_process_join(join: Mapping[str, Any], out: TextIO) -> None:
         else:
             listed = f"not listed: {gpu['why'] or 'no answer (lost?)'}"
         note = f"  ({gpu['note']})" if gpu["note"] else ""
-        print(f"  GPU {gpu['index']}  {uuid}: {listed}{note}", file=out)
+        print(f"  GPU {gpu.get('gpu', gpu['index'])}  {uuid}: {listed}{note}", file=out)
     if join["status"] == ProcessJoin.OK:
         print(
             "  spans whose process, or one of its descendants, holds a GPU are joined to it",

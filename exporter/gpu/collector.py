@@ -43,6 +43,7 @@ class GpuCollector(Collector):
         live = [reading for reading in snapshot.readings if reading.up]
         samples: dict[MetricDef, list[Sample]] = {
             rows.INFO: [(_info_labels(device), 1.0) for device in snapshot.devices],
+            rows.MIG_INFO: [(_mig_labels(d), 1.0) for d in snapshot.devices if d.mig is not None],
             rows.UP: [(_labels(r), 1.0 if r.up else 0.0) for r in snapshot.readings],
             rows.DOWN_REASON: [
                 ([*_labels(r), r.down_reason or DownReason.LOST], 1.0)
@@ -111,7 +112,7 @@ def _per_gpu(row: MetricDef, live: list[GpuReading]) -> list[Sample]:
 
 def _info_labels(device: GpuDevice) -> list[str]:
     return [
-        str(device.index),
+        device.label,
         device.uuid,
         device.name,
         device.pci_bus_id,
@@ -120,5 +121,19 @@ def _info_labels(device: GpuDevice) -> list[str]:
     ]
 
 
+def _mig_labels(device: GpuDevice) -> list[str]:
+    mig = device.mig
+    assert mig is not None
+    return [
+        device.label,
+        device.uuid,
+        str(device.index),
+        mig.parent_uuid,
+        mig.profile,
+        "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id),
+        "" if mig.compute_instance_id is None else str(mig.compute_instance_id),
+    ]
+
+
 def _labels(reading: GpuReading) -> list[str]:
-    return [str(reading.index), reading.uuid]
+    return [reading.label, reading.uuid]

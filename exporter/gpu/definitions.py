@@ -19,6 +19,22 @@ INFO = MetricDef(
     "Descriptive labels of each GPU; join on gpu and uuid.",
     (*GPU_LABELS, "name", "pci_bus_id", "numa_node", "driver_version"),
 )
+MIG_INFO = MetricDef(
+    "gpuscope_gpu_mig_info",
+    GAUGE,
+    "1 for each MIG instance served as a GPU of its own (gpu is <parent index>:<MIG device "
+    "index>, uuid its MIG- UUID): its parent GPU, profile and GPU/compute instance ids. "
+    "Memory and processes are the instance's; clocks, power, temperature, PCIe, GPM and "
+    "XIDs are the parent's series, joined on parent_uuid.",
+    (
+        *GPU_LABELS,
+        "parent_gpu",
+        "parent_uuid",
+        "profile",
+        "gpu_instance_id",
+        "compute_instance_id",
+    ),
+)
 UP = MetricDef(
     "gpuscope_gpu_up",
     GAUGE,
@@ -283,6 +299,7 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
 
 GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     INFO,
+    MIG_INFO,
     UP,
     DOWN_REASON,
     SAMPLE_AGE,

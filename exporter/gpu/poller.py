@@ -147,7 +147,9 @@ class GpuPoller:
         if overdue is None:
             return snapshot
         readings = tuple(
-            GpuReading(d.index, d.uuid, up=False, down_reason=DownReason.POLL_OVERDUE)
+            GpuReading(
+                d.index, d.uuid, up=False, down_reason=DownReason.POLL_OVERDUE, mig_device=_mig(d)
+            )
             for d in snapshot.devices
         )
         runs = (CollectorRun(self.source.name, False, overdue),)
@@ -293,4 +295,11 @@ class GpuPoller:
 
 
 def _down(devices: Sequence[GpuDevice], reason: str) -> tuple[GpuReading, ...]:
-    return tuple(GpuReading(d.index, d.uuid, up=False, down_reason=reason) for d in devices)
+    return tuple(
+        GpuReading(d.index, d.uuid, up=False, down_reason=reason, mig_device=_mig(d))
+        for d in devices
+    )
+
+
+def _mig(device: GpuDevice) -> int | None:
+    return None if device.mig is None else device.mig.device_index

@@ -38,9 +38,29 @@ class GpuSourceKind(StrEnum):
     NONE = "none"
 
 
+def gpu_label(index: int, mig_device: int | None = None) -> str:
+    """The ``gpu`` label: the GPU's index, or ``<parent index>:<MIG device index>`` for a
+    MIG instance (the numbering of ``nvidia-smi -L``'s "MIG ... Device N" lines)."""
+    return str(index) if mig_device is None else f"{index}:{mig_device}"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """What makes a GPU a MIG instance of another (``GpuDevice.mig``)."""
+
+    parent_uuid: str
+    device_index: int  # nvmlDeviceGetMigDeviceHandleByIndex's index under the parent
+    profile: str  # "3g.71gb", "1c.3g.71gb" (compute instance sub-profile first)
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
 @dataclass(frozen=True)
 class GpuDevice:
-    """What identifies a GPU; descriptive fields end up on ``gpuscope_gpu_info`` only."""
+    """What identifies a GPU; descriptive fields end up on ``gpuscope_gpu_info`` only.
+
+    A MIG instance is a GPU of its own: its ``MIG-...`` UUID, its parent's ``index``
+    and ``mig`` set."""
 
     index: int
     uuid: str
@@ -48,6 +68,11 @@ class GpuDevice:
     pci_bus_id: str
     numa_node: int | None = None
     driver_version: str | None = None
+    mig: MigInstance | None = None
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index, None if self.mig is None else self.mig.device_index)
 
 
 @dataclass(frozen=True)
@@ -63,6 +88,8 @@ class GpuReading:
     index: int
     uuid: str
     up: bool = True
+    # the MIG device index under GPU ``index`` for a MIG instance's reading, else None
+    mig_device: int | None = None
     # why ``up`` is False: a ``DownReason`` (or an NVML error's, see ``nvml.errors``); ""
     # while up. The ``reason`` label of ``gpuscope_gpu_down_reason``.
     down_reason: str = ""
@@ -82,6 +109,10 @@ class GpuReading:
             raise ValueError(
                 f"GPU reading values {sorted(unknown)} name no row of gpu.definitions.PER_GPU"
             )
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index, self.mig_device)
 
     def has(self, name: str) -> bool:
         """Whether the reading holds ``name``: a key of ``values`` or an attribute

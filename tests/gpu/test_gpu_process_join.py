@@ -496,6 +496,7 @@ def test_doctor_lists_the_processes_it_joins(proc: FakeProc) -> None:
     assert join["gpus"][fake.gpus[0].uuid]["pids"] == [300]
     assert join["gpus"][fake.gpus[1].uuid] == {
         "index": 1,
+        "gpu": "1",
         "pids": [],
         "listed": True,
         "why": None,

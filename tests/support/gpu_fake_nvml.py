@@ -467,6 +467,16 @@ class FakeNvml:
             raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig_mode, gpu.mig_mode]
 
+    # MIG instances are the C fake's (tests/support/cnvml): a GPU in MIG mode here has
+    # none created, as after ``nvidia-smi -mig 1`` alone
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._device("nvmlDeviceGetMaxMigDeviceCount", device)
+        return 7 if gpu.mig_mode == self._pynvml.NVML_DEVICE_MIG_ENABLE else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        self._device("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_FOUND)
+
     def _processes(self, function: str, handle: Any, graphics: bool) -> list[Any]:
         gpu = self._device(function, handle)
         base = function.removesuffix("_v2").removesuffix("_v3")

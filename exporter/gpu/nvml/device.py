@@ -110,14 +110,25 @@ def _merge(values: dict[str, Any], reader: Reader, nvml: Any, handle: Any) -> No
 class NvmlDeviceReader:
     """One GPU's handle and what is known about its support; not thread-safe (poller only)."""
 
-    def __init__(self, nvml: Any, device: GpuDevice, handle: Any) -> None:
+    def __init__(
+        self, nvml: Any, device: GpuDevice, handle: Any, *, parent: NvmlDeviceReader | None = None
+    ) -> None:
         self._nvml = nvml
         self.device = device
         self.handle = handle
         self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
         self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
-        self.architecture = self._architecture()
-        self._gpm = self._open_gpm()
+        if parent is None:
+            self.architecture = self._architecture()
+            self._gpm = self._open_gpm()
+        else:
+            # a MIG instance: the link and GPM's device-wide counters are its parent's
+            self.architecture = parent.architecture
+            self._gpm = None
+            for group in ("gpm", "pcie_bytes"):
+                self.unsupported[group] = (
+                    f"a MIG instance: the parent GPU's series ({parent.device.uuid}) hold it"
+                )
         self._pcie = PcieByteCounter(nvml, handle, self._gpm)
         self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
         if not self._memory_v2:
@@ -129,7 +140,7 @@ class NvmlDeviceReader:
         self.processes = DeviceProcessLister(
             nvml,
             handle,
-            device=f"GPU {device.index} ({device.name}, {self.architecture})",
+            device=f"GPU {device.label} ({device.name}, {self.architecture})",
             driver=device.driver_version or "unknown",
         )
 
@@ -152,6 +163,7 @@ class NvmlDeviceReader:
         return GpuReading(
             index=self.device.index,
             uuid=self.device.uuid,
+            mig_device=None if self.device.mig is None else self.device.mig.device_index,
             clock_event_reasons=values.pop("clock_event_reasons", None),
             ecc_errors_total=values.pop("ecc_errors_total", None),
             values=values,
@@ -250,9 +262,9 @@ class NvmlDeviceReader:
                 driver=self.device.driver_version or "unknown",
             )
         elif kind is NvmlErrorKind.GPU_LOST:
-            raise GpuLostError(f"GPU {self.device.index} ({self.device.uuid}) is lost") from exc
+            raise GpuLostError(f"GPU {self.device.label} ({self.device.uuid}) is lost") from exc
         elif kind is NvmlErrorKind.DRIVER:
-            raise NvmlDriverError(f"NVML failed reading GPU {self.device.index}: {exc}") from exc
+            raise NvmlDriverError(f"NVML failed reading GPU {self.device.label}: {exc}") from exc
         # any other error is transient: the group is absent this round only
 
     def _architecture(self) -> str:

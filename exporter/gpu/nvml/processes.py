@@ -27,6 +27,7 @@ from gpuscope.exporter.gpu.nvml.errors import (
     classify,
     unsupported_reason,
 )
+from gpuscope.exporter.gpu.nvml.mig import mig_enabled
 from gpuscope.exporter.gpu.processes import (
     ProcessJoin,
     ProcessListing,
@@ -40,8 +41,8 @@ COMPUTE = "nvmlDeviceGetComputeRunningProcesses"
 GRAPHICS = "nvmlDeviceGetGraphicsRunningProcesses"
 VERSIONS = ("_v3", "_v2", "")
 MIG_NOTE = (
-    "MIG mode: the processes of every MIG instance are joined to the whole GPU, "
-    "whose series gpuscope serves"
+    "MIG mode, with no MIG instance open: the processes of every instance are joined to "
+    "the whole GPU"
 )
 
 
@@ -86,7 +87,7 @@ class DeviceProcessLister:
         if self.refused is not None:
             return None
         if self._mig is None:
-            self._mig = _mig_enabled(self._nvml, self._handle)
+            self._mig = mig_enabled(self._nvml, self._handle)
             self.note = MIG_NOTE if self._mig else None
         try:
             pids = set(self._list(COMPUTE))
@@ -160,17 +161,6 @@ def read_pid_max(path: Path = PID_MAX_FILE) -> int:
         return int(path.read_text(encoding="ascii").strip())
     except (OSError, ValueError):
         return PID_MAX_LIMIT
-
-
-def _mig_enabled(nvml: Any, handle: Any) -> bool:
-    function = getattr(nvml, "nvmlDeviceGetMigMode", None)
-    if function is None:
-        return False
-    try:
-        current = function(handle)[0]
-    except nvml.NVMLError:  # NotSupported before Ampere; anything else shows when listing
-        return False
-    return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
 
 
 def collect(listers: Sequence[tuple[str, DeviceProcessLister]]) -> ProcessListing:

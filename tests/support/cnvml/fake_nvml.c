@@ -23,6 +23,7 @@
  *   GPM_NAN=1             every GPM metric is NaN
  *   RM_MISMATCH=<a>       every call, nvmlInit included, answers LIB_RM_VERSION_MISMATCH after a s
  *   XIDS=<gpu>:<xid>:at_s=<t>[,...]   XID events delivered through nvmlEventSetWait
+ *   UNPRIVILEGED=1        a GPU in MIG mode lists its processes (the aggregate) to root only
  * Times count from the first nvmlInit of the process.
  */
 
@@ -762,11 +763,44 @@ struct wide_process_record {
     unsigned long long usedGpuCcProtectedMemory;
 };
 
+static int mig_count(int gpu);
+
+/* A MIG instance's handle lists its own processes; the parent's, in MIG mode, lists every
+ * instance's with the instance's GPU and compute instance ids, as the driver does (to root). */
+static int device_processes(nvmlDevice_t device, const char *kind, unsigned int *pids, unsigned long long *used,
+                            unsigned int *gi, unsigned int *ci, int max) {
+    unsigned int mode = 0;
+    if (device->mig >= 0 || !dev_uint(device, "mig.mode", &mode) || !mode) {
+        unsigned int g = 0xFFFFFFFF, c = 0xFFFFFFFF;
+        if (device->mig >= 0) {
+            dev_uint(device, "gpu_instance_id", &g);
+            dev_uint(device, "compute_instance_id", &c);
+        }
+        int n = list_processes(device, kind, pids, used, max);
+        for (int i = 0; i < n; i++) {
+            gi[i] = g;
+            ci[i] = c;
+        }
+        return n;
+    }
+    int n = 0;
+    for (int m = 0; m < mig_count(device->gpu) && n < max; m++) {
+        int k = device_processes(&migs[device->gpu][m], kind, pids + n, used + n, gi + n, ci + n, max - n);
+        n += k;
+    }
+    return n;
+}
+
 static nvmlReturn_t processes(nvmlDevice_t device, const char *kind, int version, unsigned int *infoCount, void *infos) {
-    unsigned int pids[64];
+    unsigned int pids[64], gi[64], ci[64];
     unsigned long long used[64];
-    int n = list_processes(device, kind, pids, used, 64);
     if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    /* nvml.h: in MIG mode the parent's aggregate list needs privileges, an instance's does not */
+    const char *unprivileged = knob("UNPRIVILEGED");
+    unsigned int mode = 0;
+    if (unprivileged && atoi(unprivileged) && device->mig < 0 && dev_uint(device, "mig.mode", &mode) && mode)
+        return NVML_ERROR_NO_PERMISSION;
+    int n = device_processes(device, kind, pids, used, gi, ci, 64);
     if (*infoCount < (unsigned int)n || (n > 0 && !infos)) {
         *infoCount = (unsigned int)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -784,15 +818,15 @@ static nvmlReturn_t processes(nvmlDevice_t device, const char *kind, int version
             if ((size_t)(i + 1) * sizeof *p > (size_t)*infoCount * sizeof(nvmlProcessInfo_t)) break;
             p->pid = pids[i];
             p->usedGpuMemory = used[i];
-            p->gpuInstanceId = 0xFFFFFFFF;
-            p->computeInstanceId = 0xFFFFFFFF;
+            p->gpuInstanceId = gi[i];
+            p->computeInstanceId = ci[i];
             p->usedGpuCcProtectedMemory = 0;
         } else {
             nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)infos + i;
             p->pid = pids[i];
             p->usedGpuMemory = used[i];
-            p->gpuInstanceId = 0xFFFFFFFF;
-            p->computeInstanceId = 0xFFFFFFFF;
+            p->gpuInstanceId = gi[i];
+            p->computeInstanceId = ci[i];
         }
     }
     *infoCount = (unsigned int)n;
@@ -831,16 +865,19 @@ static int mig_count(int gpu) {
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     ENTER_DEVICE("nvmlDeviceGetMaxMigDeviceCount", device);
-    unsigned int mode;
-    SUPPORTED(device->mig < 0 && dev_uint(device, "mig.mode", &mode));
-    *count = MAX_MIG - 1;  /* Hopper: up to seven GPU instances */
+    if (device->mig >= 0 || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int mode = 0;
+    /* nvml.h: "Returns zero if MIG is not supported or enabled"; Hopper: up to seven */
+    *count = dev_uint(device, "mig.mode", &mode) && mode ? MAX_MIG - 1 : 0;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) {
     ENTER_DEVICE("nvmlDeviceGetMigDeviceHandleByIndex", device);
-    if (device->mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
-    if ((int)index >= mig_count(device->gpu)) return NVML_ERROR_NOT_FOUND;
+    if (device->mig >= 0 || !migDevice || index >= MAX_MIG - 1) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int mode;
+    SUPPORTED(dev_uint(device, "mig.mode", &mode));  /* a GPU without MIG (before Ampere) */
+    if (!mode || (int)index >= mig_count(device->gpu)) return NVML_ERROR_NOT_FOUND;
     *migDevice = &migs[device->gpu][index];
     return NVML_SUCCESS;
 }

@@ -157,12 +157,21 @@ def _migs(parts: dict[str, str], state: str) -> list[dict[str, str]]:
         r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+\|\s+(\d+)MiB /\s*(\d+)MiB", table, re.M
     )
     by_index = {int(m[3]): m for m in memory}
+    # the table's processes carry their GPU and compute instance ids (GI, CI)
+    running = re.findall(
+        r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[CG+]+\s+\S.*?\s(\d+)MiB\s*\|", table, re.M
+    )
     migs = []
     for name, index, uuid in named:
         row = by_index.get(int(index))
         mig = {"name": name, "uuid": uuid, "index": index}
         if row is not None:
             mig.update(gi=row[1], ci=row[2], used_mib=row[4], total_mib=row[5])
+            mig["processes"] = " ".join(
+                f"{pid}:{int(mib) * MIB}"
+                for _, gi, ci, pid, mib in running
+                if (gi, ci) == (row[1], row[2])
+            )
         migs.append(mig)
     return migs
 
@@ -239,7 +248,7 @@ def _gpu(
         tx, rx = throughput
         profile.set(p + "pcie.tx_bytes_per_s", tx * 1024, f"-q Tx Throughput {tx} KB/s")
         profile.set(p + "pcie.rx_bytes_per_s", rx * 1024, f"-q Rx Throughput {rx} KB/s")
-    if processes:
+    if processes and not migs:  # in MIG mode the fake lists the instances' processes
         listed = " ".join(f"{pid}:{int(float(mib)) * MIB}" for pid, mib in processes)
         profile.set(p + "processes.compute", listed, "query-compute-apps pid:used_gpu_memory")
     for mig in migs:
@@ -260,6 +269,12 @@ def _gpu(
             )
             profile.set(
                 q + "memory.used_bytes", int(mig["used_mib"]) * MIB, "MIG table, shared memory MiB"
+            )
+        if mig.get("processes"):
+            profile.set(
+                q + "processes.compute",
+                mig["processes"],
+                "table Processes: pid:memory of this GI/CI",
             )
     # what nvidia-smi cannot show, invented or assumed so that the fake answers at all
     if p + "power.usage_mw" in profile.values():
