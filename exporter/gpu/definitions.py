@@ -91,6 +91,47 @@ PROCESS_JOIN_PROCESSES = MetricDef(
     GAUGE,
     "Processes on the GPUs at the last listing that the exporter can join spans to.",
 )
+COMPUTE_MODE = MetricDef(
+    "gpuscope_gpu_compute_mode",
+    GAUGE,
+    "1 for the GPU's compute mode (default: any number of processes time-slice it; "
+    "exclusive_process: one process, or one MPS server; prohibited), 0 for the others.",
+    (*GPU_LABELS, "mode"),
+)
+COMPUTE_PROCESSES = MetricDef(
+    "gpuscope_gpu_compute_processes",
+    GAUGE,
+    "Processes holding a compute context on the GPU at the last process listing.",
+    GPU_LABELS,
+)
+MPS_PROCESSES = MetricDef(
+    "gpuscope_gpu_mps_processes",
+    GAUGE,
+    "Processes using the GPU through an MPS server (nvmlDeviceGetMPSComputeRunningProcesses); "
+    "0: MPS not in use.",
+    GPU_LABELS,
+)
+CONTENDED = MetricDef(
+    "gpuscope_gpu_contended",
+    GAUGE,
+    "1 while more than one process time-slices the GPU: several compute processes, none "
+    "through MPS, in the default compute mode (a MIG instance counts as its own GPU).",
+    GPU_LABELS,
+)
+PROCESS_MEMORY_USED = MetricDef(
+    "gpuscope_gpu_process_memory_used_bytes",
+    GAUGE,
+    "Device memory of each process on the GPU (pid __overflow__: the processes past the "
+    "series cap, summed).",
+    (*GPU_LABELS, "pid"),
+)
+PROCESS_SM_UTILIZATION = MetricDef(
+    "gpuscope_gpu_process_sm_utilization_ratio",
+    GAUGE,
+    "Fraction of time a kernel of each process ran on the GPU since the last poll "
+    "(nvmlDeviceGetProcessUtilization; pid __overflow__ as for the memory).",
+    (*GPU_LABELS, "pid"),
+)
 COLLECTOR_SUCCESS = MetricDef(
     "gpuscope_collector_success",
     GAUGE,
@@ -295,6 +336,8 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "pcie_bytes": (PCIE_TRANSMIT.field, PCIE_RECEIVE.field),
     "gpm": (SM_OCCUPANCY.field, SM_ACTIVE.field, TENSOR_ACTIVE.field, DRAM_ACTIVE.field),
     "xid_errors": ("xid_errors_total",),
+    "compute_mode": ("compute_mode",),
+    "process_utilization": ("process_sm",),
 }
 
 GPU_METRICS: Final[tuple[MetricDef, ...]] = (
@@ -310,6 +353,12 @@ GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     ECC_ERRORS,
     PROCESS_JOIN_STATUS,
     PROCESS_JOIN_PROCESSES,
+    COMPUTE_MODE,
+    COMPUTE_PROCESSES,
+    MPS_PROCESSES,
+    CONTENDED,
+    PROCESS_MEMORY_USED,
+    PROCESS_SM_UTILIZATION,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
 )

@@ -76,6 +76,16 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
+class ProcessUse:
+    """One process's share of a GPU it shares: its device memory (the process list's,
+    refreshed with the process join) and its SM utilisation since the last poll (NVML's
+    per-process utilisation; 0 for a process NVML saw no kernel of)."""
+
+    memory_used_bytes: float | None = None
+    sm_utilization_ratio: float | None = None
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One device's readings at one instant. ``up=False``: the GPU is lost.
 
@@ -102,6 +112,14 @@ class GpuReading:
     # registration): its XID totals are then absent, not 0.
     xid_supported: bool = True
     ecc_errors_total: Mapping[str, int] | None = None
+    # sharing: NVML's compute mode ("default", "exclusive_process", "prohibited"), the
+    # processes on the GPU (pid -> use; None: unknown), MPS clients (None: unknown)
+    compute_mode: str | None = None
+    tenants: Mapping[int, ProcessUse] | None = None
+    mps_processes: int | None = None
+    # pid -> SM utilisation of the processes NVML sampled this poll; None where NVML has
+    # no per-process utilisation (MIG, older pynvml)
+    process_sm: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         unknown = self.values.keys() - {row.field for row in metrics.PER_GPU}
@@ -113,6 +131,22 @@ class GpuReading:
     @property
     def label(self) -> str:
         return gpu_label(self.index, self.mig_device)
+
+    @property
+    def contended(self) -> bool | None:
+        """More than one process time-slicing the GPU: several processes on it, none
+        through MPS, in the default compute mode. None where the processes are unknown."""
+        if self.tenants is None or self.mps_processes is None:
+            return None
+        return (
+            len(self.tenants) > 1
+            and self.mps_processes == 0
+            and self.compute_mode
+            in (
+                None,
+                "default",
+            )
+        )
 
     def has(self, name: str) -> bool:
         """Whether the reading holds ``name``: a key of ``values`` or an attribute

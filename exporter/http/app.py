@@ -148,7 +148,7 @@ async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIt
         processes=processes,
         deadline_s=state.config.gpu_poll_deadline_s,
     )
-    collector = GpuCollector(poller)
+    collector = GpuCollector(poller, max_process_series=state.config.max_series)
     poller.start()
     state.registry.register(collector)
     state.poller = poller

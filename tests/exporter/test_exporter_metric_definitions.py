@@ -124,6 +124,12 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_gpu_ecc_errors", "counter", "", (*_GPU, "type")),
     ("gpuscope_gpu_process_join_status", "gauge", "", ("status",)),
     ("gpuscope_gpu_process_join_processes", "gauge", "", ()),
+    ("gpuscope_gpu_compute_mode", "gauge", "", (*_GPU, "mode")),
+    ("gpuscope_gpu_compute_processes", "gauge", "", _GPU),
+    ("gpuscope_gpu_mps_processes", "gauge", "", _GPU),
+    ("gpuscope_gpu_contended", "gauge", "", _GPU),
+    ("gpuscope_gpu_process_memory_used_bytes", "gauge", "bytes", (*_GPU, "pid")),
+    ("gpuscope_gpu_process_sm_utilization_ratio", "gauge", "ratio", (*_GPU, "pid")),
     ("gpuscope_collector_success", "gauge", "", ("collector",)),
     ("gpuscope_collector_duration_seconds", "gauge", "seconds", ("collector",)),
 ]
@@ -175,6 +181,17 @@ def _spans() -> list[ReadableSpan]:
     return [server, factory.batch(4), _foreign_server_span()]
 
 
+NVML_ONLY = {
+    "gpuscope_gpu_mig_info",
+    "gpuscope_gpu_compute_mode",
+    "gpuscope_gpu_compute_processes",
+    "gpuscope_gpu_mps_processes",
+    "gpuscope_gpu_contended",
+    "gpuscope_gpu_process_memory_used_bytes",
+    "gpuscope_gpu_process_sm_utilization_ratio",
+}
+
+
 async def test_a_scrape_serves_the_golden_families_with_their_labels(
     exporter_http: aiohttp.ClientSession,
 ) -> None:
@@ -207,9 +224,10 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     histograms = [d.name for d in EXPORTER_METRICS if d.type is MetricType.HISTOGRAM]
     assert list(served) == [*collected, *(d.name for d in GPU_METRICS), *histograms]
     for name, (kind, unit, labels) in golden.items():
-        # every family here but the MIG instances' (simulated GPUs have none; see
-        # tests/gpu/test_gpu_cnvml_mig.py) has samples, so its label names are all visible
-        if name == "gpuscope_gpu_mig_info":
+        # every family here but those simulated GPUs do not give (MIG, sharing; their
+        # labels are checked on the C fake NVML: tests/gpu/test_gpu_cnvml_mig.py and
+        # test_gpu_cnvml_sharing.py) has samples, so its label names are all visible
+        if name in NVML_ONLY:
             assert served[name] == (kind, unit, set()), name
             continue
         assert served[name] == (kind, unit, labels), name

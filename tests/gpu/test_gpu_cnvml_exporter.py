@@ -54,11 +54,11 @@ def _get(url: str) -> tuple[int, str]:
 
 
 @contextmanager
-def exporter(env: dict[str, str]) -> Iterator[str]:
+def exporter(env: dict[str, str], *extra: str) -> Iterator[str]:
     port = free_port()
     command = [
         sys.executable, "-m", "gpuscope.cli", "exporter", "--listen", f"127.0.0.1:{port}",
-        "--gpu-source", "nvml", "--gpu-interval-s", "0.2", "--log-level", "warning",
+        "--gpu-source", "nvml", "--gpu-interval-s", "0.2", "--log-level", "warning", *extra,
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

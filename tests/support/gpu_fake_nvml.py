@@ -102,6 +102,7 @@ class FakeGpu:
     compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
     graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
     mig_mode: int = real.NVML_DEVICE_MIG_DISABLE
+    compute_mode: int = real.NVML_COMPUTEMODE_DEFAULT
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML_ERROR_*
 
@@ -466,6 +467,17 @@ class FakeNvml:
         if gpu.architecture < AMPERE:
             raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig_mode, gpu.mig_mode]
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetComputeMode", handle).compute_mode
+
+    # per-process samples are the C fake's: here no process ever ran a kernel, for which
+    # nvml.h answers NotFound
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        gpu = self._device("nvmlDeviceGetProcessUtilization", handle)
+        if gpu.mig_mode == self._pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_FOUND)
 
     # MIG instances are the C fake's (tests/support/cnvml): a GPU in MIG mode here has
     # none created, as after ``nvidia-smi -mig 1`` alone

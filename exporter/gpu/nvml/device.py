@@ -33,9 +33,13 @@ from gpuscope.exporter.gpu.nvml.errors import (
 from gpuscope.exporter.gpu.nvml.gpm import GpmSampler, gpm_supported
 from gpuscope.exporter.gpu.nvml.pcie import PcieByteCounter
 from gpuscope.exporter.gpu.nvml.processes import DeviceProcessLister
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, ProcessUse
 
 MHZ = 1e6
+
+# nvmlComputeMode_t (nvml.h): NVML_COMPUTEMODE_DEFAULT 0, EXCLUSIVE_THREAD 1 (deprecated),
+# PROHIBITED 2, EXCLUSIVE_PROCESS 3
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
 ARCHITECTURES = {
     2: "Kepler",
@@ -130,6 +134,13 @@ class NvmlDeviceReader:
                     f"a MIG instance: the parent GPU's series ({parent.device.uuid}) hold it"
                 )
         self._pcie = PcieByteCounter(nvml, handle, self._gpm)
+        self._utilization_seen = 0  # µs timestamp of the last per-process sample read
+        for group, function in (
+            ("compute_mode", "nvmlDeviceGetComputeMode"),
+            ("process_utilization", "nvmlDeviceGetProcessUtilization"),
+        ):
+            if not hasattr(nvml, function):
+                self.unsupported[group] = f"this pynvml has no {function}"
         self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
         if not self._memory_v2:
             self._v1_memory("this pynvml has no nvmlMemory_v2 (nvidia-ml-py too old)")
@@ -160,6 +171,12 @@ class NvmlDeviceReader:
             self._attempt("gpm", lambda: values.update(self._gpm_values(gpm, now)))
         if "pcie_bytes" not in self.unsupported:
             self._attempt("pcie_bytes", lambda: values.update(self._pcie_values()))
+        if "compute_mode" not in self.unsupported:
+            self._attempt("compute_mode", lambda: values.update(self._compute_mode()))
+        sm: dict[int, float] | None = None
+        if "process_utilization" not in self.unsupported:
+            self._attempt("process_utilization", lambda: values.update(sm=self._process_sm()))
+            sm = values.pop("sm", None)
         return GpuReading(
             index=self.device.index,
             uuid=self.device.uuid,
@@ -169,7 +186,47 @@ class NvmlDeviceReader:
             values=values,
             xid_errors_total=dict(xids),
             xid_supported=xid_supported,
+            compute_mode=values.pop("compute_mode", None),
+            tenants=self._tenants(sm),
+            process_sm=sm,
+            mps_processes=self.processes.mps,
         )
+
+    def _compute_mode(self) -> dict[str, str]:
+        code = int(self._nvml.nvmlDeviceGetComputeMode(self.handle))
+        return {"compute_mode": COMPUTE_MODES.get(code, f"mode_{code}")}
+
+    def _process_sm(self) -> dict[int, float]:
+        """pid -> SM utilisation since the last call, of the processes NVML sampled."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(self.handle, self._utilization_seen)
+        except nvml.NVMLError as exc:
+            if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())):
+                return {}  # nvml.h: no sample since the last: no process ran a kernel
+            raise
+        latest: dict[int, tuple[int, float]] = {}
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            self._utilization_seen = max(self._utilization_seen, stamp)
+            if int(sample.pid) not in latest or stamp >= latest[int(sample.pid)][0]:
+                latest[int(sample.pid)] = (stamp, int(sample.smUtil) / 100.0)
+        return {pid: ratio for pid, (_, ratio) in latest.items()}
+
+    def _tenants(self, sm: Mapping[int, float] | None) -> dict[int, ProcessUse] | None:
+        """The processes on the GPU at the last listing, with this poll's SM use; None
+        before the first listing unless NVML's utilisation answered."""
+        memory = self.processes.memory
+        if memory is None and sm is None:
+            return None
+        pids = set(memory or {}) | set(sm or {})
+        return {
+            pid: ProcessUse(
+                memory_used_bytes=(memory or {}).get(pid),
+                sm_utilization_ratio=None if sm is None else sm.get(pid, 0.0),
+            )
+            for pid in sorted(pids)
+        }
 
     def close(self) -> None:
         self._pcie.close()

@@ -846,6 +846,59 @@ PROCESS_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses, "graphics", 1, nvmlProce
 PROCESS_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses_v2, "graphics", 2, nvmlProcessInfo_v2_t)
 PROCESS_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses_v3, "graphics", 3, nvmlProcessInfo_t)
 
+PROCESS_FUNCTION(nvmlDeviceGetMPSComputeRunningProcesses, "mps", 1, nvmlProcessInfo_v1_t)
+PROCESS_FUNCTION(nvmlDeviceGetMPSComputeRunningProcesses_v2, "mps", 2, nvmlProcessInfo_v2_t)
+PROCESS_FUNCTION(nvmlDeviceGetMPSComputeRunningProcesses_v3, "mps", 3, nvmlProcessInfo_t)
+
+/* --- sharing: compute mode, per-process utilisation ------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    ENTER_DEVICE("nvmlDeviceGetComputeMode", device);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int value;
+    SUPPORTED(dev_uint(device, "compute_mode", &value));
+    *mode = (nvmlComputeMode_t)value;
+    return NVML_SUCCESS;
+}
+
+/* "pid:sm:mem ..." from processes.utilization (nvidia-smi pmon's sm and mem %): one sample
+ * per process that ran a kernel, stamped now; NOT_FOUND when none is newer than
+ * lastSeenTimeStamp, NOT_SUPPORTED in MIG mode (nvml.h's note) */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
+    ENTER_DEVICE("nvmlDeviceGetProcessUtilization", device);
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int mode = 0;
+    SUPPORTED(device->mig < 0 && !(dev_uint(device, "mig.mode", &mode) && mode));
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000ULL;
+    const char *text = dev_get(device, "processes.utilization");
+    unsigned int pids[64], sm[64], mem[64];
+    unsigned int n = 0;
+    if (text && stamp > lastSeenTimeStamp) {
+        char *copy = strdup(text), *save = NULL;
+        for (char *item = strtok_r(copy, " ", &save); item && n < 64; item = strtok_r(NULL, " ", &save)) {
+            if (sscanf(item, "%u:%u:%u", &pids[n], &sm[n], &mem[n]) == 3) n++;
+        }
+        free(copy);
+    }
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        memset(&utilization[i], 0, sizeof utilization[i]);
+        utilization[i].pid = pids[i];
+        utilization[i].timeStamp = stamp;
+        utilization[i].smUtil = sm[i];
+        utilization[i].memUtil = mem[i];
+    }
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
 /* --- MIG ------------------------------------------------------------------------------------ */
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {

@@ -24,6 +24,8 @@ XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
 # NVML_GPM_METRIC_* ids (nvml.h): the ones the exporter asks for
 GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL = 2, 3, 5, 10
 GPM_PCIE_TX, GPM_PCIE_RX = 20, 21  # NVML_GPM_METRIC_PCIE_TX_PER_SEC / RX_PER_SEC
+# nvidia-smi's compute_mode -> nvmlComputeMode_t (nvml.h)
+COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
 # compute capability major.minor -> NVML_DEVICE_ARCH_* (nvml.h)
 ARCHITECTURES = {"7.0": 5, "7.5": 6, "8.0": 7, "8.6": 7, "8.7": 7, "8.9": 8, "9.0": 9}
 
@@ -184,6 +186,7 @@ def _gpu(
     numa: str | None,
     migs: list[dict[str, str]],
     processes: list[tuple[str, str]],
+    utilization: list[tuple[str, str, str]],
 ) -> None:
     p = f"gpu.{index}."
 
@@ -237,6 +240,9 @@ def _gpu(
         for scope in ("volatile", "aggregate"):
             for kind in ("corrected", "uncorrected"):
                 put(f"ecc.{scope}.{kind}", f"ecc.errors.{kind}.{scope}.total", int)
+    mode = COMPUTE_MODES.get(_present(row.get("compute_mode")) or "")
+    if mode is not None:
+        profile.set(p + "compute_mode", mode, f"query-gpu compute_mode {row['compute_mode']}")
     mig_mode = _present(row.get("mig.mode.current"))
     if mig_mode is not None:
         profile.set(
@@ -251,6 +257,9 @@ def _gpu(
     if processes and not migs:  # in MIG mode the fake lists the instances' processes
         listed = " ".join(f"{pid}:{int(float(mib)) * MIB}" for pid, mib in processes)
         profile.set(p + "processes.compute", listed, "query-compute-apps pid:used_gpu_memory")
+    if utilization:
+        sampled = " ".join(f"{pid}:{sm}:{mem}" for pid, sm, mem in utilization)
+        profile.set(p + "processes.utilization", sampled, "pmon pid:sm%:mem% (first cycle)")
     for mig in migs:
         q = f"{p}mig.{mig['index']}."
         profile.set(q + "uuid", mig["uuid"], "-L")
@@ -331,6 +340,28 @@ def _processes(parts: dict[str, str], state: str) -> dict[str, list[tuple[str, s
     return found
 
 
+def _pmon(parts: dict[str, str], state: str) -> dict[int, list[tuple[str, str, str]]]:
+    """GPU index -> [(pid, sm %, mem %)] of ``pmon``'s first cycle, the processes that ran
+    a kernel (those with "-" had none sampled, which NVML leaves out of its samples)."""
+    try:
+        body = _section(parts, f"{state} :: pmon")
+    except CaptureError:
+        return {}
+    found: dict[int, list[tuple[str, str, str]]] = {}
+    seen: set[tuple[str, str]] = set()
+    for line in body.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or line.startswith("#") or not fields[0].isdigit():
+            continue
+        gpu, pid, _, sm, mem = fields[:5]
+        if (gpu, pid) in seen:
+            break  # the second cycle begins
+        seen.add((gpu, pid))
+        if sm.isdigit() and mem.isdigit():
+            found.setdefault(int(gpu), []).append((pid, sm, mem))
+    return found
+
+
 def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
     """The fake's profile of every GPU in one capture file, at ``state`` (idle or load)."""
     parts = sections(path.read_text(encoding="utf-8"))
@@ -342,6 +373,7 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
     numa = _gpu_numa_ids(parts)
     migs = _migs(parts, state)
     processes = _processes(parts, state)
+    pmon = _pmon(parts, state)
     for index, row in enumerate(rows):
         _gpu(
             profile,
@@ -351,6 +383,7 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
             numa[index] if index < len(numa) else None,
             migs if index == 0 else [],  # -L lists MIG devices under GPU 0 in these captures
             processes.get(row.get("uuid", ""), []),
+            pmon.get(index, []),
         )
     return profile
 
