@@ -121,6 +121,7 @@ def _sharing(live: list[GpuReading], max_series: int) -> dict[MetricDef, list[Sa
     contended: list[Sample] = []
     memory: list[Sample] = []
     sm: list[Sample] = []
+    numa: list[Sample] = []
     for reading in live:
         gpu = _labels(reading)
         if reading.compute_mode is not None:
@@ -147,6 +148,8 @@ def _sharing(live: list[GpuReading], max_series: int) -> dict[MetricDef, list[Sa
                 memory.append(([*gpu, str(pid)], use.memory_used_bytes))
             if use.sm_utilization_ratio is not None:
                 sm.append(([*gpu, str(pid)], use.sm_utilization_ratio))
+            if use.numa_locality is not None:
+                numa.append(([*gpu, str(pid), use.numa_locality], 1.0))
         if folded:
             memory.append(
                 ([*gpu, OVERFLOW_PID], sum(u.memory_used_bytes or 0.0 for _, u in folded))
@@ -159,6 +162,7 @@ def _sharing(live: list[GpuReading], max_series: int) -> dict[MetricDef, list[Sa
         rows.CONTENDED: contended,
         rows.PROCESS_MEMORY_USED: memory,
         rows.PROCESS_SM_UTILIZATION: sm,
+        rows.PROCESS_NUMA_LOCALITY: numa,
     }
 
 

@@ -132,6 +132,15 @@ PROCESS_SM_UTILIZATION = MetricDef(
     "(nvmlDeviceGetProcessUtilization; pid __overflow__ as for the memory).",
     (*GPU_LABELS, "pid"),
 )
+PROCESS_NUMA_LOCALITY = MetricDef(
+    "gpuscope_gpu_process_numa_locality",
+    GAUGE,
+    "1 with where each process on the GPU may run against the GPU's NUMA side: local (only "
+    "the GPU's CPUs and memory nodes), split (unbound: some of them), remote (none of its "
+    "CPUs or nodes); from /proc/<pid>/status and NVML's CPU and memory affinity. gpuscope "
+    "doctor prints the numactl line that makes it local.",
+    (*GPU_LABELS, "pid", "locality"),
+)
 COLLECTOR_SUCCESS = MetricDef(
     "gpuscope_collector_success",
     GAUGE,
@@ -359,6 +368,7 @@ GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     CONTENDED,
     PROCESS_MEMORY_USED,
     PROCESS_SM_UTILIZATION,
+    PROCESS_NUMA_LOCALITY,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
 )

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from gpuscope.exporter.gpu import definitions as metrics
+from gpuscope.exporter.gpu.numa import Affinity
 
 
 class DownReason(StrEnum):
@@ -69,6 +70,7 @@ class GpuDevice:
     numa_node: int | None = None
     driver_version: str | None = None
     mig: MigInstance | None = None
+    affinity: Affinity | None = None  # the CPUs and NUMA nodes the GPU is local to
 
     @property
     def label(self) -> str:
@@ -83,6 +85,7 @@ class ProcessUse:
 
     memory_used_bytes: float | None = None
     sm_utilization_ratio: float | None = None
+    numa_locality: str | None = None  # "local", "split", "remote" (gpu.numa.Locality)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ GOLDEN: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gpuscope_gpu_contended", "gauge", "", _GPU),
     ("gpuscope_gpu_process_memory_used_bytes", "gauge", "bytes", (*_GPU, "pid")),
     ("gpuscope_gpu_process_sm_utilization_ratio", "gauge", "ratio", (*_GPU, "pid")),
+    ("gpuscope_gpu_process_numa_locality", "gauge", "", (*_GPU, "pid", "locality")),
     ("gpuscope_collector_success", "gauge", "", ("collector",)),
     ("gpuscope_collector_duration_seconds", "gauge", "seconds", ("collector",)),
 ]
@@ -189,6 +190,7 @@ NVML_ONLY = {
     "gpuscope_gpu_contended",
     "gpuscope_gpu_process_memory_used_bytes",
     "gpuscope_gpu_process_sm_utilization_ratio",
+    "gpuscope_gpu_process_numa_locality",
 }
 
 
@@ -224,9 +226,9 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     histograms = [d.name for d in EXPORTER_METRICS if d.type is MetricType.HISTOGRAM]
     assert list(served) == [*collected, *(d.name for d in GPU_METRICS), *histograms]
     for name, (kind, unit, labels) in golden.items():
-        # every family here but those simulated GPUs do not give (MIG, sharing; their
-        # labels are checked on the C fake NVML: tests/gpu/test_gpu_cnvml_mig.py and
-        # test_gpu_cnvml_sharing.py) has samples, so its label names are all visible
+        # every family here but those simulated GPUs do not give (MIG, sharing, NUMA;
+        # their labels are checked on the C fake NVML: tests/gpu/test_gpu_cnvml_mig.py,
+        # _sharing.py, _numa.py) has samples, so its label names are all visible
         if name in NVML_ONLY:
             assert served[name] == (kind, unit, set()), name
             continue

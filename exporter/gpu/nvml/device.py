@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
+from gpuscope.exporter.gpu.numa import locality, read_allowed
 from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
     NvmlDriverError,
@@ -33,6 +34,7 @@ from gpuscope.exporter.gpu.nvml.errors import (
 from gpuscope.exporter.gpu.nvml.gpm import GpmSampler, gpm_supported
 from gpuscope.exporter.gpu.nvml.pcie import PcieByteCounter
 from gpuscope.exporter.gpu.nvml.processes import DeviceProcessLister
+from gpuscope.exporter.gpu.processes import PROC
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, ProcessUse
 
 MHZ = 1e6
@@ -135,6 +137,8 @@ class NvmlDeviceReader:
                 )
         self._pcie = PcieByteCounter(nvml, handle, self._gpm)
         self._utilization_seen = 0  # µs timestamp of the last per-process sample read
+        self._placed_listing: object = None  # the listing _locality was read for
+        self._locality: dict[int, str] = {}  # pid -> numa.Locality of that listing
         for group, function in (
             ("compute_mode", "nvmlDeviceGetComputeMode"),
             ("process_utilization", "nvmlDeviceGetProcessUtilization"),
@@ -214,19 +218,35 @@ class NvmlDeviceReader:
         return {pid: ratio for pid, (_, ratio) in latest.items()}
 
     def _tenants(self, sm: Mapping[int, float] | None) -> dict[int, ProcessUse] | None:
-        """The processes on the GPU at the last listing, with this poll's SM use; None
-        before the first listing unless NVML's utilisation answered."""
+        """The processes on the GPU at the last listing, with this poll's SM use and their
+        NUMA locality; None before the first listing unless NVML's utilisation answered."""
         memory = self.processes.memory
         if memory is None and sm is None:
             return None
+        if memory is not self._placed_listing:  # a new listing: read /proc once for it
+            self._placed_listing = memory
+            self._locality = self._localities(memory or {})
         pids = set(memory or {}) | set(sm or {})
         return {
             pid: ProcessUse(
                 memory_used_bytes=(memory or {}).get(pid),
                 sm_utilization_ratio=None if sm is None else sm.get(pid, 0.0),
+                numa_locality=self._locality.get(pid),
             )
             for pid in sorted(pids)
         }
+
+    def _localities(self, pids: Mapping[int, object]) -> dict[int, str]:
+        affinity = self.device.affinity
+        if affinity is None:
+            return {}
+        found = {}
+        for pid in pids:
+            allowed = read_allowed(PROC, pid)
+            where = None if allowed is None else locality(allowed, affinity)
+            if where is not None:
+                found[pid] = where.value
+        return found
 
     def close(self) -> None:
         self._pcie.close()

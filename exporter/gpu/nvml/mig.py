@@ -50,6 +50,7 @@ def mig_device(nvml: Any, parent: GpuDevice, handle: Any, slot: int) -> GpuDevic
         pci_bus_id=parent.pci_bus_id,  # one PCIe function: the parent's
         numa_node=parent.numa_node,
         driver_version=parent.driver_version,
+        affinity=parent.affinity,  # one PCIe function: the parent's socket
         mig=MigInstance(
             parent_uuid=parent.uuid,
             device_index=slot,

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
+from gpuscope.exporter.gpu.numa import Affinity, from_mask, sysfs_affinity
 from gpuscope.exporter.gpu.nvml.device import READERS, NvmlDeviceReader
 from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
@@ -91,6 +92,33 @@ def _numa_node(nvml: Any, handle: Any) -> int | None:
         return int(get(handle))
     except nvml.NVMLError:
         return None  # single-socket hosts and old drivers (FunctionNotFound) have none
+
+
+CPU_WORDS = 16  # 1024 CPUs in NVML's 64-bit affinity words
+NODE_WORDS = 1  # 64 NUMA nodes
+
+
+def _affinity(nvml: Any, handle: Any, pci_bus_id: str) -> Affinity | None:
+    """The GPU's CPUs (nvmlDeviceGetCpuAffinity) and nodes (nvmlDeviceGetMemoryAffinity,
+    node scope); sysfs where NVML answers neither."""
+    cpus: frozenset[int] = frozenset()
+    nodes: frozenset[int] = frozenset()
+    get_cpus = getattr(nvml, "nvmlDeviceGetCpuAffinity", None)
+    get_nodes = getattr(nvml, "nvmlDeviceGetMemoryAffinity", None)
+    try:
+        if get_cpus is not None:
+            cpus = from_mask(get_cpus(handle, CPU_WORDS))
+    except nvml.NVMLError:
+        pass  # NotSupported (a vGPU guest, ...): sysfs may know
+    try:
+        if get_nodes is not None:
+            scope = getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", 0)
+            nodes = from_mask(get_nodes(handle, NODE_WORDS, scope))
+    except nvml.NVMLError:
+        pass
+    if cpus or nodes:
+        return Affinity(cpus, nodes)
+    return sysfs_affinity(pci_bus_id)
 
 
 def _answered(reading: GpuReading, reader: NvmlDeviceReader) -> bool:
@@ -375,13 +403,15 @@ class NvmlSource:
     @staticmethod
     def _open_reader(nvml: Any, index: int, driver: str) -> NvmlDeviceReader:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         device = GpuDevice(
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             name=_text(nvml.nvmlDeviceGetName(handle)),
-            pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+            pci_bus_id=bus_id,
             numa_node=_numa_node(nvml, handle),
             driver_version=driver,
+            affinity=_affinity(nvml, handle, bus_id),
         )
         return NvmlDeviceReader(nvml, device, handle)
 

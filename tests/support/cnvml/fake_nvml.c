@@ -537,6 +537,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
 }
 #endif
 
+/* a kernel list ("0-23,48-71") from key as the bit mask NVML writes, 64 bits a word */
+static nvmlReturn_t affinity_mask(nvmlDevice_t device, const char *key, unsigned int words, unsigned long *mask) {
+    if (!mask || words == 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *text = device->mig < 0 ? dev_get(device, key) : NULL;  /* the parent's, on its handle */
+    if (!text) return NVML_ERROR_NOT_SUPPORTED;
+    memset(mask, 0, words * sizeof *mask);
+    char *copy = strdup(text), *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        unsigned int low, high;
+        int got = sscanf(item, "%u-%u", &low, &high);
+        if (got < 1) continue;
+        if (got == 1) high = low;
+        for (unsigned int n = low; n <= high && n < words * 64; n++) mask[n / 64] |= 1UL << (n % 64);
+    }
+    free(copy);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet) {
+    ENTER_DEVICE("nvmlDeviceGetCpuAffinity", device);
+    return affinity_mask(device, "cpu_affinity", cpuSetSize, cpuSet);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet,
+                                                        nvmlAffinityScope_t scope) {
+    ENTER_DEVICE("nvmlDeviceGetCpuAffinityWithinScope", device);
+    if (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET) return NVML_ERROR_INVALID_ARGUMENT;
+    return affinity_mask(device, "cpu_affinity", cpuSetSize, cpuSet);
+}
+
+/* the NUMA nodes near the GPU (topo -m's "NUMA Affinity"), node or socket scope alike here */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned int nodeSetSize, unsigned long *nodeSet,
+                                                nvmlAffinityScope_t scope) {
+    ENTER_DEVICE("nvmlDeviceGetMemoryAffinity", device);
+    if (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET) return NVML_ERROR_INVALID_ARGUMENT;
+    return affinity_mask(device, "memory_affinity", nodeSetSize, nodeSet);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch) {
     ENTER_DEVICE("nvmlDeviceGetArchitecture", device);
     SUPPORTED(dev_uint(device, "architecture", arch));

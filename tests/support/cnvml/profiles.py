@@ -134,17 +134,34 @@ def _throughput(parts: dict[str, str], state: str) -> list[tuple[int, int]]:
     return list(zip(tx, rx, strict=False))
 
 
-def _gpu_numa_ids(parts: dict[str, str]) -> list[str | None]:
-    """``topo -m``'s "GPU NUMA ID" per GPU (N/A on hosts where GPUs are no NUMA nodes)."""
+def _topology(parts: dict[str, str]) -> list[dict[str, str | None]]:
+    """``topo -m``'s columns per GPU: "GPU NUMA ID" (N/A on hosts where GPUs are no NUMA
+    nodes), "CPU Affinity" and "NUMA Affinity" (the CPUs and node the GPU is local to)."""
     try:
         body = _section(parts, "capabilities :: topo -m")
     except CaptureError:
         return []
-    ids: list[str | None] = []
+    header: list[str] = []
+    found: list[dict[str, str | None]] = []
     for line in body.splitlines():
-        if re.match(r"^GPU\d+\s", line):
-            ids.append(_present(line.split("\t")[-1]))
-    return ids
+        clean = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        if not header and "CPU Affinity" in clean:
+            header = [name.strip() for name in clean.split("\t")]
+        elif re.match(r"^GPU\d+\s", clean):
+            cells = [cell.strip() for cell in clean.split("\t")]
+            row = dict(zip(header, cells, strict=False))
+            found.append(
+                {
+                    "numa": _present(cells[-1]),
+                    "cpus": _present(row.get("CPU Affinity")),
+                    "nodes": _present(row.get("NUMA Affinity")),
+                }
+            )
+    return found
+
+
+def _gpu_numa_ids(parts: dict[str, str]) -> list[str | None]:
+    return [gpu["numa"] for gpu in _topology(parts)]
 
 
 def _migs(parts: dict[str, str], state: str) -> list[dict[str, str]]:
@@ -187,6 +204,7 @@ def _gpu(
     migs: list[dict[str, str]],
     processes: list[tuple[str, str]],
     utilization: list[tuple[str, str, str]],
+    topology: dict[str, str | None] | None = None,
 ) -> None:
     p = f"gpu.{index}."
 
@@ -210,6 +228,13 @@ def _gpu(
         profile.set(p + "architecture", architecture, f"from query-gpu compute_cap {compute_cap}")
     if numa is not None:
         profile.set(p + "numa_node", numa, "topo -m: GPU NUMA ID")
+    for key, column, title in (
+        ("cpu_affinity", "cpus", "CPU Affinity"),
+        ("memory_affinity", "nodes", "NUMA Affinity"),
+    ):
+        near = (topology or {}).get(column)
+        if near is not None:
+            profile.set(p + key, near, f"topo -m: {title}")
     put("pcie.generation", "pcie.link.gen.current", int)
     put("pcie.generation_max", "pcie.link.gen.max", int)
     put("pcie.width", "pcie.link.width.current", int)
@@ -371,6 +396,7 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
     profile.set("device_count", len(rows), "query-gpu rows")
     throughput = _throughput(parts, state)
     numa = _gpu_numa_ids(parts)
+    topology = _topology(parts)
     migs = _migs(parts, state)
     processes = _processes(parts, state)
     pmon = _pmon(parts, state)
@@ -384,6 +410,7 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
             migs if index == 0 else [],  # -L lists MIG devices under GPU 0 in these captures
             processes.get(row.get("uuid", ""), []),
             pmon.get(index, []),
+            topology[index] if index < len(topology) else None,
         )
     return profile
 
