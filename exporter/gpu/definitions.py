@@ -290,6 +290,28 @@ PCIE_RECEIVE = MetricDef(
     GPU_LABELS,
     field="pcie_receive_bytes_total",
 )
+NVLINK_LINKS = MetricDef(
+    "gpuscope_gpu_nvlink_links",
+    GAUGE,
+    "NVLinks of the GPU (field NVML_FI_DEV_NVLINK_LINK_COUNT); absent without NVLink.",
+    GPU_LABELS,
+    field="nvlink_links",
+)
+NVLINK_TRANSMIT = MetricDef(
+    "gpuscope_gpu_nvlink_transmit_bytes",
+    COUNTER,
+    "Data bytes the GPU sent over all its NVLinks (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "
+    "KiB, all links); beside the PCIe counters: peer traffic of a tensor-parallel group.",
+    GPU_LABELS,
+    field="nvlink_transmit_bytes_total",
+)
+NVLINK_RECEIVE = MetricDef(
+    "gpuscope_gpu_nvlink_receive_bytes",
+    COUNTER,
+    "Data bytes the GPU received over all its NVLinks (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX).",
+    GPU_LABELS,
+    field="nvlink_receive_bytes_total",
+)
 ENERGY = MetricDef(
     "gpuscope_gpu_energy_joules",
     COUNTER,
@@ -319,6 +341,9 @@ PER_GPU: Final[tuple[MetricDef, ...]] = (
     TEMPERATURE,
     PCIE_TRANSMIT,
     PCIE_RECEIVE,
+    NVLINK_LINKS,
+    NVLINK_TRANSMIT,
+    NVLINK_RECEIVE,
     ENERGY,
 )
 
@@ -343,6 +368,7 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "pcie_link_width": (PCIE_LINK_WIDTH.field,),
     "ecc_errors": ("ecc_errors_total",),
     "pcie_bytes": (PCIE_TRANSMIT.field, PCIE_RECEIVE.field),
+    "nvlink": (NVLINK_LINKS.field, NVLINK_TRANSMIT.field, NVLINK_RECEIVE.field),
     "gpm": (SM_OCCUPANCY.field, SM_ACTIVE.field, TENSOR_ACTIVE.field, DRAM_ACTIVE.field),
     "xid_errors": ("xid_errors_total",),
     "compute_mode": ("compute_mode",),

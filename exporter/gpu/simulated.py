@@ -230,6 +230,10 @@ class SimulatedSource:
             "pcie_receive_bytes_total": state.pcie_rx,
             "pcie_link_generation": 5,
             "pcie_link_width": 16,
+            # an H100 SXM's 18 NVLinks; no simulated GPU talks to a peer, so they idle
+            "nvlink_links": 18,
+            "nvlink_transmit_bytes_total": 0.0,
+            "nvlink_receive_bytes_total": 0.0,
             "memory_used_bytes": max(
                 MEMORY_IDLE_BYTES + 40 * 2**30 * fill * (busy > 0),
                 max((e.level for e in events if e.fault == "memory_used"), default=0.0)

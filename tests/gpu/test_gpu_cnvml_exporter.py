@@ -34,7 +34,7 @@ CAPTURES = {
 }
 # values that move with time: kept by name and labels, value masked
 TIME_DEPENDENT = re.compile(
-    r"^gpuscope_gpu_(energy_joules_total|pcie_(transmit|receive)_bytes_total|sample_age_seconds)"
+    r"^gpuscope_gpu_(energy_joules_total|(pcie|nvlink)_(transmit|receive)_bytes_total|sample_age_seconds)"
 )
 GPU_LINE = re.compile(r"^gpuscope_gpu_[a-z_]+(\{[^}]*\})? ")
 

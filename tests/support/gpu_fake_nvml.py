@@ -103,6 +103,8 @@ class FakeGpu:
     graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
     mig_mode: int = real.NVML_DEVICE_MIG_DISABLE
     compute_mode: int = real.NVML_COMPUTEMODE_DEFAULT
+    nvlink_links: int = 18  # an H100 SXM's; 0: no NVLink (fields 91, 138/139 NotSupported)
+    nvlink_kib: tuple[int, int] = (0, 0)  # fields 138/139: data sent, received (KiB)
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML_ERROR_*
 
@@ -380,18 +382,27 @@ class FakeNvml:
             (errorType, counterType), 0
         )
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Any:
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int | tuple[int, int]]) -> Any:
         gpu = self._device("nvmlDeviceGetFieldValues", handle)
         values = (self._pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         # nvml.h NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES (older pynvml lacks the names)
         counters = {197: gpu.pcie_tx_bytes, 198: gpu.pcie_rx_bytes}
-        for slot, field_id in enumerate(fieldIds):
+        # NVML_FI_DEV_NVLINK_LINK_COUNT, _THROUGHPUT_DATA_TX / _RX (all links)
+        nvlink = {91: gpu.nvlink_links, 138: gpu.nvlink_kib[0], 139: gpu.nvlink_kib[1]}
+        for slot, wanted in enumerate(fieldIds):
+            # pynvml takes an id or an (id, scopeId) pair
+            field_id, scope = wanted if isinstance(wanted, tuple) else (wanted, 0)
             values[slot].fieldId = field_id
+            values[slot].scopeId = scope
             if field_id in counters and gpu.pcie_field_return is not None:
                 values[slot].nvmlReturn = gpu.pcie_field_return
             elif field_id in counters and gpu.pcie_fields_supported:
                 values[slot].valueType = self._pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 values[slot].value.ullVal = counters[field_id]
+                values[slot].nvmlReturn = self._pynvml.NVML_SUCCESS
+            elif field_id in nvlink and gpu.nvlink_links:
+                values[slot].valueType = self._pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[slot].value.ullVal = nvlink[field_id]
                 values[slot].nvmlReturn = self._pynvml.NVML_SUCCESS
             else:
                 values[slot].nvmlReturn = self._pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -32,6 +32,7 @@ from gpuscope.exporter.gpu.nvml.errors import (
     unsupported_reason,
 )
 from gpuscope.exporter.gpu.nvml.gpm import GpmSampler, gpm_supported
+from gpuscope.exporter.gpu.nvml.nvlink import read_nvlink
 from gpuscope.exporter.gpu.nvml.pcie import PcieByteCounter
 from gpuscope.exporter.gpu.nvml.processes import DeviceProcessLister
 from gpuscope.exporter.gpu.processes import PROC
@@ -106,6 +107,7 @@ READERS: dict[str, Reader] = {
     },
     "pcie_link_width": lambda n, h: {"pcie_link_width": int(n.nvmlDeviceGetCurrPcieLinkWidth(h))},
     "ecc_errors": _ecc,
+    "nvlink": read_nvlink,
 }
 
 

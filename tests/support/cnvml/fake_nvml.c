@@ -732,6 +732,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUti
     return NVML_SUCCESS;
 }
 
+/* NVLink: nvlink.links (nvidia-smi nvlink -s's links); the data counters in KiB from
+ * nvlink.tx/rx_bytes_per_s times the time since nvmlInit, summed over links for scopeId
+ * UINT_MAX, a link's share otherwise; NOT_SUPPORTED without links and in MIG mode */
+static void nvlink_field(nvmlDevice_t device, nvmlFieldValue_t *v) {
+    unsigned int links = 0, mode = 0;
+    if (device->mig >= 0 || (dev_uint(device, "mig.mode", &mode) && mode) || !dev_uint(device, "nvlink.links", &links)) {
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+    v->nvmlReturn = NVML_SUCCESS;
+    if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = links;
+        return;
+    }
+    if (v->scopeId != 0xFFFFFFFF && v->scopeId >= links) {
+        v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return;
+    }
+    double rate = 0;
+    dev_double(device, v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? "nvlink.tx_bytes_per_s" : "nvlink.rx_bytes_per_s", &rate);
+    double kib = rate * elapsed_s() / 1024.0;
+    if (v->scopeId != 0xFFFFFFFF && links) kib /= links;
+    v->value.ullVal = (unsigned long long)kib;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
     ENTER_DEVICE("nvmlDeviceGetFieldValues", device);
     if (valuesCount < 0 || (valuesCount > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
@@ -752,6 +778,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
             } else {
                 v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
             }
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT || v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ||
+                   v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) {
+            nvlink_field(device, v);
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }

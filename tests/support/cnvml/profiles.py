@@ -160,6 +160,21 @@ def _topology(parts: dict[str, str]) -> list[dict[str, str | None]]:
     return found
 
 
+def _nvlinks(parts: dict[str, str]) -> list[int]:
+    """Per GPU, the links ``nvidia-smi nvlink -s`` lists (none: no NVLink, or MIG mode)."""
+    try:
+        body = _section(parts, "capabilities :: nvlink -s")
+    except CaptureError:
+        return []
+    counts: list[int] = []
+    for line in body.splitlines():
+        if line.startswith("GPU "):
+            counts.append(0)
+        elif counts and re.match(r"^\s+Link \d+: ", line):
+            counts[-1] += 1
+    return counts
+
+
 def _gpu_numa_ids(parts: dict[str, str]) -> list[str | None]:
     return [gpu["numa"] for gpu in _topology(parts)]
 
@@ -205,6 +220,7 @@ def _gpu(
     processes: list[tuple[str, str]],
     utilization: list[tuple[str, str, str]],
     topology: dict[str, str | None] | None = None,
+    nvlinks: int = 0,
 ) -> None:
     p = f"gpu.{index}."
 
@@ -282,6 +298,14 @@ def _gpu(
     if processes and not migs:  # in MIG mode the fake lists the instances' processes
         listed = " ".join(f"{pid}:{int(float(mib)) * MIB}" for pid, mib in processes)
         profile.set(p + "processes.compute", listed, "query-compute-apps pid:used_gpu_memory")
+    if nvlinks:
+        profile.set(p + "nvlink.links", nvlinks, "nvlink -s: Link lines")
+        for direction in ("tx", "rx"):
+            profile.set(
+                p + f"nvlink.{direction}_bytes_per_s",
+                0,
+                "invented: nvlink -s shows link speeds, not traffic (an idle link)",
+            )
     if utilization:
         sampled = " ".join(f"{pid}:{sm}:{mem}" for pid, sm, mem in utilization)
         profile.set(p + "processes.utilization", sampled, "pmon pid:sm%:mem% (first cycle)")
@@ -397,6 +421,7 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
     throughput = _throughput(parts, state)
     numa = _gpu_numa_ids(parts)
     topology = _topology(parts)
+    nvlinks = _nvlinks(parts)
     migs = _migs(parts, state)
     processes = _processes(parts, state)
     pmon = _pmon(parts, state)
@@ -411,6 +436,7 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
             processes.get(row.get("uuid", ""), []),
             pmon.get(index, []),
             topology[index] if index < len(topology) else None,
+            nvlinks[index] if index < len(nvlinks) else 0,
         )
     return profile
 
