@@ -46,6 +46,11 @@ class GpuCollector(Collector):
         samples: dict[MetricDef, list[Sample]] = {
             rows.INFO: [(_info_labels(device), 1.0) for device in snapshot.devices],
             rows.MIG_INFO: [(_mig_labels(d), 1.0) for d in snapshot.devices if d.mig is not None],
+            rows.SM_CLOCK_CHANGES: [
+                (_labels(r), float(r.sm_clock_changes_total))
+                for r in live
+                if r.sm_clock_changes_total is not None
+            ],
             rows.UP: [(_labels(r), 1.0 if r.up else 0.0) for r in snapshot.readings],
             rows.DOWN_REASON: [
                 ([*_labels(r), r.down_reason or DownReason.LOST], 1.0)

@@ -91,6 +91,13 @@ PROCESS_JOIN_PROCESSES = MetricDef(
     GAUGE,
     "Processes on the GPUs at the last listing that the exporter can join spans to.",
 )
+SM_CLOCK_CHANGES = MetricDef(
+    "gpuscope_gpu_sm_clock_changes",
+    COUNTER,
+    "Polls whose SM clock differed from the previous poll's: a locked clock (nvidia-smi "
+    "-lgc) does not change; rate() of it is how often an unlocked one swings.",
+    GPU_LABELS,
+)
 COMPUTE_MODE = MetricDef(
     "gpuscope_gpu_compute_mode",
     GAUGE,
@@ -160,6 +167,15 @@ SM_CLOCK = MetricDef(
     "SM clock.",
     GPU_LABELS,
     field="sm_clock_hz",
+)
+SM_CLOCK_TARGET = MetricDef(
+    "gpuscope_gpu_sm_clock_target_hertz",
+    GAUGE,
+    "The SM application clock target (nvmlDeviceGetClock, NVML_CLOCK_ID_APP_CLOCK_TARGET): "
+    "where nvidia-smi -ac set one; absent where the driver answers deprecated (R590 on "
+    "Hopper) or not supported. With no target, clock locking shows as no changes below.",
+    GPU_LABELS,
+    field="sm_clock_target_hz",
 )
 SM_CLOCK_MAX = MetricDef(
     "gpuscope_gpu_sm_clock_max_hertz",
@@ -323,6 +339,7 @@ ENERGY = MetricDef(
 # The plain per-GPU rows: one sample per GPU, the reading's value of the row's ``field``.
 PER_GPU: Final[tuple[MetricDef, ...]] = (
     SM_CLOCK,
+    SM_CLOCK_TARGET,
     SM_CLOCK_MAX,
     MEMORY_CLOCK,
     MEMORY_CLOCK_MAX,
@@ -354,6 +371,7 @@ PER_GPU: Final[tuple[MetricDef, ...]] = (
 METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "sm_clock": (SM_CLOCK.field,),
     "sm_clock_max": (SM_CLOCK_MAX.field,),
+    "sm_clock_target": (SM_CLOCK_TARGET.field,),
     "memory_clock": (MEMORY_CLOCK.field,),
     "memory_clock_max": (MEMORY_CLOCK_MAX.field,),
     "clock_event_reasons": ("clock_event_reasons",),
@@ -388,6 +406,7 @@ GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     ECC_ERRORS,
     PROCESS_JOIN_STATUS,
     PROCESS_JOIN_PROCESSES,
+    SM_CLOCK_CHANGES,
     COMPUTE_MODE,
     COMPUTE_PROCESSES,
     MPS_PROCESSES,

@@ -219,6 +219,7 @@ class SimulatedSource:
         values = {
             "sm_clock_hz": sm_clock,
             "sm_clock_max_hz": SM_CLOCK_MAX_HZ,
+            "sm_clock_target_hz": SM_CLOCK_MAX_HZ,  # an H100's default applications clock
             "memory_clock_hz": MEMORY_CLOCK_HZ,
             "memory_clock_max_hz": MEMORY_CLOCK_HZ,
             "utilization_ratio": busy,

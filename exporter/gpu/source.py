@@ -123,6 +123,9 @@ class GpuReading:
     # pid -> SM utilisation of the processes NVML sampled this poll; None where NVML has
     # no per-process utilisation (MIG, older pynvml)
     process_sm: Mapping[int, float] | None = None
+    # polls whose SM clock differed from the previous poll's, since the exporter started
+    # (the poller counts it; None until the GPU gave an SM clock)
+    sm_clock_changes_total: int | None = None
 
     def __post_init__(self) -> None:
         unknown = self.values.keys() - {row.field for row in metrics.PER_GPU}

@@ -329,6 +329,11 @@ class FakeNvml:
         gpu = self._device("nvmlDeviceGetMaxClockInfo", handle)
         return gpu.sm_max_mhz if type == self._pynvml.NVML_CLOCK_SM else gpu.mem_max_mhz
 
+    def nvmlDeviceGetClock(self, handle: Any, type: int, id: int) -> int:
+        # the application clock target: the default, the maximum (nvidia-smi -ac unset)
+        gpu = self._device("nvmlDeviceGetClock", handle)
+        return gpu.sm_max_mhz if type == self._pynvml.NVML_CLOCK_SM else gpu.mem_max_mhz
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return self._device("nvmlDeviceGetCurrentClocksEventReasons", handle).clock_reasons
 

@@ -80,6 +80,12 @@ CLOCK_THROTTLE = "nvmlDeviceGetCurrentClocksThrottleReasons"  # before R535; sam
 # group -> reader(nvml, handle); units converted to base units here
 READERS: dict[str, Reader] = {
     "sm_clock": lambda n, h: {"sm_clock_hz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM) * MHZ},
+    "sm_clock_target": lambda n, h: {
+        "sm_clock_target_hz": n.nvmlDeviceGetClock(
+            h, n.NVML_CLOCK_SM, getattr(n, "NVML_CLOCK_ID_APP_CLOCK_TARGET", 1)
+        )
+        * MHZ
+    },
     "sm_clock_max": lambda n, h: {
         "sm_clock_max_hz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM) * MHZ
     },
@@ -144,6 +150,7 @@ class NvmlDeviceReader:
         for group, function in (
             ("compute_mode", "nvmlDeviceGetComputeMode"),
             ("process_utilization", "nvmlDeviceGetProcessUtilization"),
+            ("sm_clock_target", "nvmlDeviceGetClock"),
         ):
             if not hasattr(nvml, function):
                 self.unsupported[group] = f"this pynvml has no {function}"

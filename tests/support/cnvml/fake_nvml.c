@@ -416,6 +416,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
         case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
         case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
         case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+        case NVML_ERROR_DEPRECATED: return "Requested functionality has been deprecated";
         default: return "Unknown Error";
     }
 }
@@ -593,12 +594,66 @@ static const char *clock_key(nvmlClockType_t type, int maximum) {
     }
 }
 
+/* clock.sm_mhz_cycle="a,b,c" with clock.sm_mhz_cycle_s=<s>: an unlocked SM clock that
+ * swings, one value per period (graphics alike: one clock domain) */
+static int current_clock(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    const char *cycle = (type == NVML_CLOCK_SM || type == NVML_CLOCK_GRAPHICS) ? dev_get(device, "clock.sm_mhz_cycle") : NULL;
+    double period = 0;
+    if (cycle && dev_double(device, "clock.sm_mhz_cycle_s", &period) && period > 0) {
+        unsigned int steps[16], n = 0;
+        char *copy = strdup(cycle), *save = NULL;
+        for (char *item = strtok_r(copy, ",", &save); item && n < 16; item = strtok_r(NULL, ",", &save))
+            steps[n++] = (unsigned int)strtoul(item, NULL, 10);
+        free(copy);
+        if (n) {
+            *clock = steps[(unsigned long)(elapsed_s() / period) % n];
+            return 1;
+        }
+    }
+    const char *key = clock_key(type, 0);
+    return key && dev_uint(device, key, clock);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     ENTER_DEVICE("nvmlDeviceGetClockInfo", device);
-    const char *key = clock_key(type, 0);
-    if (!key) return NVML_ERROR_INVALID_ARGUMENT;
-    SUPPORTED(dev_uint(device, key, clock));
+    if (!clock_key(type, 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    SUPPORTED(current_clock(device, type, clock));
     return NVML_SUCCESS;
+}
+
+/* the applications clock target (nvidia-smi -ac): clock.applications_mhz; R590 answers
+ * DEPRECATED ("Requested functionality has been deprecated" in the captures) */
+static nvmlReturn_t applications_clock(nvmlDevice_t device, unsigned int *clock) {
+    const char *state = dev_get(device, "clock.applications");
+    if (state && strcmp(state, "deprecated") == 0) return NVML_ERROR_DEPRECATED;
+    SUPPORTED(dev_uint(device, "clock.applications_mhz", clock));
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, nvmlClockType_t clockType, unsigned int *clockMHz) {
+    ENTER_DEVICE("nvmlDeviceGetApplicationsClock", device);
+    if (!clockMHz || !clock_key(clockType, 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (clockType == NVML_CLOCK_MEM) SUPPORTED(dev_uint(device, "clock.memory_mhz", clockMHz));
+    else return applications_clock(device, clockMHz);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t device, nvmlClockType_t clockType, nvmlClockId_t clockId, unsigned int *clockMHz) {
+    ENTER_DEVICE("nvmlDeviceGetClock", device);
+    if (!clockMHz || !clock_key(clockType, 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    switch (clockId) {
+        case NVML_CLOCK_ID_CURRENT:
+            SUPPORTED(current_clock(device, clockType, clockMHz));
+            return NVML_SUCCESS;
+        case NVML_CLOCK_ID_APP_CLOCK_TARGET:
+            if (clockType == NVML_CLOCK_MEM) {
+                SUPPORTED(dev_uint(device, "clock.memory_mhz", clockMHz));
+                return NVML_SUCCESS;
+            }
+            return applications_clock(device, clockMHz);
+        default:
+            return NVML_ERROR_NOT_SUPPORTED;  /* default / customer boost targets: not kept */
+    }
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {

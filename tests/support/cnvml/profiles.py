@@ -281,6 +281,11 @@ def _gpu(
         for scope in ("volatile", "aggregate"):
             for kind in ("corrected", "uncorrected"):
                 put(f"ecc.{scope}.{kind}", f"ecc.errors.{kind}.{scope}.total", int)
+    applications = (row.get("clocks.applications.graphics") or "").strip()
+    if "deprecated" in applications:  # R590 and newer: NVML_ERROR_DEPRECATED
+        profile.set(p + "clock.applications", "deprecated", "query-gpu " + applications)
+    else:
+        put("clock.applications_mhz", "clocks.applications.graphics", int)
     mode = COMPUTE_MODES.get(_present(row.get("compute_mode")) or "")
     if mode is not None:
         profile.set(p + "compute_mode", mode, f"query-gpu compute_mode {row['compute_mode']}")
