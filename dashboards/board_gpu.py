@@ -26,6 +26,7 @@ from dashboards.panels import (
     timeseries,
 )
 from dashboards.pcie import capacity_expr
+from dashboards.sharing import sharing_row
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
 
@@ -71,6 +72,7 @@ def build() -> Dashboard:
     _pcie(board)
     _memory_power(board)
     _errors(board)
+    sharing_row(board)  # dashboards/sharing.py
     return board
 
 

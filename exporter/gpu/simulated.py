@@ -28,7 +28,7 @@ from gpuscope.exporter.gpu.clock_reasons import (
 )
 from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.scenario import ECC_TYPES, Scenario, ScenarioEvent
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind, ProcessUse
 
 _UUID_NAMESPACE = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
 
@@ -247,6 +247,13 @@ class SimulatedSource:
             "energy_joules_total": state.energy_j,
             "temperature_celsius": round(state.temperature_c, 1),
         }
+        # the scenario's processes share the GPU's work and memory evenly, in the
+        # default compute mode without MPS, as NVML would list them
+        pids = sorted({e.pid for e in events if e.fault == "process"})
+        share = 1.0 / len(pids) if pids else 0.0
+        tenants = {
+            pid: ProcessUse(values["memory_used_bytes"] * share, busy * share) for pid in pids
+        }
         return GpuReading(
             index=index,
             uuid=self._devices[index].uuid,
@@ -254,6 +261,10 @@ class SimulatedSource:
             clock_event_reasons=decode_clock_event_reasons(encode_clock_event_reasons(reasons)),
             xid_errors_total=dict(state.xids),
             ecc_errors_total=dict(state.ecc),
+            compute_mode="default",
+            tenants=tenants,
+            mps_processes=0,
+            process_sm={pid: use.sm_utilization_ratio or 0.0 for pid, use in tenants.items()},
         )
 
     @staticmethod

@@ -189,10 +189,6 @@ def _spans() -> list[ReadableSpan]:
 
 NVML_ONLY = {
     "gpuscope_gpu_mig_info",
-    "gpuscope_gpu_compute_mode",
-    "gpuscope_gpu_compute_processes",
-    "gpuscope_gpu_mps_processes",
-    "gpuscope_gpu_contended",
     "gpuscope_gpu_process_memory_used_bytes",
     "gpuscope_gpu_process_sm_utilization_ratio",
     "gpuscope_gpu_process_numa_locality",
@@ -231,9 +227,9 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     histograms = [d.name for d in EXPORTER_METRICS if d.type is MetricType.HISTOGRAM]
     assert list(served) == [*collected, *(d.name for d in GPU_METRICS), *histograms]
     for name, (kind, unit, labels) in golden.items():
-        # every family here but those simulated GPUs do not give (MIG, sharing, NUMA;
-        # their labels are checked on the C fake NVML: tests/gpu/test_gpu_cnvml_mig.py,
-        # _sharing.py, _numa.py) has samples, so its label names are all visible
+        # every family here but those simulated GPUs do not give (MIG; per process, with no
+        # process listed here; their labels are checked on the C fake NVML: tests/gpu/
+        # test_gpu_cnvml_mig.py, _sharing.py, _numa.py) has samples, so its labels show
         if name in NVML_ONLY:
             assert served[name] == (kind, unit, set()), name
             continue
