@@ -437,11 +437,8 @@ def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[
             *slo_alerts(settings, settings.latency_slo),
             *slo_alerts(settings, settings.ttft_slo),
         ],
-        "gpuscope-gpu-alerts": [
-            *gpu_alerts(settings),
-            *gpu_source_alerts(settings),
-            *sharing_alerts(settings),
-        ],
+        "gpuscope-gpu-alerts": [*gpu_alerts(settings), *gpu_source_alerts(settings)],
+        "gpuscope-sharing-alerts": sharing_alerts(settings),
         "gpuscope-exporter-alerts": exporter_alerts(settings),
         "gpuscope-worker-alerts": [*worker_alerts(settings), *engine_alerts(settings, jobs)],
     }

@@ -1,6 +1,8 @@
 """Alerts on how a GPU is shared and placed: several processes time-slicing it, and a
 process on it that runs on the other NUMA node. Both are ``info``: they explain slow
-requests rather than break them, and each has a fix the runbook gives."""
+requests rather than break them, and each has a fix the runbook gives. A group of their
+own: they need processes on a real GPU (NVML's listing), which the simulated GPUs that
+fire the GPU group's alerts (``alerts/tests/simulated_gpus_test.yml``) do not place."""
 
 from __future__ import annotations
 
