@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_gpu_cnvml_exporter import scraped
+from test_gpu_cnvml_defects import value, wait_for
+from test_gpu_cnvml_exporter import exporter, scraped
 
 from support.cnvml import library, profiles
 
@@ -204,3 +205,13 @@ def test_doctor_lists_each_instance_with_its_parent(tmp_path: Path) -> None:
     assert first["metrics"]["memory"]["supported"]
     assert "parent GPU" in first["metrics"]["pcie_bytes"]["why"]
     assert re.search(r"Not Supported|not supported", first["metrics"]["power"]["why"])
+
+
+def test_a_lost_mig_gpu_takes_its_instances_down_and_back(tmp_path: Path) -> None:
+    # the parent falls off the bus for two seconds: its instances with it, then all return
+    env = _environment(_profile(tmp_path), library.PYNVML_NEWEST, LOST="0:after_s=1.5:until_s=3.5")
+    instance = f'gpuscope_gpu_up{{gpu="0:3",uuid="{INSTANCES[3][1]}"}}'
+    with exporter(env) as url:
+        wait_for(url, lambda t: value(t, instance) == 0, timeout_s=15)
+        text = wait_for(url, lambda t: value(t, instance) == 1, timeout_s=15)
+    assert value(text, f'gpuscope_gpu_up{{gpu="0",uuid="{PARENT}"}}') == 1
