@@ -478,6 +478,8 @@ def engine_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
 
 
 def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[dict[str, Any]]:
+    from alerts.sharing import sharing_alerts  # it builds on _alert above
+
     jobs = jobs or EngineJobs()
     groups = {
         "gpuscope-request-alerts": [
@@ -486,6 +488,7 @@ def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[
             *slo_alerts(settings, settings.ttft_slo),
         ],
         "gpuscope-gpu-alerts": [*gpu_alerts(settings), *gpu_source_alerts(settings)],
+        "gpuscope-sharing-alerts": sharing_alerts(settings),
         "gpuscope-exporter-alerts": exporter_alerts(settings, jobs),
         "gpuscope-worker-alerts": [*worker_alerts(settings), *engine_alerts(settings, jobs)],
     }

@@ -24,6 +24,7 @@ from dashboards.panels import (
     thresholds,
     timeseries,
 )
+from dashboards.sharing import sharing_row
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, UUID, XID, series
@@ -119,6 +120,7 @@ def build() -> Dashboard:
     _pcie(board)
     _memory_power(board)
     _errors(board)
+    sharing_row(board)  # dashboards/sharing.py
     return board
 
 

@@ -124,7 +124,7 @@ async def _gpu_poller(app: web.Application, processes: ProcessGpuMap) -> AsyncIt
         # from the poller's thread when it changes (the map is replaced whole)
         on_devices=state.aggregator.set_gpu_devices,
     )
-    collector = GpuCollector(poller)
+    collector = GpuCollector(poller, max_process_series=state.config.max_series)
     poller.start()
     state.registry.register(collector)
     state.poller = poller

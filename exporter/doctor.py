@@ -15,8 +15,10 @@ same as JSON (``scripts/gpu-check`` reads it), also when no GPU source opens
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -25,13 +27,13 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
 from gpuscope import flags
-from gpuscope.exporter.gpu import factory
+from gpuscope.exporter.gpu import factory, numa
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
 from gpuscope.exporter.gpu.factory import GpuSourceUnavailable, open_gpu_source
 from gpuscope.exporter.gpu.processes import FALLBACK, PROC, ProcessGpuMap, ProcessJoin
 from gpuscope.exporter.gpu.scenario import ScenarioError
-from gpuscope.exporter.gpu.source import GpuReading, GpuSource, GpuSourceKind
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource, GpuSourceKind
 from gpuscope.flags import Settings, at_least, option
 
 SAMPLE_GAP_S = 0.15  # GPM needs two samples at least 100 ms apart
@@ -71,28 +73,37 @@ def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
     process join (``proc_root`` is for tests)."""
     source.sample()
     time.sleep(SAMPLE_GAP_S)  # hardware time must pass between the samples
-    readings = {r.index: r for r in source.sample()}
+    readings = {r.uuid: r for r in source.sample()}
     reasons: Mapping[int, Mapping[str, str]] = (
         source.unsupported_metrics() if isinstance(source, ExplainsSupport) else {}
     )
     notes: Mapping[int, Mapping[str, str]] = (
         source.notes() if isinstance(source, NotesMethods) else {}
     )
+    # a MIG instance shares its parent's index: its support is keyed by its uuid
+    instances: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]] = getattr(
+        source, "mig_support", dict
+    )()
     gpus = []
     for device in source.devices():
-        reading = readings.get(device.index)
-        gpus.append(
-            {
-                "index": device.index,
-                "uuid": device.uuid,
-                "name": device.name,
-                "driver_version": device.driver_version,
-                "up": bool(reading and reading.up),
-                "metrics": _groups(
-                    reading, reasons.get(device.index, {}), notes.get(device.index, {})
-                ),
-            }
+        reading = readings.get(device.uuid)
+        why, note = (
+            (reasons.get(device.index, {}), notes.get(device.index, {}))
+            if device.mig is None
+            else instances.get(device.uuid, ({}, {}))
         )
+        entry: dict[str, Any] = {
+            "index": device.index,
+            "gpu": device.label,
+            "uuid": device.uuid,
+            "name": device.name,
+            "driver_version": device.driver_version,
+            "up": bool(reading and reading.up),
+            "metrics": _groups(reading, why, note),
+        }
+        if device.mig is not None:
+            entry["mig"] = dataclasses.asdict(device.mig)
+        gpus.append(entry)
     unopened: Mapping[int, str] = getattr(source, "unopened_gpus", dict)()  # NVML only
     return {
         "source": source.name,
@@ -116,12 +127,15 @@ def process_join(source: GpuSource | None, *, proc_root: Path = PROC) -> dict[st
     devices = source.devices() if source is not None else ()
     for device in devices:
         refused = listing.refused.get(device.uuid)
+        pids = list(listing.pids.get(device.uuid, ()))
         gpus[device.uuid] = {
             "index": device.index,
-            "pids": list(listing.pids.get(device.uuid, ())),
+            "gpu": device.label,
+            "pids": pids,
             "listed": device.uuid in listing.pids,
             "why": None if refused is None else refused.why,
             "note": listing.notes.get(device.uuid),
+            "numa": numa_checks(device, pids, proc_root),
         }
     return {
         "status": state.status.value,
@@ -130,6 +144,46 @@ def process_join(source: GpuSource | None, *, proc_root: Path = PROC) -> dict[st
         "gpus": gpus,
         "fallback": FALLBACK,
     }
+
+
+def numa_checks(device: GpuDevice, pids: Sequence[int], proc: Path) -> dict[str, Any]:
+    """The GPU's NUMA side and, per process on it, where it may run and the fix."""
+    affinity = device.affinity
+    if affinity is None:
+        return {"known": False, "why": "neither NVML nor sysfs names this GPU's CPUs or node"}
+    fix = numa.numactl(affinity)
+    processes = []
+    for pid in pids:
+        allowed = numa.read_allowed(proc, pid)
+        if allowed is None:
+            continue  # gone, or not readable here
+        where = numa.locality(allowed, affinity)
+        processes.append(
+            {
+                "pid": pid,
+                "cpus": numa.format_list(allowed.cpus),
+                "nodes": numa.format_list(allowed.nodes),
+                "locality": None if where is None else where.value,
+                "fix": None
+                if where in (None, numa.Locality.LOCAL) or fix is None
+                else f"{fix} {_command(proc, pid)}",
+            }
+        )
+    return {
+        "known": True,
+        "source": affinity.source,
+        "cpus": numa.format_list(affinity.cpus),
+        "nodes": numa.format_list(affinity.nodes),
+        "processes": processes,
+    }
+
+
+def _command(proc: Path, pid: int) -> str:
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return f"<the command of process {pid}>"
+    return " ".join(shlex.quote(a.decode(errors="replace")) for a in raw.split(b"\0") if a)
 
 
 def _groups(
@@ -159,9 +213,15 @@ def render(report: Mapping[str, Any], out: TextIO) -> None:
     for gpu in report["gpus"]:
         state = "" if gpu["up"] else "  [NOT ANSWERING]"
         driver = gpu["driver_version"]
-        print(
-            f"\nGPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}  driver {driver}{state}", file=out
-        )
+        label = gpu.get("gpu", gpu["index"])
+        print(f"\nGPU {label}  {gpu['name']}  {gpu['uuid']}  driver {driver}{state}", file=out)
+        mig = gpu.get("mig")
+        if mig is not None:
+            print(
+                f"  MIG instance of {mig['parent_uuid']}: profile {mig['profile']}, GPU instance"
+                f" {mig['gpu_instance_id']}, compute instance {mig['compute_instance_id']}",
+                file=out,
+            )
         for group, entry in gpu["metrics"].items():
             mark = "yes" if entry["supported"] else "no "
             why = f"  - {entry['why']}" if entry["why"] else ""
@@ -181,13 +241,35 @@ def render_process_join(join: Mapping[str, Any], out: TextIO) -> None:
         else:
             listed = f"not listed: {gpu['why'] or 'no answer (lost?)'}"
         note = f"  ({gpu['note']})" if gpu["note"] else ""
-        print(f"  GPU {gpu['index']}  {uuid}: {listed}{note}", file=out)
+        print(f"  GPU {gpu.get('gpu', gpu['index'])}  {uuid}: {listed}{note}", file=out)
+        render_numa(gpu.get("numa"), out)
     if join["status"] == ProcessJoin.OK:
         print(
             "  spans whose process, or one of its descendants, holds a GPU are joined to it",
             file=out,
         )
     print(f"  otherwise: {join['fallback']}", file=out)
+
+
+def render_numa(checks: Mapping[str, Any] | None, out: TextIO) -> None:
+    if not checks:
+        return
+    if not checks["known"]:
+        print(f"    NUMA: unknown ({checks['why']})", file=out)
+        return
+    print(
+        f"    NUMA: the GPU is local to CPUs {checks['cpus'] or '?'}, node {checks['nodes'] or '?'}"
+        f" ({checks['source']})",
+        file=out,
+    )
+    for process in checks["processes"]:
+        print(
+            f"      process {process['pid']}: {process['locality'] or 'unknown'} (allowed CPUs "
+            f"{process['cpus']}, memory nodes {process['nodes']})",
+            file=out,
+        )
+        if process["fix"]:
+            print(f"        fix: {process['fix']}", file=out)
 
 
 def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:

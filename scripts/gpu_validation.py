@@ -15,12 +15,19 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import flags
-from gpuscope.exporter.gpu.definitions import CLOCK_EVENT_ACTIVE, ECC_ERRORS, METRIC_GROUPS, PER_GPU
+from gpuscope.exporter.gpu.definitions import (
+    CLOCK_EVENT_ACTIVE,
+    COMPUTE_MODE,
+    ECC_ERRORS,
+    METRIC_GROUPS,
+    PER_GPU,
+)
 
 # GpuReading field -> the metric name it is served under
 FIELD_METRICS: dict[str, str] = {row.field: row.sample_name for row in PER_GPU} | {
     "clock_event_reasons": CLOCK_EVENT_ACTIVE.sample_name,
     "ecc_errors_total": ECC_ERRORS.sample_name,
+    "compute_mode": COMPUTE_MODE.sample_name,
 }
 
 
@@ -155,8 +162,8 @@ def check_doctor(doctor: Mapping[str, Any], scrape: Samples, gpu: int) -> CheckR
         return CheckResult("doctor_truthful", False, f"doctor lists no GPU {gpu}")
     wrong = []
     for group, fields in METRIC_GROUPS.items():
-        if group == "xid_errors":
-            continue  # its series appears only once an XID happened
+        if group in ("xid_errors", "process_utilization"):
+            continue  # their series appear only once an XID happened, a process ran
         served = any(FIELD_METRICS[f] in scrape for f in fields)
         claimed = bool(entry["metrics"].get(group, {}).get("supported"))
         if served != claimed:

@@ -35,14 +35,22 @@ class GpuCollector(Collector):
     Yields one family per row of ``gpu.definitions.GPU_METRICS``, in that order.
     """
 
-    def __init__(self, poller: GpuPoller) -> None:
+    def __init__(self, poller: GpuPoller, *, max_process_series: int = 2000) -> None:
         self._poller = poller
+        # per-process series (pid labels) in all, across GPUs: the exporter's --max-series
+        self._max_process_series = max_process_series
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._poller.snapshot()
         live = [reading for reading in snapshot.readings if reading.up]
         samples: dict[MetricDef, list[Sample]] = {
             rows.INFO: [(_info_labels(device), 1.0) for device in snapshot.devices],
+            rows.MIG_INFO: [(_mig_labels(d), 1.0) for d in snapshot.devices if d.mig is not None],
+            rows.SM_CLOCK_CHANGES: [
+                (_labels(r), float(r.sm_clock_changes_total))
+                for r in live
+                if r.sm_clock_changes_total is not None
+            ],
             rows.UP: [(_labels(r), 1.0 if r.up else 0.0) for r in snapshot.readings],
             rows.DOWN_REASON: [
                 ([*_labels(r), r.down_reason or DownReason.LOST], 1.0)
@@ -52,6 +60,7 @@ class GpuCollector(Collector):
             rows.SAMPLE_AGE: [([], self._poller.sample_age_s())],
             **self._labelled(live),
             **self._process_join(),
+            **_sharing(live, self._max_process_series),
             rows.COLLECTOR_SUCCESS: [
                 ([run.collector], 1.0 if run.success else 0.0) for run in snapshot.runs
             ],
@@ -103,6 +112,65 @@ class GpuCollector(Collector):
         }
 
 
+COMPUTE_MODES = ("default", "exclusive_process", "prohibited", "exclusive_thread")
+OVERFLOW_PID = "__overflow__"
+
+
+def _sharing(live: list[GpuReading], max_series: int) -> dict[MetricDef, list[Sample]]:
+    """Compute mode, processes, MPS, contention, and each process's share, the
+    per-process rows capped at ``max_series`` samples each: past it a GPU's remaining
+    processes (smallest memory last) are summed under pid ``__overflow__``."""
+    modes: list[Sample] = []
+    counts: list[Sample] = []
+    mps: list[Sample] = []
+    contended: list[Sample] = []
+    memory: list[Sample] = []
+    sm: list[Sample] = []
+    numa: list[Sample] = []
+    for reading in live:
+        gpu = _labels(reading)
+        if reading.compute_mode is not None:
+            known = (
+                *COMPUTE_MODES,
+                *(() if reading.compute_mode in COMPUTE_MODES else (reading.compute_mode,)),
+            )
+            modes += [([*gpu, m], 1.0 if m == reading.compute_mode else 0.0) for m in known]
+        if reading.mps_processes is not None:
+            mps.append((gpu, float(reading.mps_processes)))
+        if reading.contended is not None:
+            contended.append((gpu, 1.0 if reading.contended else 0.0))
+        tenants = reading.tenants
+        if tenants is None:
+            continue
+        counts.append((gpu, float(len(tenants))))
+        ranked = sorted(tenants.items(), key=lambda t: (-(t[1].memory_used_bytes or 0.0), t[0]))
+        room = max_series - len(memory)  # series left under the cap
+        # past the cap, one series of the rest in place of the last that would fit
+        cut = len(ranked) if len(ranked) <= room else max(room - 1, 0)
+        kept, folded = ranked[:cut], ranked[cut:]
+        for pid, use in kept:
+            if use.memory_used_bytes is not None:
+                memory.append(([*gpu, str(pid)], use.memory_used_bytes))
+            if use.sm_utilization_ratio is not None:
+                sm.append(([*gpu, str(pid)], use.sm_utilization_ratio))
+            if use.numa_locality is not None:
+                numa.append(([*gpu, str(pid), use.numa_locality], 1.0))
+        if folded:
+            memory.append(
+                ([*gpu, OVERFLOW_PID], sum(u.memory_used_bytes or 0.0 for _, u in folded))
+            )
+            sm.append(([*gpu, OVERFLOW_PID], sum(u.sm_utilization_ratio or 0.0 for _, u in folded)))
+    return {
+        rows.COMPUTE_MODE: modes,
+        rows.COMPUTE_PROCESSES: counts,
+        rows.MPS_PROCESSES: mps,
+        rows.CONTENDED: contended,
+        rows.PROCESS_MEMORY_USED: memory,
+        rows.PROCESS_SM_UTILIZATION: sm,
+        rows.PROCESS_NUMA_LOCALITY: numa,
+    }
+
+
 def _per_gpu(row: MetricDef, live: list[GpuReading]) -> list[Sample]:
     """A plain per-GPU row: each reading's value of the row's field, where it has one."""
     values = ((reading, reading.values.get(row.field)) for reading in live)
@@ -111,7 +179,7 @@ def _per_gpu(row: MetricDef, live: list[GpuReading]) -> list[Sample]:
 
 def _info_labels(device: GpuDevice) -> list[str]:
     return [
-        str(device.index),
+        device.label,
         device.uuid,
         device.name,
         device.pci_bus_id,
@@ -120,5 +188,19 @@ def _info_labels(device: GpuDevice) -> list[str]:
     ]
 
 
+def _mig_labels(device: GpuDevice) -> list[str]:
+    mig = device.mig
+    assert mig is not None
+    return [
+        device.label,
+        device.uuid,
+        str(device.index),
+        mig.parent_uuid,
+        mig.profile,
+        "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id),
+        "" if mig.compute_instance_id is None else str(mig.compute_instance_id),
+    ]
+
+
 def _labels(reading: GpuReading) -> list[str]:
-    return [str(reading.index), reading.uuid]
+    return [reading.label, reading.uuid]

@@ -19,6 +19,22 @@ INFO = MetricDef(
     "Descriptive labels of each GPU; join on gpu and uuid.",
     (*GPU_LABELS, "name", "pci_bus_id", "numa_node", "driver_version"),
 )
+MIG_INFO = MetricDef(
+    "gpuscope_gpu_mig_info",
+    GAUGE,
+    "1 for each MIG instance served as a GPU of its own (gpu is <parent index>:<MIG device "
+    "index>, uuid its MIG- UUID): its parent GPU, profile and GPU/compute instance ids. "
+    "Memory and processes are the instance's; clocks, power, temperature, PCIe, GPM and "
+    "XIDs are the parent's series, joined on parent_uuid.",
+    (
+        *GPU_LABELS,
+        "parent_gpu",
+        "parent_uuid",
+        "profile",
+        "gpu_instance_id",
+        "compute_instance_id",
+    ),
+)
 UP = MetricDef(
     "gpuscope_gpu_up",
     GAUGE,
@@ -75,6 +91,63 @@ PROCESS_JOIN_PROCESSES = MetricDef(
     GAUGE,
     "Processes on the GPUs at the last listing that the exporter can join spans to.",
 )
+SM_CLOCK_CHANGES = MetricDef(
+    "gpuscope_gpu_sm_clock_changes",
+    COUNTER,
+    "Polls whose SM clock differed from the previous poll's: a locked clock (nvidia-smi "
+    "-lgc) does not change; rate() of it is how often an unlocked one swings.",
+    GPU_LABELS,
+)
+COMPUTE_MODE = MetricDef(
+    "gpuscope_gpu_compute_mode",
+    GAUGE,
+    "1 for the GPU's compute mode (default: any number of processes time-slice it; "
+    "exclusive_process: one process, or one MPS server; prohibited), 0 for the others.",
+    (*GPU_LABELS, "mode"),
+)
+COMPUTE_PROCESSES = MetricDef(
+    "gpuscope_gpu_compute_processes",
+    GAUGE,
+    "Processes holding a compute context on the GPU at the last process listing.",
+    GPU_LABELS,
+)
+MPS_PROCESSES = MetricDef(
+    "gpuscope_gpu_mps_processes",
+    GAUGE,
+    "Processes using the GPU through an MPS server (nvmlDeviceGetMPSComputeRunningProcesses); "
+    "0: MPS not in use.",
+    GPU_LABELS,
+)
+CONTENDED = MetricDef(
+    "gpuscope_gpu_contended",
+    GAUGE,
+    "1 while more than one process time-slices the GPU: several compute processes, none "
+    "through MPS, in the default compute mode (a MIG instance counts as its own GPU).",
+    GPU_LABELS,
+)
+PROCESS_MEMORY_USED = MetricDef(
+    "gpuscope_gpu_process_memory_used_bytes",
+    GAUGE,
+    "Device memory of each process on the GPU (pid __overflow__: the processes past the "
+    "series cap, summed).",
+    (*GPU_LABELS, "pid"),
+)
+PROCESS_SM_UTILIZATION = MetricDef(
+    "gpuscope_gpu_process_sm_utilization_ratio",
+    GAUGE,
+    "Fraction of time a kernel of each process ran on the GPU since the last poll "
+    "(nvmlDeviceGetProcessUtilization; pid __overflow__ as for the memory).",
+    (*GPU_LABELS, "pid"),
+)
+PROCESS_NUMA_LOCALITY = MetricDef(
+    "gpuscope_gpu_process_numa_locality",
+    GAUGE,
+    "1 with where each process on the GPU may run against the GPU's NUMA side: local (only "
+    "the GPU's CPUs and memory nodes), split (unbound: some of them), remote (none of its "
+    "CPUs or nodes); from /proc/<pid>/status and NVML's CPU and memory affinity. gpuscope "
+    "doctor prints the numactl line that makes it local.",
+    (*GPU_LABELS, "pid", "locality"),
+)
 COLLECTOR_SUCCESS = MetricDef(
     "gpuscope_collector_success",
     GAUGE,
@@ -94,6 +167,15 @@ SM_CLOCK = MetricDef(
     "SM clock.",
     GPU_LABELS,
     field="sm_clock_hz",
+)
+SM_CLOCK_TARGET = MetricDef(
+    "gpuscope_gpu_sm_clock_target_hertz",
+    GAUGE,
+    "The SM application clock target (nvmlDeviceGetClock, NVML_CLOCK_ID_APP_CLOCK_TARGET): "
+    "where nvidia-smi -ac set one; absent where the driver answers deprecated (R590 on "
+    "Hopper) or not supported. With no target, clock locking shows as no changes below.",
+    GPU_LABELS,
+    field="sm_clock_target_hz",
 )
 SM_CLOCK_MAX = MetricDef(
     "gpuscope_gpu_sm_clock_max_hertz",
@@ -224,6 +306,28 @@ PCIE_RECEIVE = MetricDef(
     GPU_LABELS,
     field="pcie_receive_bytes_total",
 )
+NVLINK_LINKS = MetricDef(
+    "gpuscope_gpu_nvlink_links",
+    GAUGE,
+    "NVLinks of the GPU (field NVML_FI_DEV_NVLINK_LINK_COUNT); absent without NVLink.",
+    GPU_LABELS,
+    field="nvlink_links",
+)
+NVLINK_TRANSMIT = MetricDef(
+    "gpuscope_gpu_nvlink_transmit_bytes",
+    COUNTER,
+    "Data bytes the GPU sent over all its NVLinks (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "
+    "KiB, all links); beside the PCIe counters: peer traffic of a tensor-parallel group.",
+    GPU_LABELS,
+    field="nvlink_transmit_bytes_total",
+)
+NVLINK_RECEIVE = MetricDef(
+    "gpuscope_gpu_nvlink_receive_bytes",
+    COUNTER,
+    "Data bytes the GPU received over all its NVLinks (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX).",
+    GPU_LABELS,
+    field="nvlink_receive_bytes_total",
+)
 ENERGY = MetricDef(
     "gpuscope_gpu_energy_joules",
     COUNTER,
@@ -235,6 +339,7 @@ ENERGY = MetricDef(
 # The plain per-GPU rows: one sample per GPU, the reading's value of the row's ``field``.
 PER_GPU: Final[tuple[MetricDef, ...]] = (
     SM_CLOCK,
+    SM_CLOCK_TARGET,
     SM_CLOCK_MAX,
     MEMORY_CLOCK,
     MEMORY_CLOCK_MAX,
@@ -253,6 +358,9 @@ PER_GPU: Final[tuple[MetricDef, ...]] = (
     TEMPERATURE,
     PCIE_TRANSMIT,
     PCIE_RECEIVE,
+    NVLINK_LINKS,
+    NVLINK_TRANSMIT,
+    NVLINK_RECEIVE,
     ENERGY,
 )
 
@@ -263,6 +371,7 @@ PER_GPU: Final[tuple[MetricDef, ...]] = (
 METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "sm_clock": (SM_CLOCK.field,),
     "sm_clock_max": (SM_CLOCK_MAX.field,),
+    "sm_clock_target": (SM_CLOCK_TARGET.field,),
     "memory_clock": (MEMORY_CLOCK.field,),
     "memory_clock_max": (MEMORY_CLOCK_MAX.field,),
     "clock_event_reasons": ("clock_event_reasons",),
@@ -277,12 +386,16 @@ METRIC_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "pcie_link_width": (PCIE_LINK_WIDTH.field,),
     "ecc_errors": ("ecc_errors_total",),
     "pcie_bytes": (PCIE_TRANSMIT.field, PCIE_RECEIVE.field),
+    "nvlink": (NVLINK_LINKS.field, NVLINK_TRANSMIT.field, NVLINK_RECEIVE.field),
     "gpm": (SM_OCCUPANCY.field, SM_ACTIVE.field, TENSOR_ACTIVE.field, DRAM_ACTIVE.field),
     "xid_errors": ("xid_errors_total",),
+    "compute_mode": ("compute_mode",),
+    "process_utilization": ("process_sm",),
 }
 
 GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     INFO,
+    MIG_INFO,
     UP,
     DOWN_REASON,
     SAMPLE_AGE,
@@ -293,6 +406,14 @@ GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     ECC_ERRORS,
     PROCESS_JOIN_STATUS,
     PROCESS_JOIN_PROCESSES,
+    SM_CLOCK_CHANGES,
+    COMPUTE_MODE,
+    COMPUTE_PROCESSES,
+    MPS_PROCESSES,
+    CONTENDED,
+    PROCESS_MEMORY_USED,
+    PROCESS_SM_UTILIZATION,
+    PROCESS_NUMA_LOCALITY,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
 )

@@ -28,6 +28,7 @@ NVML's ``nvmlShutdown``) and to stop polling, every GPU then reading down with r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -114,6 +115,7 @@ class GpuPoller:
         self._want_released = False
         self._released = False
         self._on_devices = on_devices
+        self._clock_changes = ClockChanges()
 
     def start(self) -> None:
         if self._thread is not None:
@@ -155,7 +157,9 @@ class GpuPoller:
         if overdue is None:
             return snapshot
         readings = tuple(
-            GpuReading(d.index, d.uuid, up=False, down_reason=DownReason.POLL_OVERDUE)
+            GpuReading(
+                d.index, d.uuid, up=False, down_reason=DownReason.POLL_OVERDUE, mig_device=_mig(d)
+            )
             for d in snapshot.devices
         )
         runs = (CollectorRun(self.source.name, False, overdue),)
@@ -234,6 +238,7 @@ class GpuPoller:
             readings = _down(devices, DownReason.SOURCE_FAILED)
             health = []
             success = False
+        readings = self._clock_changes.count(readings)
         runs = [CollectorRun(self.source.name, success, self._timer() - started), *health]
         self._step = "the process listing"
         self._list_processes()
@@ -304,4 +309,34 @@ class GpuPoller:
 
 
 def _down(devices: Sequence[GpuDevice], reason: str) -> tuple[GpuReading, ...]:
-    return tuple(GpuReading(d.index, d.uuid, up=False, down_reason=reason) for d in devices)
+    return tuple(
+        GpuReading(d.index, d.uuid, up=False, down_reason=reason, mig_device=_mig(d))
+        for d in devices
+    )
+
+
+def _mig(device: GpuDevice) -> int | None:
+    return None if device.mig is None else device.mig.device_index
+
+
+class ClockChanges:
+    """Counts, per GPU, the polls whose SM clock differs from the previous poll's: a
+    clock that is not locked swings under bursty load (boost, power and thermal
+    limits), which a scrape every few seconds can miss. Poller thread only."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._changes: dict[str, int] = {}
+
+    def count(self, readings: Sequence[GpuReading]) -> tuple[GpuReading, ...]:
+        counted = []
+        for reading in readings:
+            clock = reading.values.get("sm_clock_hz")
+            if clock is None:
+                counted.append(reading)
+                continue
+            last = self._last.get(reading.uuid)
+            changes = self._changes.get(reading.uuid, 0) + (last is not None and clock != last)
+            self._last[reading.uuid], self._changes[reading.uuid] = clock, changes
+            counted.append(dataclasses.replace(reading, sm_clock_changes_total=changes))
+        return tuple(counted)

@@ -28,7 +28,7 @@ from gpuscope.exporter.gpu.clock_reasons import (
 )
 from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.scenario import ECC_TYPES, Scenario, ScenarioEvent
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind, ProcessUse
 
 _UUID_NAMESPACE = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
 
@@ -219,6 +219,7 @@ class SimulatedSource:
         values = {
             "sm_clock_hz": sm_clock,
             "sm_clock_max_hz": SM_CLOCK_MAX_HZ,
+            "sm_clock_target_hz": SM_CLOCK_MAX_HZ,  # an H100's default applications clock
             "memory_clock_hz": MEMORY_CLOCK_HZ,
             "memory_clock_max_hz": MEMORY_CLOCK_HZ,
             "utilization_ratio": busy,
@@ -230,6 +231,10 @@ class SimulatedSource:
             "pcie_receive_bytes_total": state.pcie_rx,
             "pcie_link_generation": 5,
             "pcie_link_width": 16,
+            # an H100 SXM's 18 NVLinks; no simulated GPU talks to a peer, so they idle
+            "nvlink_links": 18,
+            "nvlink_transmit_bytes_total": 0.0,
+            "nvlink_receive_bytes_total": 0.0,
             "memory_used_bytes": max(
                 MEMORY_IDLE_BYTES + 40 * 2**30 * fill * (busy > 0),
                 max((e.level for e in events if e.fault == "memory_used"), default=0.0)
@@ -242,6 +247,13 @@ class SimulatedSource:
             "energy_joules_total": state.energy_j,
             "temperature_celsius": round(state.temperature_c, 1),
         }
+        # the scenario's processes share the GPU's work and memory evenly, in the
+        # default compute mode without MPS, as NVML would list them
+        pids = sorted({e.pid for e in events if e.fault == "process"})
+        share = 1.0 / len(pids) if pids else 0.0
+        tenants = {
+            pid: ProcessUse(values["memory_used_bytes"] * share, busy * share) for pid in pids
+        }
         return GpuReading(
             index=index,
             uuid=self._devices[index].uuid,
@@ -249,6 +261,10 @@ class SimulatedSource:
             clock_event_reasons=decode_clock_event_reasons(encode_clock_event_reasons(reasons)),
             xid_errors_total=dict(state.xids),
             ecc_errors_total=dict(state.ecc),
+            compute_mode="default",
+            tenants=tenants,
+            mps_processes=0,
+            process_sm={pid: use.sm_utilization_ratio or 0.0 for pid, use in tenants.items()},
         )
 
     @staticmethod

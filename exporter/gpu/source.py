@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from gpuscope.exporter.gpu import definitions as metrics
+from gpuscope.exporter.gpu.numa import Affinity
 
 
 class DownReason(StrEnum):
@@ -38,9 +39,29 @@ class GpuSourceKind(StrEnum):
     NONE = "none"
 
 
+def gpu_label(index: int, mig_device: int | None = None) -> str:
+    """The ``gpu`` label: the GPU's index, or ``<parent index>:<MIG device index>`` for a
+    MIG instance (the numbering of ``nvidia-smi -L``'s "MIG ... Device N" lines)."""
+    return str(index) if mig_device is None else f"{index}:{mig_device}"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """What makes a GPU a MIG instance of another (``GpuDevice.mig``)."""
+
+    parent_uuid: str
+    device_index: int  # nvmlDeviceGetMigDeviceHandleByIndex's index under the parent
+    profile: str  # "3g.71gb", "1c.3g.71gb" (compute instance sub-profile first)
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
 @dataclass(frozen=True)
 class GpuDevice:
-    """What identifies a GPU; descriptive fields end up on ``gpuscope_gpu_info`` only."""
+    """What identifies a GPU; descriptive fields end up on ``gpuscope_gpu_info`` only.
+
+    A MIG instance is a GPU of its own: its ``MIG-...`` UUID, its parent's ``index``
+    and ``mig`` set."""
 
     index: int
     uuid: str
@@ -48,6 +69,23 @@ class GpuDevice:
     pci_bus_id: str
     numa_node: int | None = None
     driver_version: str | None = None
+    mig: MigInstance | None = None
+    affinity: Affinity | None = None  # the CPUs and NUMA nodes the GPU is local to
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index, None if self.mig is None else self.mig.device_index)
+
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """One process's share of a GPU it shares: its device memory (the process list's,
+    refreshed with the process join) and its SM utilisation since the last poll (NVML's
+    per-process utilisation; 0 for a process NVML saw no kernel of)."""
+
+    memory_used_bytes: float | None = None
+    sm_utilization_ratio: float | None = None
+    numa_locality: str | None = None  # "local", "split", "remote" (gpu.numa.Locality)
 
 
 @dataclass(frozen=True)
@@ -63,6 +101,8 @@ class GpuReading:
     index: int
     uuid: str
     up: bool = True
+    # the MIG device index under GPU ``index`` for a MIG instance's reading, else None
+    mig_device: int | None = None
     # why ``up`` is False: a ``DownReason`` (or an NVML error's, see ``nvml.errors``); ""
     # while up. The ``reason`` label of ``gpuscope_gpu_down_reason``.
     down_reason: str = ""
@@ -75,6 +115,17 @@ class GpuReading:
     # registration): its XID totals are then absent, not 0.
     xid_supported: bool = True
     ecc_errors_total: Mapping[str, int] | None = None
+    # sharing: NVML's compute mode ("default", "exclusive_process", "prohibited"), the
+    # processes on the GPU (pid -> use; None: unknown), MPS clients (None: unknown)
+    compute_mode: str | None = None
+    tenants: Mapping[int, ProcessUse] | None = None
+    mps_processes: int | None = None
+    # pid -> SM utilisation of the processes NVML sampled this poll; None where NVML has
+    # no per-process utilisation (MIG, older pynvml)
+    process_sm: Mapping[int, float] | None = None
+    # polls whose SM clock differed from the previous poll's, since the exporter started
+    # (the poller counts it; None until the GPU gave an SM clock)
+    sm_clock_changes_total: int | None = None
 
     def __post_init__(self) -> None:
         unknown = self.values.keys() - {row.field for row in metrics.PER_GPU}
@@ -82,6 +133,26 @@ class GpuReading:
             raise ValueError(
                 f"GPU reading values {sorted(unknown)} name no row of gpu.definitions.PER_GPU"
             )
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index, self.mig_device)
+
+    @property
+    def contended(self) -> bool | None:
+        """More than one process time-slicing the GPU: several processes on it, none
+        through MPS, in the default compute mode. None where the processes are unknown."""
+        if self.tenants is None or self.mps_processes is None:
+            return None
+        return (
+            len(self.tenants) > 1
+            and self.mps_processes == 0
+            and self.compute_mode
+            in (
+                None,
+                "default",
+            )
+        )
 
     def has(self, name: str) -> bool:
         """Whether the reading holds ``name``: a key of ``values`` or an attribute

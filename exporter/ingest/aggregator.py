@@ -192,7 +192,7 @@ class SpanAggregator:
 
     def set_gpu_devices(self, devices: Sequence[GpuDevice]) -> None:
         """Learn ``uuid -> NVML index`` for the ``gpu`` label of new observations."""
-        self._gpu_index = {device.uuid: str(device.index) for device in devices}
+        self._gpu_index = {device.uuid: device.label for device in devices}
 
     def ingest(self, request: Any, authenticated: bool = False) -> IngestResult:
         """Aggregate every span of a decoded ``ExportTraceServiceRequest``;

@@ -52,6 +52,10 @@ QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
 # (vLLM's llm_request span); the pack's reference worker reports compute whole, so
 # its rules get their data from the vLLM replay. The exporter must declare it.
 ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
+# Served per process on a GPU, which the demo's simulated GPUs list none of (its promtool
+# case and tests/gpu/test_gpu_cnvml_numa.py show it served)
+PER_GPU_PROCESS = {"gpuscope_gpu_process_numa_locality"}
+PER_GPU_PROCESS_LABELS = {"locality"}
 # Labels of the engines no real one serves here (their series are in promtool's cases).
 ENGINE_LABELS = {
     label
@@ -175,10 +179,20 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
         for url in (stack.exporter_url, stack.worker_url, stack.vllm_url):
             async with session.get(url + "/metrics") as response:
                 scrape += await response.text()
-        missing = metrics_in_exprs(rules_dir) - served_metric_names(scrape) - ENGINE_SPANS_ONLY
+        missing = (
+            metrics_in_exprs(rules_dir)
+            - served_metric_names(scrape)
+            - ENGINE_SPANS_ONLY
+            - PER_GPU_PROCESS
+        )
         assert missing == set(), "rules use metrics no exporter, worker or vLLM serves"
         # Triton's, TGI's and SGLang's labels: their promtool cases (test_alerts_engines.py)
-        missing = labels_in_exprs(rules_dir) - served_label_names(scrape) - ENGINE_LABELS
+        missing = (
+            labels_in_exprs(rules_dir)
+            - served_label_names(scrape)
+            - ENGINE_LABELS
+            - PER_GPU_PROCESS_LABELS
+        )
         assert missing == set(), "rules use labels no exporter, worker or vLLM serves"
         for record in recorded_names(rules_dir):
             await wait_until(

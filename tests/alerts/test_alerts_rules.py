@@ -186,6 +186,7 @@ def test_the_runbook_has_a_section_per_alert() -> None:
 # the host too when it is about a GPU's requests (service_model_gpu:* series).
 WHERE_BY_GROUP = {
     "gpuscope-gpu-alerts": {"job", "instance"},
+    "gpuscope-sharing-alerts": {"job", "instance"},
     "gpuscope-exporter-alerts": {"job", "instance"},
     "gpuscope-worker-alerts": {"job", "instance"},
     "gpuscope-request-alerts": {"source", "service", "model"},

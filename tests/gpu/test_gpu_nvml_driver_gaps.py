@@ -134,7 +134,8 @@ def test_hopper_without_the_pcie_fields_integrates_gpm_pcie_rates() -> None:
     assert values["pcie_transmit_bytes_total"] == pytest.approx(100 * MIB * 6.0)
     assert values["pcie_receive_bytes_total"] == pytest.approx(400 * MIB * 6.0)
     assert fake.calls.get("nvmlDeviceGetPcieThroughput", 0) == 0
-    assert fake.calls["nvmlDeviceGetFieldValues"] == 1
+    # the PCIe fields once (missing: GPM from then on), NVLink's at each of the 4 polls
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 1 + 4
     assert "GPM's PCIe rates" in source.notes()[0]["pcie_bytes"]
     source.close()
 

@@ -102,6 +102,9 @@ class FakeGpu:
     compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
     graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
     mig_mode: int = real.NVML_DEVICE_MIG_DISABLE
+    compute_mode: int = real.NVML_COMPUTEMODE_DEFAULT
+    nvlink_links: int = 18  # an H100 SXM's; 0: no NVLink (fields 91, 138/139 NotSupported)
+    nvlink_kib: tuple[int, int] = (0, 0)  # fields 138/139: data sent, received (KiB)
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML_ERROR_*
 
@@ -326,6 +329,11 @@ class FakeNvml:
         gpu = self._device("nvmlDeviceGetMaxClockInfo", handle)
         return gpu.sm_max_mhz if type == self._pynvml.NVML_CLOCK_SM else gpu.mem_max_mhz
 
+    def nvmlDeviceGetClock(self, handle: Any, type: int, id: int) -> int:
+        # the application clock target: the default, the maximum (nvidia-smi -ac unset)
+        gpu = self._device("nvmlDeviceGetClock", handle)
+        return gpu.sm_max_mhz if type == self._pynvml.NVML_CLOCK_SM else gpu.mem_max_mhz
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return self._device("nvmlDeviceGetCurrentClocksEventReasons", handle).clock_reasons
 
@@ -379,18 +387,27 @@ class FakeNvml:
             (errorType, counterType), 0
         )
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Any:
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int | tuple[int, int]]) -> Any:
         gpu = self._device("nvmlDeviceGetFieldValues", handle)
         values = (self._pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         # nvml.h NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES (older pynvml lacks the names)
         counters = {197: gpu.pcie_tx_bytes, 198: gpu.pcie_rx_bytes}
-        for slot, field_id in enumerate(fieldIds):
+        # NVML_FI_DEV_NVLINK_LINK_COUNT, _THROUGHPUT_DATA_TX / _RX (all links)
+        nvlink = {91: gpu.nvlink_links, 138: gpu.nvlink_kib[0], 139: gpu.nvlink_kib[1]}
+        for slot, wanted in enumerate(fieldIds):
+            # pynvml takes an id or an (id, scopeId) pair
+            field_id, scope = wanted if isinstance(wanted, tuple) else (wanted, 0)
             values[slot].fieldId = field_id
+            values[slot].scopeId = scope
             if field_id in counters and gpu.pcie_field_return is not None:
                 values[slot].nvmlReturn = gpu.pcie_field_return
             elif field_id in counters and gpu.pcie_fields_supported:
                 values[slot].valueType = self._pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 values[slot].value.ullVal = counters[field_id]
+                values[slot].nvmlReturn = self._pynvml.NVML_SUCCESS
+            elif field_id in nvlink and gpu.nvlink_links:
+                values[slot].valueType = self._pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[slot].value.ullVal = nvlink[field_id]
                 values[slot].nvmlReturn = self._pynvml.NVML_SUCCESS
             else:
                 values[slot].nvmlReturn = self._pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -466,6 +483,27 @@ class FakeNvml:
         if gpu.architecture < AMPERE:
             raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig_mode, gpu.mig_mode]
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetComputeMode", handle).compute_mode
+
+    # per-process samples are the C fake's: here no process ever ran a kernel, for which
+    # nvml.h answers NotFound
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        gpu = self._device("nvmlDeviceGetProcessUtilization", handle)
+        if gpu.mig_mode == self._pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_SUPPORTED)
+        raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_FOUND)
+
+    # MIG instances are the C fake's (tests/support/cnvml): a GPU in MIG mode here has
+    # none created, as after ``nvidia-smi -mig 1`` alone
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._device("nvmlDeviceGetMaxMigDeviceCount", device)
+        return 7 if gpu.mig_mode == self._pynvml.NVML_DEVICE_MIG_ENABLE else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        self._device("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_NOT_FOUND)
 
     def _processes(self, function: str, handle: Any, graphics: bool) -> list[Any]:
         gpu = self._device(function, handle)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuscope.exporter.gpu.clock_reasons import decode_clock_event_reasons
+from gpuscope.exporter.gpu.numa import locality, read_allowed
 from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
     NvmlDriverError,
@@ -31,11 +32,17 @@ from gpuscope.exporter.gpu.nvml.errors import (
     unsupported_reason,
 )
 from gpuscope.exporter.gpu.nvml.gpm import GpmSampler, gpm_supported
+from gpuscope.exporter.gpu.nvml.nvlink import read_nvlink
 from gpuscope.exporter.gpu.nvml.pcie import PcieByteCounter
 from gpuscope.exporter.gpu.nvml.processes import DeviceProcessLister
-from gpuscope.exporter.gpu.source import GpuDevice, GpuReading
+from gpuscope.exporter.gpu.processes import PROC
+from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, ProcessUse
 
 MHZ = 1e6
+
+# nvmlComputeMode_t (nvml.h): NVML_COMPUTEMODE_DEFAULT 0, EXCLUSIVE_THREAD 1 (deprecated),
+# PROHIBITED 2, EXCLUSIVE_PROCESS 3
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
 ARCHITECTURES = {
     2: "Kepler",
@@ -73,6 +80,12 @@ CLOCK_THROTTLE = "nvmlDeviceGetCurrentClocksThrottleReasons"  # before R535; sam
 # group -> reader(nvml, handle); units converted to base units here
 READERS: dict[str, Reader] = {
     "sm_clock": lambda n, h: {"sm_clock_hz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM) * MHZ},
+    "sm_clock_target": lambda n, h: {
+        "sm_clock_target_hz": n.nvmlDeviceGetClock(
+            h, n.NVML_CLOCK_SM, getattr(n, "NVML_CLOCK_ID_APP_CLOCK_TARGET", 1)
+        )
+        * MHZ
+    },
     "sm_clock_max": lambda n, h: {
         "sm_clock_max_hz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM) * MHZ
     },
@@ -100,6 +113,7 @@ READERS: dict[str, Reader] = {
     },
     "pcie_link_width": lambda n, h: {"pcie_link_width": int(n.nvmlDeviceGetCurrPcieLinkWidth(h))},
     "ecc_errors": _ecc,
+    "nvlink": read_nvlink,
 }
 
 
@@ -110,15 +124,36 @@ def _merge(values: dict[str, Any], reader: Reader, nvml: Any, handle: Any) -> No
 class NvmlDeviceReader:
     """One GPU's handle and what is known about its support; not thread-safe (poller only)."""
 
-    def __init__(self, nvml: Any, device: GpuDevice, handle: Any) -> None:
+    def __init__(
+        self, nvml: Any, device: GpuDevice, handle: Any, *, parent: NvmlDeviceReader | None = None
+    ) -> None:
         self._nvml = nvml
         self.device = device
         self.handle = handle
         self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
         self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
-        self.architecture = self._architecture()
-        self._gpm = self._open_gpm()
+        if parent is None:
+            self.architecture = self._architecture()
+            self._gpm = self._open_gpm()
+        else:
+            # a MIG instance: the link and GPM's device-wide counters are its parent's
+            self.architecture = parent.architecture
+            self._gpm = None
+            for group in ("gpm", "pcie_bytes"):
+                self.unsupported[group] = (
+                    f"a MIG instance: the parent GPU's series ({parent.device.uuid}) hold it"
+                )
         self._pcie = PcieByteCounter(nvml, handle, self._gpm)
+        self._utilization_seen = 0  # µs timestamp of the last per-process sample read
+        self._placed_listing: object = None  # the listing _locality was read for
+        self._locality: dict[int, str] = {}  # pid -> numa.Locality of that listing
+        for group, function in (
+            ("compute_mode", "nvmlDeviceGetComputeMode"),
+            ("process_utilization", "nvmlDeviceGetProcessUtilization"),
+            ("sm_clock_target", "nvmlDeviceGetClock"),
+        ):
+            if not hasattr(nvml, function):
+                self.unsupported[group] = f"this pynvml has no {function}"
         self._memory_v2 = hasattr(nvml, "nvmlMemory_v2")
         if not self._memory_v2:
             self._v1_memory("this pynvml has no nvmlMemory_v2 (nvidia-ml-py too old)")
@@ -129,7 +164,7 @@ class NvmlDeviceReader:
         self.processes = DeviceProcessLister(
             nvml,
             handle,
-            device=f"GPU {device.index} ({device.name}, {self.architecture})",
+            device=f"GPU {device.label} ({device.name}, {self.architecture})",
             driver=device.driver_version or "unknown",
         )
 
@@ -149,15 +184,78 @@ class NvmlDeviceReader:
             self._attempt("gpm", lambda: values.update(self._gpm_values(gpm, now)))
         if "pcie_bytes" not in self.unsupported:
             self._attempt("pcie_bytes", lambda: values.update(self._pcie_values()))
+        if "compute_mode" not in self.unsupported:
+            self._attempt("compute_mode", lambda: values.update(self._compute_mode()))
+        sm: dict[int, float] | None = None
+        if "process_utilization" not in self.unsupported:
+            self._attempt("process_utilization", lambda: values.update(sm=self._process_sm()))
+            sm = values.pop("sm", None)
         return GpuReading(
             index=self.device.index,
             uuid=self.device.uuid,
+            mig_device=None if self.device.mig is None else self.device.mig.device_index,
             clock_event_reasons=values.pop("clock_event_reasons", None),
             ecc_errors_total=values.pop("ecc_errors_total", None),
             values=values,
             xid_errors_total=dict(xids),
             xid_supported=xid_supported,
+            compute_mode=values.pop("compute_mode", None),
+            tenants=self._tenants(sm),
+            process_sm=sm,
+            mps_processes=self.processes.mps,
         )
+
+    def _compute_mode(self) -> dict[str, str]:
+        code = int(self._nvml.nvmlDeviceGetComputeMode(self.handle))
+        return {"compute_mode": COMPUTE_MODES.get(code, f"mode_{code}")}
+
+    def _process_sm(self) -> dict[int, float]:
+        """pid -> SM utilisation since the last call, of the processes NVML sampled."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(self.handle, self._utilization_seen)
+        except nvml.NVMLError as exc:
+            if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())):
+                return {}  # nvml.h: no sample since the last: no process ran a kernel
+            raise
+        latest: dict[int, tuple[int, float]] = {}
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            self._utilization_seen = max(self._utilization_seen, stamp)
+            if int(sample.pid) not in latest or stamp >= latest[int(sample.pid)][0]:
+                latest[int(sample.pid)] = (stamp, int(sample.smUtil) / 100.0)
+        return {pid: ratio for pid, (_, ratio) in latest.items()}
+
+    def _tenants(self, sm: Mapping[int, float] | None) -> dict[int, ProcessUse] | None:
+        """The processes on the GPU at the last listing, with this poll's SM use and their
+        NUMA locality; None before the first listing unless NVML's utilisation answered."""
+        memory = self.processes.memory
+        if memory is None and sm is None:
+            return None
+        if memory is not self._placed_listing:  # a new listing: read /proc once for it
+            self._placed_listing = memory
+            self._locality = self._localities(memory or {})
+        pids = set(memory or {}) | set(sm or {})
+        return {
+            pid: ProcessUse(
+                memory_used_bytes=(memory or {}).get(pid),
+                sm_utilization_ratio=None if sm is None else sm.get(pid, 0.0),
+                numa_locality=self._locality.get(pid),
+            )
+            for pid in sorted(pids)
+        }
+
+    def _localities(self, pids: Mapping[int, object]) -> dict[int, str]:
+        affinity = self.device.affinity
+        if affinity is None:
+            return {}
+        found = {}
+        for pid in pids:
+            allowed = read_allowed(PROC, pid)
+            where = None if allowed is None else locality(allowed, affinity)
+            if where is not None:
+                found[pid] = where.value
+        return found
 
     def close(self) -> None:
         self._pcie.close()
@@ -250,9 +348,9 @@ class NvmlDeviceReader:
                 driver=self.device.driver_version or "unknown",
             )
         elif kind is NvmlErrorKind.GPU_LOST:
-            raise GpuLostError(f"GPU {self.device.index} ({self.device.uuid}) is lost") from exc
+            raise GpuLostError(f"GPU {self.device.label} ({self.device.uuid}) is lost") from exc
         elif kind is NvmlErrorKind.DRIVER:
-            raise NvmlDriverError(f"NVML failed reading GPU {self.device.index}: {exc}") from exc
+            raise NvmlDriverError(f"NVML failed reading GPU {self.device.label}: {exc}") from exc
         # any other error is transient: the group is absent this round only
 
     def _architecture(self) -> str:

@@ -176,6 +176,8 @@ def unsupported_reason(nvml: Any, exc: BaseException, *, device: str, driver: st
             f"driver {driver} does not know the struct version this nvidia-ml-py passes "
             "(a newer driver, or an nvidia-ml-py of the driver's branch)"
         )
+    if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_DEPRECATED", 26):
+        return f"driver {driver}: NVML answers that this is deprecated (no longer kept)"
     if isinstance(exc, _classes(nvml, ("NVMLError_CorruptedInforom",))):
         return f"{device}: its infoROM is corrupted (nvidia-smi -q shows it; reflash to fix)"
     return f"not supported by {device} with driver {driver}"

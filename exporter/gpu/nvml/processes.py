@@ -27,6 +27,7 @@ from gpuscope.exporter.gpu.nvml.errors import (
     classify,
     unsupported_reason,
 )
+from gpuscope.exporter.gpu.nvml.mig import mig_enabled
 from gpuscope.exporter.gpu.processes import (
     ProcessJoin,
     ProcessListing,
@@ -38,10 +39,11 @@ PID_MAX_LIMIT = 4_194_304  # the kernel's PID_MAX_LIMIT on 64-bit: no pid is eve
 
 COMPUTE = "nvmlDeviceGetComputeRunningProcesses"
 GRAPHICS = "nvmlDeviceGetGraphicsRunningProcesses"
+MPS = "nvmlDeviceGetMPSComputeRunningProcesses"  # the clients of an MPS server on the GPU
 VERSIONS = ("_v3", "_v2", "")
 MIG_NOTE = (
-    "MIG mode: the processes of every MIG instance are joined to the whole GPU, "
-    "whose series gpuscope serves"
+    "MIG mode, with no MIG instance open: the processes of every instance are joined to "
+    "the whole GPU"
 )
 
 
@@ -73,9 +75,13 @@ class DeviceProcessLister:
         self._graphics = True  # False once the GPU refused the graphics list
         self._candidates = {
             kind: [kind + v for v in VERSIONS if hasattr(nvml, kind + v)]
-            for kind in (COMPUTE, GRAPHICS)
+            for kind in (COMPUTE, GRAPHICS, MPS)
         }
         self._last: tuple[int, ...] = ()
+        # of the last listing: compute pid -> its device memory (None: NVML gave none), and
+        # how many processes use the GPU through MPS (None: NVML cannot say)
+        self.memory: dict[int, float | None] | None = None
+        self.mps: int | None = None
 
     def pids(self) -> tuple[int, ...] | None:
         """Sorted pids on the GPU; None once it refused (see ``refused``).
@@ -86,19 +92,21 @@ class DeviceProcessLister:
         if self.refused is not None:
             return None
         if self._mig is None:
-            self._mig = _mig_enabled(self._nvml, self._handle)
+            self._mig = mig_enabled(self._nvml, self._handle)
             self.note = MIG_NOTE if self._mig else None
         try:
-            pids = set(self._list(COMPUTE))
+            compute = self._list(COMPUTE)
+            pids = {pid for pid, _ in compute}
             if self._graphics:
                 try:
-                    pids.update(self._list(GRAPHICS))
+                    pids.update(pid for pid, _ in self._list(GRAPHICS))
                 except _Refused:
                     # compute is what inference engines use; most datacenter GPUs
                     # have no graphics list to give
                     self._graphics = False
         except _Refused as exc:
             self.refused = exc.refused
+            self.memory = None
             return None
         except _Transient:
             return self._last
@@ -112,17 +120,35 @@ class DeviceProcessLister:
                 f"({self._driver}) writes, so no pid of the list can be trusted; install the "
                 "nvidia-ml-py release that matches the driver",
             )
+            self.memory = None
             return None
+        self.memory = dict(compute)
+        self.mps = self._mps_clients()
         self._last = tuple(sorted(pids))
         return self._last
 
-    def _list(self, kind: str) -> list[int]:
+    def _mps_clients(self) -> int | None:
+        """How many processes use the GPU through an MPS server; None where NVML cannot
+        say (then not asked again)."""
+        try:
+            return len(self._list(MPS))
+        except _Refused:
+            self._candidates[MPS] = []
+            return None
+        except _Transient:
+            return self.mps
+
+    def _list(self, kind: str) -> list[tuple[int, float | None]]:
+        """(pid, device memory in bytes, None where NVML has none) of each process."""
         nvml = self._nvml
         candidates = self._candidates[kind]
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", ())
         while candidates:
             try:
-                return [int(p.pid) for p in getattr(nvml, candidates[0])(self._handle)]
+                return [
+                    (int(p.pid), None if p.usedGpuMemory is None else float(p.usedGpuMemory))
+                    for p in getattr(nvml, candidates[0])(self._handle)
+                ]
             except mismatch:
                 candidates.pop(0)  # the unversioned name's version is missing: no older left
             except nvml.NVMLError as exc:
@@ -160,17 +186,6 @@ def read_pid_max(path: Path = PID_MAX_FILE) -> int:
         return int(path.read_text(encoding="ascii").strip())
     except (OSError, ValueError):
         return PID_MAX_LIMIT
-
-
-def _mig_enabled(nvml: Any, handle: Any) -> bool:
-    function = getattr(nvml, "nvmlDeviceGetMigMode", None)
-    if function is None:
-        return False
-    try:
-        current = function(handle)[0]
-    except nvml.NVMLError:  # NotSupported before Ampere; anything else shows when listing
-        return False
-    return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
 
 
 def collect(listers: Sequence[tuple[str, DeviceProcessLister]]) -> ProcessListing:

@@ -13,6 +13,13 @@ backoff; until then ``sample()`` raises, which the poller counts as a failure; o
 cannot heal in this process (LibRmVersionMismatch) is also ``unrecoverable()``, which
 fails liveness. ``release()`` / ``acquire()`` let go of NVML and take it again.
 ``processes()`` lists each GPU's processes for the process join (``processes``).
+
+A GPU in MIG mode is served with each of its MIG instances as a GPU of its own
+(``mig``): an instance's reader asks its MIG handle for what NVML gives per instance
+(memory, processes) and leaves the rest to the parent's series. Its processes are
+listed on the instance's handle (which NVML answers without root, where the parent's
+aggregate list needs it), and the parent's list is then not used, so that a process
+joins the one instance it runs on.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuscope.exporter.gpu.capabilities import CollectorRun
+from gpuscope.exporter.gpu.numa import Affinity, from_mask, sysfs_affinity
 from gpuscope.exporter.gpu.nvml.device import READERS, NvmlDeviceReader
 from gpuscope.exporter.gpu.nvml.errors import (
     GpuLostError,
@@ -34,6 +42,7 @@ from gpuscope.exporter.gpu.nvml.errors import (
     is_fatal,
 )
 from gpuscope.exporter.gpu.nvml.events import XidCounts, XidEventWatcher
+from gpuscope.exporter.gpu.nvml.mig import mig_device, mig_handles
 from gpuscope.exporter.gpu.nvml.processes import collect
 from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.source import DownReason, GpuDevice, GpuReading, GpuSourceKind
@@ -85,6 +94,33 @@ def _numa_node(nvml: Any, handle: Any) -> int | None:
         return None  # single-socket hosts and old drivers (FunctionNotFound) have none
 
 
+CPU_WORDS = 16  # 1024 CPUs in NVML's 64-bit affinity words
+NODE_WORDS = 1  # 64 NUMA nodes
+
+
+def _affinity(nvml: Any, handle: Any, pci_bus_id: str) -> Affinity | None:
+    """The GPU's CPUs (nvmlDeviceGetCpuAffinity) and nodes (nvmlDeviceGetMemoryAffinity,
+    node scope); sysfs where NVML answers neither."""
+    cpus: frozenset[int] = frozenset()
+    nodes: frozenset[int] = frozenset()
+    get_cpus = getattr(nvml, "nvmlDeviceGetCpuAffinity", None)
+    get_nodes = getattr(nvml, "nvmlDeviceGetMemoryAffinity", None)
+    try:
+        if get_cpus is not None:
+            cpus = from_mask(get_cpus(handle, CPU_WORDS))
+    except nvml.NVMLError:
+        pass  # NotSupported (a vGPU guest, ...): sysfs may know
+    try:
+        if get_nodes is not None:
+            scope = getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", 0)
+            nodes = from_mask(get_nodes(handle, NODE_WORDS, scope))
+    except nvml.NVMLError:
+        pass
+    if cpus or nodes:
+        return Affinity(cpus, nodes)
+    return sysfs_affinity(pci_bus_id)
+
+
 def _answered(reading: GpuReading, reader: NvmlDeviceReader) -> bool:
     """Whether a GPU gave anything this round, or has nothing to give (all unsupported)."""
     if reading.values or reading.clock_event_reasons is not None:
@@ -109,6 +145,8 @@ class NvmlSource:
         self._xid_wait_ms = xid_wait_ms
         self._xids = XidCounts()
         self._readers: list[NvmlDeviceReader | None] = []  # None: lost
+        self._mig_parents: frozenset[str] = frozenset()  # uuids of GPUs with instances open
+        self._mig_uuids: frozenset[str] = frozenset()  # uuids of those instances
         self._devices: tuple[GpuDevice, ...] = ()
         self._watcher: XidEventWatcher | None = None
         self._retry_at: float | None = None  # set while NVML is down
@@ -177,6 +215,8 @@ class NvmlSource:
     def unsupported_metrics(self) -> Mapping[int, Mapping[str, str]]:
         report: dict[int, dict[str, str]] = {}
         for device, reader in zip(self._devices, self._readers, strict=True):
+            if device.mig is not None:
+                continue  # keyed by uuid in mig_support(): an instance shares its index
             reasons = dict(reader.unsupported) if reader is not None else {}
             watcher_reason = (
                 None if self._watcher is None else self._watcher.unsupported.get(device.uuid)
@@ -193,7 +233,7 @@ class NvmlSource:
         listers = [
             (device.uuid, reader.processes)
             for device, reader in zip(self._devices, self._readers, strict=True)
-            if reader is not None
+            if reader is not None and device.uuid not in self._mig_parents
         ]
         try:
             return collect(listers)
@@ -203,7 +243,17 @@ class NvmlSource:
 
     def notes(self) -> Mapping[int, Mapping[str, str]]:
         return {
-            d.index: dict(r.notes) for d, r in zip(self._devices, self._readers, strict=True) if r
+            d.index: dict(r.notes)
+            for d, r in zip(self._devices, self._readers, strict=True)
+            if r and d.mig is None
+        }
+
+    def mig_support(self) -> Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]:
+        """MIG instance uuid -> (metric group -> why absent, group -> note)."""
+        return {
+            d.uuid: (dict(r.unsupported), dict(r.notes))
+            for d, r in zip(self._devices, self._readers, strict=True)
+            if r and d.mig is not None
         }
 
     # --- internals ------------------------------------------------------------------
@@ -222,21 +272,26 @@ class NvmlSource:
             # every group it gives failed (UNKNOWN to all, ...): nothing to serve
             return self._mark_down(device, DownReason.UNANSWERED, "no metric answered")
         if self._down.pop(device.uuid, None) is not None:
-            log.info("GPU %d (%s) is back", device.index, device.uuid)
+            log.info("GPU %s (%s) is back", device.label, device.uuid)
             self._watch_again(device.uuid, reader)
         return reading
 
     def _down_reading(self, device: GpuDevice, reason: str) -> GpuReading:
-        return GpuReading(index=device.index, uuid=device.uuid, up=False, down_reason=reason)
+        mig = None if device.mig is None else device.mig.device_index
+        return GpuReading(
+            index=device.index, uuid=device.uuid, up=False, down_reason=reason, mig_device=mig
+        )
 
     def _mark_down(self, device: GpuDevice, reason: str, detail: str) -> GpuReading:
         if self._down.get(device.uuid) != reason:  # once per change, not every poll
-            log.warning("GPU %d (%s) is down (%s): %s", device.index, device.uuid, reason, detail)
+            log.warning("GPU %s (%s) is down (%s): %s", device.label, device.uuid, reason, detail)
         self._down[device.uuid] = reason
         return self._down_reading(device, reason)
 
     def _watches_xids(self, uuid: str) -> bool:
         watcher = self._watcher
+        if uuid in self._mig_uuids:
+            return False  # a MIG instance: XIDs are registered on its parent
         return watcher is not None and uuid not in watcher.unsupported
 
     def _watch_again(self, uuid: str, reader: NvmlDeviceReader) -> None:
@@ -250,9 +305,15 @@ class NvmlSource:
         nvml = self._nvml
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(device.index)
+            parent = None
+            if device.mig is not None:
+                parent = self._parent_reader(device.mig.parent_uuid)
+                if parent is None:
+                    return None  # the parent first
+                handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, device.mig.device_index)
             if _text(nvml.nvmlDeviceGetUUID(handle)) != device.uuid:
                 return None
-            reader = NvmlDeviceReader(nvml, device, handle)
+            reader = NvmlDeviceReader(nvml, device, handle, parent=parent)
         except (nvml.NVMLError, GpuLostError):
             return None  # still gone; a driver-wide failure shows on the next read
         self._readers[position] = reader
@@ -269,13 +330,22 @@ class NvmlSource:
         try:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
             opened = [self._open(i, driver) for i in range(nvml.nvmlDeviceGetCount())]
+            readers: list[NvmlDeviceReader] = []
+            for reader in opened:
+                if reader is not None:
+                    readers += [reader, *self._open_instances(reader)]
         except (nvml.NVMLError, NvmlDriverError) as exc:
             self._shutdown()
             raise NvmlUnavailable(f"NVML device discovery failed: {exc}") from exc
-        readers = [r for r in opened if r is not None]
-        # per GPU: a set NVML will not create or register costs that GPU's XIDs only
+        self._mig_parents = frozenset(r.device.mig.parent_uuid for r in readers if r.device.mig)
+        self._mig_uuids = frozenset(r.device.uuid for r in readers if r.device.mig)
+        # per GPU: a set NVML will not create or register costs that GPU's XIDs only; a
+        # MIG instance's XIDs are its parent's
         self._watcher = XidEventWatcher(
-            nvml, {r.device.uuid: r.handle for r in readers}, self._xids, wait_ms=self._xid_wait_ms
+            nvml,
+            {r.device.uuid: r.handle for r in readers if r.device.mig is None},
+            self._xids,
+            wait_ms=self._xid_wait_ms,
         )
         self._readers = list(readers)
         self._devices = tuple(r.device for r in readers)
@@ -301,16 +371,47 @@ class NvmlSource:
         self._unopened[index] = why
         return None
 
+    def _open_instances(self, parent: NvmlDeviceReader) -> list[NvmlDeviceReader]:
+        """The readers of a MIG GPU's instances ([] outside MIG mode); an instance that
+        refuses is left out with a warning, a driver-wide error fails the source."""
+        nvml = self._nvml
+        try:
+            slots = mig_handles(nvml, parent.handle)
+        except nvml.NVMLError as exc:
+            if classify(nvml, exc) is NvmlErrorKind.DRIVER:
+                raise
+            log.warning("GPU %d: its MIG instances cannot be listed (%s)", parent.device.index, exc)
+            return []
+        readers = []
+        for slot, handle in slots:
+            try:
+                device = mig_device(nvml, parent.device, handle, slot)
+            except nvml.NVMLError as exc:
+                if classify(nvml, exc) is NvmlErrorKind.DRIVER:
+                    raise
+                log.warning("GPU %d MIG device %d is left out (%s)", parent.device.index, slot, exc)
+                continue
+            readers.append(NvmlDeviceReader(nvml, device, handle, parent=parent))
+        return readers
+
+    def _parent_reader(self, uuid: str) -> NvmlDeviceReader | None:
+        for device, reader in zip(self._devices, self._readers, strict=True):
+            if device.uuid == uuid:
+                return reader
+        return None
+
     @staticmethod
     def _open_reader(nvml: Any, index: int, driver: str) -> NvmlDeviceReader:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         device = GpuDevice(
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             name=_text(nvml.nvmlDeviceGetName(handle)),
-            pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+            pci_bus_id=bus_id,
             numa_node=_numa_node(nvml, handle),
             driver_version=driver,
+            affinity=_affinity(nvml, handle, bus_id),
         )
         return NvmlDeviceReader(nvml, device, handle)
 

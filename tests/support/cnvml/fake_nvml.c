@@ -23,6 +23,7 @@
  *   GPM_NAN=1             every GPM metric is NaN
  *   RM_MISMATCH=<a>       every call, nvmlInit included, answers LIB_RM_VERSION_MISMATCH after a s
  *   XIDS=<gpu>:<xid>:at_s=<t>[,...]   XID events delivered through nvmlEventSetWait
+ *   UNPRIVILEGED=1        a GPU in MIG mode lists its processes (the aggregate) to root only
  * Times count from the first nvmlInit of the process.
  */
 
@@ -415,6 +416,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
         case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
         case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
         case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+        case NVML_ERROR_DEPRECATED: return "Requested functionality has been deprecated";
         default: return "Unknown Error";
     }
 }
@@ -536,6 +538,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
 }
 #endif
 
+/* a kernel list ("0-23,48-71") from key as the bit mask NVML writes, 64 bits a word */
+static nvmlReturn_t affinity_mask(nvmlDevice_t device, const char *key, unsigned int words, unsigned long *mask) {
+    if (!mask || words == 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *text = device->mig < 0 ? dev_get(device, key) : NULL;  /* the parent's, on its handle */
+    if (!text) return NVML_ERROR_NOT_SUPPORTED;
+    memset(mask, 0, words * sizeof *mask);
+    char *copy = strdup(text), *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        unsigned int low, high;
+        int got = sscanf(item, "%u-%u", &low, &high);
+        if (got < 1) continue;
+        if (got == 1) high = low;
+        for (unsigned int n = low; n <= high && n < words * 64; n++) mask[n / 64] |= 1UL << (n % 64);
+    }
+    free(copy);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet) {
+    ENTER_DEVICE("nvmlDeviceGetCpuAffinity", device);
+    return affinity_mask(device, "cpu_affinity", cpuSetSize, cpuSet);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet,
+                                                        nvmlAffinityScope_t scope) {
+    ENTER_DEVICE("nvmlDeviceGetCpuAffinityWithinScope", device);
+    if (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET) return NVML_ERROR_INVALID_ARGUMENT;
+    return affinity_mask(device, "cpu_affinity", cpuSetSize, cpuSet);
+}
+
+/* the NUMA nodes near the GPU (topo -m's "NUMA Affinity"), node or socket scope alike here */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned int nodeSetSize, unsigned long *nodeSet,
+                                                nvmlAffinityScope_t scope) {
+    ENTER_DEVICE("nvmlDeviceGetMemoryAffinity", device);
+    if (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET) return NVML_ERROR_INVALID_ARGUMENT;
+    return affinity_mask(device, "memory_affinity", nodeSetSize, nodeSet);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch) {
     ENTER_DEVICE("nvmlDeviceGetArchitecture", device);
     SUPPORTED(dev_uint(device, "architecture", arch));
@@ -554,12 +594,66 @@ static const char *clock_key(nvmlClockType_t type, int maximum) {
     }
 }
 
+/* clock.sm_mhz_cycle="a,b,c" with clock.sm_mhz_cycle_s=<s>: an unlocked SM clock that
+ * swings, one value per period (graphics alike: one clock domain) */
+static int current_clock(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    const char *cycle = (type == NVML_CLOCK_SM || type == NVML_CLOCK_GRAPHICS) ? dev_get(device, "clock.sm_mhz_cycle") : NULL;
+    double period = 0;
+    if (cycle && dev_double(device, "clock.sm_mhz_cycle_s", &period) && period > 0) {
+        unsigned int steps[16], n = 0;
+        char *copy = strdup(cycle), *save = NULL;
+        for (char *item = strtok_r(copy, ",", &save); item && n < 16; item = strtok_r(NULL, ",", &save))
+            steps[n++] = (unsigned int)strtoul(item, NULL, 10);
+        free(copy);
+        if (n) {
+            *clock = steps[(unsigned long)(elapsed_s() / period) % n];
+            return 1;
+        }
+    }
+    const char *key = clock_key(type, 0);
+    return key && dev_uint(device, key, clock);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     ENTER_DEVICE("nvmlDeviceGetClockInfo", device);
-    const char *key = clock_key(type, 0);
-    if (!key) return NVML_ERROR_INVALID_ARGUMENT;
-    SUPPORTED(dev_uint(device, key, clock));
+    if (!clock_key(type, 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    SUPPORTED(current_clock(device, type, clock));
     return NVML_SUCCESS;
+}
+
+/* the applications clock target (nvidia-smi -ac): clock.applications_mhz; R590 answers
+ * DEPRECATED ("Requested functionality has been deprecated" in the captures) */
+static nvmlReturn_t applications_clock(nvmlDevice_t device, unsigned int *clock) {
+    const char *state = dev_get(device, "clock.applications");
+    if (state && strcmp(state, "deprecated") == 0) return NVML_ERROR_DEPRECATED;
+    SUPPORTED(dev_uint(device, "clock.applications_mhz", clock));
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, nvmlClockType_t clockType, unsigned int *clockMHz) {
+    ENTER_DEVICE("nvmlDeviceGetApplicationsClock", device);
+    if (!clockMHz || !clock_key(clockType, 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (clockType == NVML_CLOCK_MEM) SUPPORTED(dev_uint(device, "clock.memory_mhz", clockMHz));
+    else return applications_clock(device, clockMHz);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t device, nvmlClockType_t clockType, nvmlClockId_t clockId, unsigned int *clockMHz) {
+    ENTER_DEVICE("nvmlDeviceGetClock", device);
+    if (!clockMHz || !clock_key(clockType, 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    switch (clockId) {
+        case NVML_CLOCK_ID_CURRENT:
+            SUPPORTED(current_clock(device, clockType, clockMHz));
+            return NVML_SUCCESS;
+        case NVML_CLOCK_ID_APP_CLOCK_TARGET:
+            if (clockType == NVML_CLOCK_MEM) {
+                SUPPORTED(dev_uint(device, "clock.memory_mhz", clockMHz));
+                return NVML_SUCCESS;
+            }
+            return applications_clock(device, clockMHz);
+        default:
+            return NVML_ERROR_NOT_SUPPORTED;  /* default / customer boost targets: not kept */
+    }
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
@@ -693,6 +787,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUti
     return NVML_SUCCESS;
 }
 
+/* NVLink: nvlink.links (nvidia-smi nvlink -s's links); the data counters in KiB from
+ * nvlink.tx/rx_bytes_per_s times the time since nvmlInit, summed over links for scopeId
+ * UINT_MAX, a link's share otherwise; NOT_SUPPORTED without links and in MIG mode */
+static void nvlink_field(nvmlDevice_t device, nvmlFieldValue_t *v) {
+    unsigned int links = 0, mode = 0;
+    if (device->mig >= 0 || (dev_uint(device, "mig.mode", &mode) && mode) || !dev_uint(device, "nvlink.links", &links)) {
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+    v->nvmlReturn = NVML_SUCCESS;
+    if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = links;
+        return;
+    }
+    if (v->scopeId != 0xFFFFFFFF && v->scopeId >= links) {
+        v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return;
+    }
+    double rate = 0;
+    dev_double(device, v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? "nvlink.tx_bytes_per_s" : "nvlink.rx_bytes_per_s", &rate);
+    double kib = rate * elapsed_s() / 1024.0;
+    if (v->scopeId != 0xFFFFFFFF && links) kib /= links;
+    v->value.ullVal = (unsigned long long)kib;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
     ENTER_DEVICE("nvmlDeviceGetFieldValues", device);
     if (valuesCount < 0 || (valuesCount > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
@@ -713,6 +833,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
             } else {
                 v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
             }
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT || v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ||
+                   v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) {
+            nvlink_field(device, v);
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
@@ -762,11 +885,44 @@ struct wide_process_record {
     unsigned long long usedGpuCcProtectedMemory;
 };
 
+static int mig_count(int gpu);
+
+/* A MIG instance's handle lists its own processes; the parent's, in MIG mode, lists every
+ * instance's with the instance's GPU and compute instance ids, as the driver does (to root). */
+static int device_processes(nvmlDevice_t device, const char *kind, unsigned int *pids, unsigned long long *used,
+                            unsigned int *gi, unsigned int *ci, int max) {
+    unsigned int mode = 0;
+    if (device->mig >= 0 || !dev_uint(device, "mig.mode", &mode) || !mode) {
+        unsigned int g = 0xFFFFFFFF, c = 0xFFFFFFFF;
+        if (device->mig >= 0) {
+            dev_uint(device, "gpu_instance_id", &g);
+            dev_uint(device, "compute_instance_id", &c);
+        }
+        int n = list_processes(device, kind, pids, used, max);
+        for (int i = 0; i < n; i++) {
+            gi[i] = g;
+            ci[i] = c;
+        }
+        return n;
+    }
+    int n = 0;
+    for (int m = 0; m < mig_count(device->gpu) && n < max; m++) {
+        int k = device_processes(&migs[device->gpu][m], kind, pids + n, used + n, gi + n, ci + n, max - n);
+        n += k;
+    }
+    return n;
+}
+
 static nvmlReturn_t processes(nvmlDevice_t device, const char *kind, int version, unsigned int *infoCount, void *infos) {
-    unsigned int pids[64];
+    unsigned int pids[64], gi[64], ci[64];
     unsigned long long used[64];
-    int n = list_processes(device, kind, pids, used, 64);
     if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    /* nvml.h: in MIG mode the parent's aggregate list needs privileges, an instance's does not */
+    const char *unprivileged = knob("UNPRIVILEGED");
+    unsigned int mode = 0;
+    if (unprivileged && atoi(unprivileged) && device->mig < 0 && dev_uint(device, "mig.mode", &mode) && mode)
+        return NVML_ERROR_NO_PERMISSION;
+    int n = device_processes(device, kind, pids, used, gi, ci, 64);
     if (*infoCount < (unsigned int)n || (n > 0 && !infos)) {
         *infoCount = (unsigned int)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -784,15 +940,15 @@ static nvmlReturn_t processes(nvmlDevice_t device, const char *kind, int version
             if ((size_t)(i + 1) * sizeof *p > (size_t)*infoCount * sizeof(nvmlProcessInfo_t)) break;
             p->pid = pids[i];
             p->usedGpuMemory = used[i];
-            p->gpuInstanceId = 0xFFFFFFFF;
-            p->computeInstanceId = 0xFFFFFFFF;
+            p->gpuInstanceId = gi[i];
+            p->computeInstanceId = ci[i];
             p->usedGpuCcProtectedMemory = 0;
         } else {
             nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)infos + i;
             p->pid = pids[i];
             p->usedGpuMemory = used[i];
-            p->gpuInstanceId = 0xFFFFFFFF;
-            p->computeInstanceId = 0xFFFFFFFF;
+            p->gpuInstanceId = gi[i];
+            p->computeInstanceId = ci[i];
         }
     }
     *infoCount = (unsigned int)n;
@@ -811,6 +967,59 @@ PROCESS_FUNCTION(nvmlDeviceGetComputeRunningProcesses_v3, "compute", 3, nvmlProc
 PROCESS_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses, "graphics", 1, nvmlProcessInfo_v1_t)
 PROCESS_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses_v2, "graphics", 2, nvmlProcessInfo_v2_t)
 PROCESS_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses_v3, "graphics", 3, nvmlProcessInfo_t)
+
+PROCESS_FUNCTION(nvmlDeviceGetMPSComputeRunningProcesses, "mps", 1, nvmlProcessInfo_v1_t)
+PROCESS_FUNCTION(nvmlDeviceGetMPSComputeRunningProcesses_v2, "mps", 2, nvmlProcessInfo_v2_t)
+PROCESS_FUNCTION(nvmlDeviceGetMPSComputeRunningProcesses_v3, "mps", 3, nvmlProcessInfo_t)
+
+/* --- sharing: compute mode, per-process utilisation ------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    ENTER_DEVICE("nvmlDeviceGetComputeMode", device);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int value;
+    SUPPORTED(dev_uint(device, "compute_mode", &value));
+    *mode = (nvmlComputeMode_t)value;
+    return NVML_SUCCESS;
+}
+
+/* "pid:sm:mem ..." from processes.utilization (nvidia-smi pmon's sm and mem %): one sample
+ * per process that ran a kernel, stamped now; NOT_FOUND when none is newer than
+ * lastSeenTimeStamp, NOT_SUPPORTED in MIG mode (nvml.h's note) */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
+    ENTER_DEVICE("nvmlDeviceGetProcessUtilization", device);
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int mode = 0;
+    SUPPORTED(device->mig < 0 && !(dev_uint(device, "mig.mode", &mode) && mode));
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000ULL;
+    const char *text = dev_get(device, "processes.utilization");
+    unsigned int pids[64], sm[64], mem[64];
+    unsigned int n = 0;
+    if (text && stamp > lastSeenTimeStamp) {
+        char *copy = strdup(text), *save = NULL;
+        for (char *item = strtok_r(copy, " ", &save); item && n < 64; item = strtok_r(NULL, " ", &save)) {
+            if (sscanf(item, "%u:%u:%u", &pids[n], &sm[n], &mem[n]) == 3) n++;
+        }
+        free(copy);
+    }
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        memset(&utilization[i], 0, sizeof utilization[i]);
+        utilization[i].pid = pids[i];
+        utilization[i].timeStamp = stamp;
+        utilization[i].smUtil = sm[i];
+        utilization[i].memUtil = mem[i];
+    }
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
+}
 
 /* --- MIG ------------------------------------------------------------------------------------ */
 
@@ -831,16 +1040,19 @@ static int mig_count(int gpu) {
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     ENTER_DEVICE("nvmlDeviceGetMaxMigDeviceCount", device);
-    unsigned int mode;
-    SUPPORTED(device->mig < 0 && dev_uint(device, "mig.mode", &mode));
-    *count = MAX_MIG - 1;  /* Hopper: up to seven GPU instances */
+    if (device->mig >= 0 || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int mode = 0;
+    /* nvml.h: "Returns zero if MIG is not supported or enabled"; Hopper: up to seven */
+    *count = dev_uint(device, "mig.mode", &mode) && mode ? MAX_MIG - 1 : 0;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) {
     ENTER_DEVICE("nvmlDeviceGetMigDeviceHandleByIndex", device);
-    if (device->mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
-    if ((int)index >= mig_count(device->gpu)) return NVML_ERROR_NOT_FOUND;
+    if (device->mig >= 0 || !migDevice || index >= MAX_MIG - 1) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int mode;
+    SUPPORTED(dev_uint(device, "mig.mode", &mode));  /* a GPU without MIG (before Ampere) */
+    if (!mode || (int)index >= mig_count(device->gpu)) return NVML_ERROR_NOT_FOUND;
     *migDevice = &migs[device->gpu][index];
     return NVML_SUCCESS;
 }

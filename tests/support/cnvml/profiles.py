@@ -24,6 +24,8 @@ XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
 # NVML_GPM_METRIC_* ids (nvml.h): the ones the exporter asks for
 GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL = 2, 3, 5, 10
 GPM_PCIE_TX, GPM_PCIE_RX = 20, 21  # NVML_GPM_METRIC_PCIE_TX_PER_SEC / RX_PER_SEC
+# nvidia-smi's compute_mode -> nvmlComputeMode_t (nvml.h)
+COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
 # compute capability major.minor -> NVML_DEVICE_ARCH_* (nvml.h)
 ARCHITECTURES = {"7.0": 5, "7.5": 6, "8.0": 7, "8.6": 7, "8.7": 7, "8.9": 8, "9.0": 9}
 
@@ -132,17 +134,49 @@ def _throughput(parts: dict[str, str], state: str) -> list[tuple[int, int]]:
     return list(zip(tx, rx, strict=False))
 
 
-def _gpu_numa_ids(parts: dict[str, str]) -> list[str | None]:
-    """``topo -m``'s "GPU NUMA ID" per GPU (N/A on hosts where GPUs are no NUMA nodes)."""
+def _topology(parts: dict[str, str]) -> list[dict[str, str | None]]:
+    """``topo -m``'s columns per GPU: "GPU NUMA ID" (N/A on hosts where GPUs are no NUMA
+    nodes), "CPU Affinity" and "NUMA Affinity" (the CPUs and node the GPU is local to)."""
     try:
         body = _section(parts, "capabilities :: topo -m")
     except CaptureError:
         return []
-    ids: list[str | None] = []
+    header: list[str] = []
+    found: list[dict[str, str | None]] = []
     for line in body.splitlines():
-        if re.match(r"^GPU\d+\s", line):
-            ids.append(_present(line.split("\t")[-1]))
-    return ids
+        clean = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        if not header and "CPU Affinity" in clean:
+            header = [name.strip() for name in clean.split("\t")]
+        elif re.match(r"^GPU\d+\s", clean):
+            cells = [cell.strip() for cell in clean.split("\t")]
+            row = dict(zip(header, cells, strict=False))
+            found.append(
+                {
+                    "numa": _present(cells[-1]),
+                    "cpus": _present(row.get("CPU Affinity")),
+                    "nodes": _present(row.get("NUMA Affinity")),
+                }
+            )
+    return found
+
+
+def _nvlinks(parts: dict[str, str]) -> list[int]:
+    """Per GPU, the links ``nvidia-smi nvlink -s`` lists (none: no NVLink, or MIG mode)."""
+    try:
+        body = _section(parts, "capabilities :: nvlink -s")
+    except CaptureError:
+        return []
+    counts: list[int] = []
+    for line in body.splitlines():
+        if line.startswith("GPU "):
+            counts.append(0)
+        elif counts and re.match(r"^\s+Link \d+: ", line):
+            counts[-1] += 1
+    return counts
+
+
+def _gpu_numa_ids(parts: dict[str, str]) -> list[str | None]:
+    return [gpu["numa"] for gpu in _topology(parts)]
 
 
 def _migs(parts: dict[str, str], state: str) -> list[dict[str, str]]:
@@ -157,12 +191,21 @@ def _migs(parts: dict[str, str], state: str) -> list[dict[str, str]]:
         r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+\|\s+(\d+)MiB /\s*(\d+)MiB", table, re.M
     )
     by_index = {int(m[3]): m for m in memory}
+    # the table's processes carry their GPU and compute instance ids (GI, CI)
+    running = re.findall(
+        r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[CG+]+\s+\S.*?\s(\d+)MiB\s*\|", table, re.M
+    )
     migs = []
     for name, index, uuid in named:
         row = by_index.get(int(index))
         mig = {"name": name, "uuid": uuid, "index": index}
         if row is not None:
             mig.update(gi=row[1], ci=row[2], used_mib=row[4], total_mib=row[5])
+            mig["processes"] = " ".join(
+                f"{pid}:{int(mib) * MIB}"
+                for _, gi, ci, pid, mib in running
+                if (gi, ci) == (row[1], row[2])
+            )
         migs.append(mig)
     return migs
 
@@ -175,6 +218,9 @@ def _gpu(
     numa: str | None,
     migs: list[dict[str, str]],
     processes: list[tuple[str, str]],
+    utilization: list[tuple[str, str, str]],
+    topology: dict[str, str | None] | None = None,
+    nvlinks: int = 0,
 ) -> None:
     p = f"gpu.{index}."
 
@@ -198,6 +244,13 @@ def _gpu(
         profile.set(p + "architecture", architecture, f"from query-gpu compute_cap {compute_cap}")
     if numa is not None:
         profile.set(p + "numa_node", numa, "topo -m: GPU NUMA ID")
+    for key, column, title in (
+        ("cpu_affinity", "cpus", "CPU Affinity"),
+        ("memory_affinity", "nodes", "NUMA Affinity"),
+    ):
+        near = (topology or {}).get(column)
+        if near is not None:
+            profile.set(p + key, near, f"topo -m: {title}")
     put("pcie.generation", "pcie.link.gen.current", int)
     put("pcie.generation_max", "pcie.link.gen.max", int)
     put("pcie.width", "pcie.link.width.current", int)
@@ -228,6 +281,14 @@ def _gpu(
         for scope in ("volatile", "aggregate"):
             for kind in ("corrected", "uncorrected"):
                 put(f"ecc.{scope}.{kind}", f"ecc.errors.{kind}.{scope}.total", int)
+    applications = (row.get("clocks.applications.graphics") or "").strip()
+    if "deprecated" in applications:  # R590 and newer: NVML_ERROR_DEPRECATED
+        profile.set(p + "clock.applications", "deprecated", "query-gpu " + applications)
+    else:
+        put("clock.applications_mhz", "clocks.applications.graphics", int)
+    mode = COMPUTE_MODES.get(_present(row.get("compute_mode")) or "")
+    if mode is not None:
+        profile.set(p + "compute_mode", mode, f"query-gpu compute_mode {row['compute_mode']}")
     mig_mode = _present(row.get("mig.mode.current"))
     if mig_mode is not None:
         profile.set(
@@ -239,9 +300,20 @@ def _gpu(
         tx, rx = throughput
         profile.set(p + "pcie.tx_bytes_per_s", tx * 1024, f"-q Tx Throughput {tx} KB/s")
         profile.set(p + "pcie.rx_bytes_per_s", rx * 1024, f"-q Rx Throughput {rx} KB/s")
-    if processes:
+    if processes and not migs:  # in MIG mode the fake lists the instances' processes
         listed = " ".join(f"{pid}:{int(float(mib)) * MIB}" for pid, mib in processes)
         profile.set(p + "processes.compute", listed, "query-compute-apps pid:used_gpu_memory")
+    if nvlinks:
+        profile.set(p + "nvlink.links", nvlinks, "nvlink -s: Link lines")
+        for direction in ("tx", "rx"):
+            profile.set(
+                p + f"nvlink.{direction}_bytes_per_s",
+                0,
+                "invented: nvlink -s shows link speeds, not traffic (an idle link)",
+            )
+    if utilization:
+        sampled = " ".join(f"{pid}:{sm}:{mem}" for pid, sm, mem in utilization)
+        profile.set(p + "processes.utilization", sampled, "pmon pid:sm%:mem% (first cycle)")
     for mig in migs:
         q = f"{p}mig.{mig['index']}."
         profile.set(q + "uuid", mig["uuid"], "-L")
@@ -260,6 +332,12 @@ def _gpu(
             )
             profile.set(
                 q + "memory.used_bytes", int(mig["used_mib"]) * MIB, "MIG table, shared memory MiB"
+            )
+        if mig.get("processes"):
+            profile.set(
+                q + "processes.compute",
+                mig["processes"],
+                "table Processes: pid:memory of this GI/CI",
             )
     # what nvidia-smi cannot show, invented or assumed so that the fake answers at all
     if p + "power.usage_mw" in profile.values():
@@ -316,6 +394,28 @@ def _processes(parts: dict[str, str], state: str) -> dict[str, list[tuple[str, s
     return found
 
 
+def _pmon(parts: dict[str, str], state: str) -> dict[int, list[tuple[str, str, str]]]:
+    """GPU index -> [(pid, sm %, mem %)] of ``pmon``'s first cycle, the processes that ran
+    a kernel (those with "-" had none sampled, which NVML leaves out of its samples)."""
+    try:
+        body = _section(parts, f"{state} :: pmon")
+    except CaptureError:
+        return {}
+    found: dict[int, list[tuple[str, str, str]]] = {}
+    seen: set[tuple[str, str]] = set()
+    for line in body.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or line.startswith("#") or not fields[0].isdigit():
+            continue
+        gpu, pid, _, sm, mem = fields[:5]
+        if (gpu, pid) in seen:
+            break  # the second cycle begins
+        seen.add((gpu, pid))
+        if sm.isdigit() and mem.isdigit():
+            found.setdefault(int(gpu), []).append((pid, sm, mem))
+    return found
+
+
 def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
     """The fake's profile of every GPU in one capture file, at ``state`` (idle or load)."""
     parts = sections(path.read_text(encoding="utf-8"))
@@ -325,8 +425,11 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
     profile.set("device_count", len(rows), "query-gpu rows")
     throughput = _throughput(parts, state)
     numa = _gpu_numa_ids(parts)
+    topology = _topology(parts)
+    nvlinks = _nvlinks(parts)
     migs = _migs(parts, state)
     processes = _processes(parts, state)
+    pmon = _pmon(parts, state)
     for index, row in enumerate(rows):
         _gpu(
             profile,
@@ -336,6 +439,9 @@ def profile_from_capture(path: Path, *, state: str = "idle") -> Profile:
             numa[index] if index < len(numa) else None,
             migs if index == 0 else [],  # -L lists MIG devices under GPU 0 in these captures
             processes.get(row.get("uuid", ""), []),
+            pmon.get(index, []),
+            topology[index] if index < len(topology) else None,
+            nvlinks[index] if index < len(nvlinks) else 0,
         )
     return profile
 

@@ -1,0 +1,217 @@
+"""MIG on the C fake NVML with the H200-in-MIG-mode capture: the fake answers NVML's MIG
+entry points as nvml.h says, the exporter serves each MIG instance as a GPU of its own
+with its parent, and a process running on one instance joins that instance."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_gpu_cnvml_defects import value, wait_for
+from test_gpu_cnvml_exporter import exporter, scraped
+
+from support.cnvml import library, profiles
+
+PARENT = "GPU-00000000-0000-0000-0000-000000000000"
+MIB = 2**20
+# the capture's -L list and MIG table: (MIG device, UUID, profile, GI, CI, total MiB)
+INSTANCES = [
+    (0, "MIG-00000000-0000-0000-0000-000000000000", "1c.3g.71gb", 2, 0, 71424),
+    (1, "MIG-00000001-0000-0000-0000-000000000001", "2c.3g.71gb", 2, 1, 71424),
+    (2, "MIG-00000002-0000-0000-0000-000000000002", "2g.35gb", 3, 0, 33280),
+    (3, "MIG-00000003-0000-0000-0000-000000000003", "1g.18gb", 9, 0, 16384),
+    (4, "MIG-00000004-0000-0000-0000-000000000004", "1g.18gb", 10, 0, 16384),
+]
+RELEASES = [library.PYNVML_FLOOR, library.PYNVML_NEWEST]
+# series of the parent GPU only, never repeated on its instances
+PARENTS_OWN = (
+    "gpuscope_gpu_power_watts",
+    "gpuscope_gpu_sm_clock_hertz",
+    "gpuscope_gpu_xid_events_total",
+    "gpuscope_gpu_pcie_transmit_bytes_total",
+)
+
+
+def _environment(profile: Path, release: str, **knobs: str) -> dict[str, str]:
+    """The fake with ``release`` of pynvml, as a driver of its time: the floor (12.535.77)
+    reads the 32-byte process records an R535 driver writes, the newest the 24-byte ones."""
+    if release == library.PYNVML_FLOOR:
+        knobs.setdefault("PROCESS_STRIDE", "32")
+        return library.environment(profile, branch=535, pynvml=release, knobs=knobs)
+    return library.environment(profile, pynvml=release, knobs=knobs)
+
+
+def _profile(tmp_path: Path, state: str = "idle") -> Path:
+    capture = profiles.capture("nvidia-h200-mig__590")
+    return profiles.profile_from_capture(capture, state=state).write(tmp_path / f"mig-{state}")
+
+
+PROBE = """
+import json, pynvml
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+out = {"mode": list(pynvml.nvmlDeviceGetMigMode(gpu)),
+       "max": pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu), "instances": []}
+for slot in range(out["max"]):
+    try:
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+    except pynvml.NVMLError_NotFound:
+        out.setdefault("not_found", []).append(slot)
+        continue
+    parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+    try:
+        pynvml.nvmlDeviceGetClockInfo(mig, pynvml.NVML_CLOCK_SM)
+        clock = "answered"
+    except pynvml.NVMLError as exc:
+        clock = str(exc)
+    out["instances"].append({
+        "slot": slot, "uuid": pynvml.nvmlDeviceGetUUID(mig), "name": pynvml.nvmlDeviceGetName(mig),
+        "is_mig": pynvml.nvmlDeviceIsMigDeviceHandle(mig).value,  # pynvml returns the c_uint
+        "gi": pynvml.nvmlDeviceGetGpuInstanceId(mig),
+        "ci": pynvml.nvmlDeviceGetComputeInstanceId(mig),
+        "parent": pynvml.nvmlDeviceGetUUID(parent), "total": memory.total, "used": memory.used,
+        "pids": [(p.pid, getattr(p, "gpuInstanceId", None), getattr(p, "computeInstanceId", None))
+                 for p in procs],
+        "clock": clock})
+out["aggregate"] = sorted((p.pid, getattr(p, "gpuInstanceId", None))
+                          for p in pynvml.nvmlDeviceGetComputeRunningProcesses(gpu))
+try:
+    pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(gpu)
+except pynvml.NVMLError_InvalidArgument:
+    out["parent_of_parent"] = "invalid argument"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_fake_answers_nvmls_mig_entry_points(tmp_path: Path, release: str) -> None:
+    env = _environment(_profile(tmp_path, "load"), release)
+    done = library.run_python(PROBE, env)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["mode"] == [1, 1] and out["max"] == 7 and out["not_found"] == [5, 6]
+    assert out["parent_of_parent"] == "invalid argument"
+    keys = ("slot", "uuid", "name", "gi", "ci", "total")
+    got = [tuple(i[k] for k in keys) for i in out["instances"]]
+    assert got == [
+        (slot, uuid, f"NVIDIA H200 MIG {profile}", gi, ci, mib * MIB)
+        for slot, uuid, profile, gi, ci, mib in INSTANCES
+    ]
+    assert {i["parent"] for i in out["instances"]} == {PARENT}
+    assert all(i["is_mig"] for i in out["instances"])
+    assert all(i["clock"] == "Not Supported" for i in out["instances"])
+    # the load capture's three processes ran on GI 2 / CI 1, MIG device 1 (16925 MiB used)
+    busy = out["instances"][1]
+    assert busy["used"] == 16925 * MIB
+    records = [(pid, gi, ci) for pid, gi, ci in busy["pids"]]
+    assert [pid for pid, _, _ in records] == [12249, 12250, 12267]
+    assert {(gi, ci) for _, gi, ci in records} == {(2, 1)}  # the record's instance ids
+    assert [pid for pid, _ in out["aggregate"]] == [12249, 12250, 12267]
+    assert all(i["pids"] == [] for i in out["instances"] if i["slot"] != 1)
+
+
+def _line(lines: list[str], name: str, **labels: str) -> str | None:
+    found = [
+        line
+        for line in lines
+        if line.startswith(name + "{")
+        and all(re.search(f'[{{,]{k}="{re.escape(v)}"', line) for k, v in labels.items())
+    ]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_each_mig_instance_is_served_as_a_gpu_with_its_parent(tmp_path: Path, release: str) -> None:
+    lines = scraped(_environment(_profile(tmp_path), release))
+    for slot, uuid, profile, gi, ci, mib in INSTANCES:
+        gpu = f"0:{slot}"
+        info = _line(lines, "gpuscope_gpu_mig_info", uuid=uuid)
+        assert info is not None, uuid
+        for key, want in (("gpu", gpu), ("parent_gpu", "0"), ("parent_uuid", PARENT),
+                          ("profile", profile), ("gpu_instance_id", str(gi)),
+                          ("compute_instance_id", str(ci))):  # fmt: skip
+            assert re.search(f'[{{,]{key}="{want}"', info), (key, info)
+        up = _line(lines, "gpuscope_gpu_up", uuid=uuid)
+        assert up is not None and up.endswith(" 1.0") and f'gpu="{gpu}"' in up
+        total = _line(lines, "gpuscope_gpu_memory_total_bytes", uuid=uuid)
+        assert total is not None and float(total.rpartition(" ")[2]) == mib * MIB
+        for name in PARENTS_OWN:
+            assert _line(lines, name, uuid=uuid) is None, (name, uuid)
+    # the parent keeps every series it had
+    assert _line(lines, "gpuscope_gpu_power_watts", uuid=PARENT) is not None
+    assert _line(lines, "gpuscope_gpu_xid_events_total", uuid=PARENT) is not None
+    assert _line(lines, "gpuscope_gpu_mig_info", uuid=PARENT) is None
+
+
+JOIN = """
+import os, subprocess, sys, json
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+os.environ["FAKE_NVML_SET"] = f"gpu.0.mig.3.processes.compute={worker.pid}:1048576"
+from gpuscope.exporter.gpu.nvml.source import NvmlSource
+from gpuscope.exporter.gpu.poller import GpuPoller
+from gpuscope.exporter.ingest.aggregator import SpanAggregator
+from gpuscope.exporter.definitions import REQUEST_DURATION
+sys.path[:0] = ["tests", "tests/gpu"]
+from support.exporter_fixtures import encode
+from test_gpu_process_join import server_span
+source = NvmlSource()
+poller = GpuPoller(source, 1.0, process_interval_s=0.0)
+poller.poll_once()
+aggregator = SpanAggregator(uuids_for_pid=poller.processes.uuids_for_claim)
+aggregator.set_gpu_devices(source.devices())
+aggregator.ingest(encode([server_span({"process.pid": worker.pid})]))
+uuid, gpu = REQUEST_DURATION.labels.index("uuid"), REQUEST_DURATION.labels.index("gpu")
+state = poller.processes.state()
+print(json.dumps({"joined": sorted((l[uuid], l[gpu]) for l, _ in aggregator.duration.items()),
+                  "status": state.status.value, "why": state.why}))
+poller.stop()
+worker.kill()
+"""
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("unprivileged", ["0", "1"])
+def test_a_request_whose_process_runs_on_an_instance_joins_that_instance(
+    tmp_path: Path, release: str, unprivileged: str
+) -> None:
+    # without root the parent's aggregate list is refused (nvml.h), the instance's is not
+    env = _environment(_profile(tmp_path), release, UNPRIVILEGED=unprivileged)
+    done = library.run_python(JOIN, env, timeout_s=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["status"] == "ok", out["why"]
+    assert out["joined"] == [["MIG-00000003-0000-0000-0000-000000000003", "0:3"]]
+
+
+def test_doctor_lists_each_instance_with_its_parent(tmp_path: Path) -> None:
+    env = library.environment(_profile(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuscope.cli", "doctor", "--gpu-source", "nvml", "--json"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gpus = json.loads(done.stdout)["gpus"]
+    assert [g["gpu"] for g in gpus] == ["0", "0:0", "0:1", "0:2", "0:3", "0:4"]
+    parent, first = gpus[0], gpus[1]
+    assert "mig" not in parent and parent["metrics"]["power"]["supported"]
+    assert first["mig"]["parent_uuid"] == PARENT and first["mig"]["profile"] == "1c.3g.71gb"
+    assert first["metrics"]["memory"]["supported"]
+    assert "parent GPU" in first["metrics"]["pcie_bytes"]["why"]
+    assert re.search(r"Not Supported|not supported", first["metrics"]["power"]["why"])
+
+
+def test_a_lost_mig_gpu_takes_its_instances_down_and_back(tmp_path: Path) -> None:
+    # the parent falls off the bus for two seconds: its instances with it, then all return
+    env = _environment(_profile(tmp_path), library.PYNVML_NEWEST, LOST="0:after_s=1.5:until_s=3.5")
+    instance = f'gpuscope_gpu_up{{gpu="0:3",uuid="{INSTANCES[3][1]}"}}'
+    with exporter(env) as url:
+        wait_for(url, lambda t: value(t, instance) == 0, timeout_s=15)
+        text = wait_for(url, lambda t: value(t, instance) == 1, timeout_s=15)
+    assert value(text, f'gpuscope_gpu_up{{gpu="0",uuid="{PARENT}"}}') == 1
