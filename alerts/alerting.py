@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from alerts.alert_rule import alert
 from alerts.engine_rules import EngineJobs
 from alerts.recording import (
     INSTANCE,
@@ -22,6 +23,7 @@ from alerts.recording import (
     phase_is,
     with_host,
 )
+from alerts.sharing import sharing_alerts
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
@@ -46,35 +48,12 @@ WHERE = (
 SERVICE_MODEL = "{{ $labels.service }}/{{ $labels.model }} ({{ $labels.source }})"
 
 
-def _alert(
-    settings: Settings,
-    name: str,
-    expr: str,
-    for_: str,
-    severity: str,
-    summary: str,
-    description: str,
-) -> dict[str, Any]:
-    assert summary.endswith("."), name
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": for_,
-        "labels": {"severity": severity},
-        "annotations": {
-            "summary": summary,
-            "description": description,
-            "runbook_url": f"{settings.runbook}#{name.lower()}",
-        },
-    }
-
-
 def request_alerts(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     share, p99 = PHASE_SHARE_MEAN + w, PHASE_P99 + w
     where = WHERE
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeQueueTimeDominating",
             f"{share}{phase_is(QUEUE)} > {settings.dominant_share:g}",
@@ -84,7 +63,7 @@ def request_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"Queue time is {{{{ $value | humanizePercentage }}}} of the mean request time of "
             f"{where}: more requests arrive than the server admits.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeBatchWaitAboveWindow",
             batch_wait_expr(settings, p99 + phase_is(BATCH_WAIT)),
@@ -95,7 +74,7 @@ def request_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{settings.batch_wait_tolerance:g}x the {_window_text(settings)} window "
             f"plus {settings.batch_wait_slack_seconds * 1000:g}ms.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuUnderfed",
             f"{share}{phase_is(QUEUE)} > {settings.underfed_queue_share:g}\n"
@@ -108,7 +87,7 @@ def request_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{{{{ else }}}}every GPU of the host{{{{ end }}}} stays under "
             f"{settings.underfed_occupancy:.0%}: the batcher does not feed the GPU.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeErrorRatioHigh",
             f"{ERRORS_RATIO}{w} > {settings.error_ratio:g}",
@@ -164,7 +143,7 @@ def slo_alerts(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
         )
         windows = ", ".join(f"{long}/{short} at {rate:g}x" for long, short, rate in burns)
         alerts.append(
-            _alert(
+            alert(
                 settings,
                 f"{name}SLOBudgetBurn{kind}",
                 expr,
@@ -187,7 +166,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
     uncorrected = settings.gpu_sel(f'{ECC_TYPE}="volatile_uncorrected"')
     on_gpu = "GPU {{ $labels.gpu }} ({{ $labels.uuid }})"
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuClockThrottled",
             f"{series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling} == 1\n"
@@ -198,7 +177,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{on_gpu} is held down by {{{{ $labels.reason }}}} while busy: its SM clock "
             f"averaged under {settings.throttle_clock_ratio:.0%} of its maximum over {w}.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuPcieSaturated",
             f"{PCIE_UTILIZATION}{w} > {settings.pcie_utilization:g}",
@@ -208,7 +187,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{on_gpu} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} "
             "of its PCIe link's capacity: host-device transfers limit throughput.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuMemoryNearlyFull",
             f"{MEMORY_USED_RATIO} > {settings.memory_used_ratio:g}",
@@ -217,7 +196,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             "A GPU's memory is nearly full.",
             f"{on_gpu} uses {{{{ $value | humanizePercentage }}}} of its memory.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuXidErrors",
             f"increase({series(gpu_rows.XID_EVENTS)}{settings.gpu_sel()}[{inc}]) > 0",
@@ -229,7 +208,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{on_gpu} reported XID errors within {inc}; "
             f"{series(gpu_rows.XID_ERRORS)} counts them by code.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuEccUncorrectedErrors",
             f"increase({series(gpu_rows.ECC_ERRORS)}{uncorrected}[{inc}]) > 0",
@@ -239,7 +218,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{on_gpu} reported uncorrectable ECC errors within {inc}; "
             f"{series(gpu_rows.ECC_ERRORS)} counts them.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuLost",
             f"{series(gpu_rows.UP)}{settings.gpu_sel()} == 0",
@@ -249,7 +228,7 @@ def gpu_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{on_gpu} on {{{{ $labels.instance }}}} stopped answering (lost, fallen off "
             "the bus or the driver failed); its other series are gone.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuCollectorFailing",
             # the share of failed runs, not the last one: one success between failures
@@ -272,7 +251,7 @@ def gpu_source_alerts(settings: Settings) -> list[dict[str, Any]]:
     the rule needs nothing per site; a host without GPUs says ``--gpu-source none``."""
     source = series(exporter_rows.GPU_SOURCE) + settings.sel('requested!="none"')
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuSourceMissing",
             f"{source}\nunless on (job, instance)\n{series(gpu_rows.INFO)}{settings.sel()}",
@@ -337,7 +316,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
     sel, down_for = settings.sel(), settings.for_(settings.for_exporter)
     on = "{{ $labels.instance }}"
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeSpansNotArriving",
             spans_not_arriving(settings, jobs),
@@ -349,7 +328,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
             "OTLP exports it refused): the application's tracing or its path to the "
             "exporter is broken.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeSpansRejected",
             f"sum by (job, instance, {REASON}) "
@@ -359,7 +338,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
             "The exporter rejects spans that break the span contract.",
             f"{on} rejects {{{{ $value | humanize }}}} spans/s for {{{{ $labels.reason }}}}.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeSeriesOverflow",
             f"sum by (job, instance, {OVERFLOWED_METRIC}) "
@@ -371,7 +350,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
             f"to its overflow series in {inc}: raise --max-series or find the label "
             "that explodes.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeForwardingDropping",
             f"sum by (job, instance, {REASON}) "
@@ -382,7 +361,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
             f"{on} dropped {{{{ $value | humanize }}}} spans in {inc} "
             "({{ $labels.reason }}) instead of forwarding them to --forward-otlp.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeExporterDown",
             f"up{settings.sel()} == 0",
@@ -393,7 +372,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
         ),
         # up == 0 needs a target: without one (a renamed job, empty service discovery)
         # every other alert of the pack is silent too
-        _alert(
+        alert(
             settings,
             "GpuscopeExporterAbsent",
             f"absent(up{settings.sel()})",
@@ -413,7 +392,7 @@ def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
     down_for = settings.for_(settings.for_worker)
     on = "{{ $labels.instance }}"
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeKvCacheExhausted",
             f"{KV_USAGE}{w} > {full}\nand on ({INSTANCE})\n{PREEMPTIONS}{w} > 0",
@@ -424,7 +403,7 @@ def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"blocks over {w} while running sequences were preempted: their tokens are "
             "computed again and latency grows.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeRequestsWaitingOnKvCache",
             f"{WAITING}{w}{{{settings.kv_cache_endpoints}}} >= {waiting:g}\n"
@@ -436,7 +415,7 @@ def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
             f"{{{{ $value | humanize }}}} {{{{ $labels.endpoint }}}} requests waited on average "
             f"on {on} over {w} while its KV cache stayed over {full_ratio:.0%} full.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeWorkerMetricsDown",
             f"up{settings.worker_sel()} == 0\nor\nup{settings.vllm_sel()} == 0",
@@ -463,7 +442,7 @@ def engine_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
             f"  and on ()\n  count(max_over_time({up}[{seen}]))\n)"
         )
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeEngineMetricsDown",
             "\nor\n".join(parts),
@@ -478,7 +457,6 @@ def engine_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
 
 
 def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[dict[str, Any]]:
-    from alerts.sharing import sharing_alerts  # it builds on _alert above
 
     jobs = jobs or EngineJobs()
     groups = {

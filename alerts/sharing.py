@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.alerting import _alert
+from alerts.alert_rule import alert
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import series
 from pack.settings import Settings
@@ -21,23 +21,23 @@ def sharing_alerts(settings: Settings) -> list[dict[str, Any]]:
     contended = series(gpu_rows.CONTENDED) + settings.sel()
     remote = series(gpu_rows.PROCESS_NUMA_LOCALITY) + settings.sel('locality="remote"')
     return [
-        _alert(
+        alert(
             settings,
             "GpuscopeGpuContended",
             # held for the whole window: a process that starts and exits is no co-tenant
             f"min_over_time({contended}[{w}]) == 1",
-            settings.for_("5m"),
+            settings.for_(settings.for_gpu_contended),
             "info",
             "Several processes time-slice one GPU without MPS or MIG.",
             f"{ON_GPU} on {{{{ $labels.instance }}}} has had more than one compute process "
             f"for {w}, none through MPS, in the default compute mode: their kernels run in "
             f"turns; {series(gpu_rows.PROCESS_SM_UTILIZATION)} shows who takes the SMs.",
         ),
-        _alert(
+        alert(
             settings,
             "GpuscopeProcessNumaRemote",
             f"{remote} == 1",
-            settings.for_("10m"),
+            settings.for_(settings.for_numa_remote),
             "info",
             "A process on a GPU runs on the far NUMA node.",
             f"Process {{{{ $labels.pid }}}} on {ON_GPU} on {{{{ $labels.instance }}}} may "

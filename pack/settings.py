@@ -131,6 +131,10 @@ class Settings:
     for_kv_cache: str = "10m"
     for_kv_cache_capacity: str = "15m"
     for_worker: str = "5m"
+    # several processes on one GPU: held this long, so a process that starts and exits
+    # is no co-tenant; a process on the far NUMA node stays so until restarted
+    for_gpu_contended: str = "5m"
+    for_numa_remote: str = "10m"
     # an engine job (Triton, TGI, SGLang) whose targets all went away alerts when it had
     # one within this window; a job never seen is an engine the site does not run
     engine_seen_window: str = "1d"
