@@ -6,11 +6,12 @@ its spans sent to the exporter the tuner starts (``--otlp-traces-endpoint {otlp}
 more sequences running at once, fewer requests wait for the scheduler, so the queue's
 share of the mean must fall and compute's rise. vLLM's own ``/metrics`` is read around
 each row's measured requests (``--engine-metrics``), and each row's queue and compute
-means must be within 5 % of vLLM's histograms over those requests. The environment vLLM needs on a CPU
-machine is given with ``env`` in the command itself.
+means must be within 5 % of vLLM's histograms over those requests. The environment
+vLLM needs on a CPU machine is given with ``env`` in the command itself.
 
 With ``GPUSCOPE_TUNE_CAPTURE=DIR`` the run's JSON, record, table and vLLM's scrapes
-bounding each row (``metrics/``) are written to ``DIR``: the fixtures ``make test`` replays (tests/loadgen/test_tune_replay.py).
+bounding each row (``metrics/``) are written to ``DIR``: the fixtures ``make test``
+replays (tests/loadgen/test_tune_replay.py).
 Skipped unless ``GPUSCOPE_VLLM_PYTHON`` names the vLLM venv's interpreter.
 """
 

@@ -103,7 +103,7 @@ def test_a_vllm_step_is_the_delta_of_its_queue_and_inference_histograms() -> Non
 def test_a_vllm_bucket_without_a_bound_names_its_line() -> None:
     builder = VllmSnapshotBuilder()
     builder.add("# TYPE vllm:request_queue_time_seconds histogram")
-    with pytest.raises(MalformedMetrics, match="line 2: .* without a numeric 'le'"):
+    with pytest.raises(MalformedMetrics, match=r"line 2: .* without a numeric 'le'"):
         builder.add('vllm:request_queue_time_seconds_bucket{le="soon"} 1')
 
 
