@@ -93,7 +93,10 @@ def table(results: Sequence[StepResult], env: str) -> str:
             "\nthe same requests in the engine's own /metrics (phases: mean ms, the tuner's / "
             "the engine's (difference)):\n"
         )
-        text += _columns([engine_row(res) for res in compared], ENGINE_COLUMNS)
+        sides = [engine_row(res) for res in compared]
+        # only the phases both views have (an engine's own metrics split fewer)
+        shown = [c for c in ENGINE_COLUMNS if c not in PHASE_COLUMNS or any(r[c] for r in sides)]
+        text += _columns(sides, shown)
     notes = [f"{_name(res)}: {note}" for res in results for note in res.notes]
     text += "".join(f"note: {note}\n" for note in notes)
     return text
