@@ -207,7 +207,8 @@ tune-triton-check: triton-venv system-deps
 	$(BIN)/pytest -q -rP --basetemp=/tmp/gpuscope-tune-triton-check tests/engines/test_tune_triton_live.py
 
 # gpuscope tune --command on vLLM: --max-num-seqs 2 and 8 under 16 clients, spans to the
-# tuner's exporter (tests/engines/test_tune_vllm_live.py); it re-captures the fixtures of
+# tuner's exporter (tests/engines/test_tune_vllm_live.py), each row's phase means held
+# within 5 % of vLLM's own /metrics histograms; it re-captures the fixtures of
 # tests/fixtures/tune-vllm-$(VLLM_VERSION)/ that make test replays. Its own --basetemp: pytest
 # runs elsewhere on the machine prune the shared one's older folders, this run's included.
 tune-vllm-check: vllm-venv

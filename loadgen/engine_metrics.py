@@ -21,16 +21,37 @@ inferences while ``nv_inference_exec_count`` counts failed executions too: under
 failures the mean batch reads low. These are counters, not histograms (release 2.51
 has no latency histograms but the first response's), so a Triton step has phase means
 and shares but no P99 split.
+
+vLLM (the v1 engine, 0.32.0) observes a histogram per phase for each finished request,
+summed here over its ``model_name`` and ``engine`` labels:
+
+=========================================  ============================================
+vLLM histogram                             ``Snapshot`` field
+=========================================  ============================================
+``vllm:e2e_request_latency_seconds``       end-to-end; its count is ``requests``
+``vllm:request_queue_time_seconds``        phase ``queue`` (WAITING: until scheduled)
+``vllm:request_inference_time_seconds``    phase ``compute`` (RUNNING: scheduled to the
+                                           last token, i.e. prefill + decode)
+``vllm:request_{prefill,decode}_time_..``  not phases: compute's two stages, kept in
+                                           ``VllmSnapshotBuilder.histograms``
+=========================================  ============================================
+
+These are the same per-request times vLLM puts on its ``llm_request`` span
+(``gen_ai.latency.time_in_queue`` and ``..time_in_model_inference``, which the exporter
+turns into the phases ``queue`` and ``compute``), so over the same requests the exporter's
+phase means and vLLM's delta sum / delta count must agree: ``agreement`` says how well.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Final, Protocol
 
 from gpuscope.loadgen.server_view import (
     Histogram,
     MalformedMetrics,
+    ServerStep,
     Snapshot,
     SnapshotBuilder,
     parse_sample,
@@ -102,8 +123,89 @@ class TritonSnapshotBuilder:
         )
 
 
-# --server-metrics-format: whose /metrics the server-side view reads.
+VLLM_E2E: Final = "vllm:e2e_request_latency_seconds"
+VLLM_QUEUE: Final = "vllm:request_queue_time_seconds"
+VLLM_INFERENCE: Final = "vllm:request_inference_time_seconds"
+VLLM_PREFILL: Final = "vllm:request_prefill_time_seconds"
+VLLM_DECODE: Final = "vllm:request_decode_time_seconds"
+_VLLM: Final = (VLLM_E2E, VLLM_QUEUE, VLLM_INFERENCE, VLLM_PREFILL, VLLM_DECODE)
+_SUFFIXES: Final = ("_bucket", "_sum", "_count")
+
+
+class VllmSnapshotBuilder:
+    """One scrape of vLLM's ``/metrics`` as a ``Snapshot``, a line at a time."""
+
+    def __init__(self) -> None:
+        self.histograms = {name: Histogram() for name in _VLLM}
+        self._lines = 0
+
+    def add(self, line: str) -> None:
+        self._lines += 1
+        line = line.strip()
+        if not line.startswith("vllm:"):
+            return  # comments, and the Python process's own families
+        try:
+            sample, labels, value = parse_sample(line)
+            family, suffix = _family(sample)
+            if family is None:
+                return  # vLLM's other families (tokens, cache, iterations...)
+            if suffix != "_sum" and (not math.isfinite(value) or value < 0):
+                raise MalformedMetrics(f"{sample} is {value}, not a count")
+            histogram = self.histograms[family]
+            if suffix == "_bucket":
+                try:
+                    le = float(labels["le"])
+                except (KeyError, ValueError):
+                    raise MalformedMetrics(f"{sample} without a numeric 'le'") from None
+                histogram.buckets[le] = histogram.buckets.get(le, 0.0) + value
+            elif suffix == "_sum":
+                histogram.sum += value
+            else:
+                histogram.count += value
+        except MalformedMetrics as exc:
+            raise MalformedMetrics(f"line {self._lines}: {exc}") from None
+
+    def finish(self, taken_s: float) -> Snapshot:
+        h = self.histograms
+        return Snapshot(
+            taken_s,
+            requests=h[VLLM_E2E].count,
+            duration=h[VLLM_E2E],
+            phases={"queue": h[VLLM_QUEUE], "compute": h[VLLM_INFERENCE]},
+        )
+
+
+def _family(sample: str) -> tuple[str | None, str]:
+    for suffix in _SUFFIXES:
+        if sample.endswith(suffix) and sample.removesuffix(suffix) in _VLLM:
+            return sample.removesuffix(suffix), suffix
+    return None, ""
+
+
+def vllm_stages(lines: Iterable[str]) -> dict[str, Histogram]:
+    """vLLM's five request histograms of one scrape's text, by family name."""
+    builder = VllmSnapshotBuilder()
+    for line in lines:
+        builder.add(line)
+    return builder.histograms
+
+
+def agreement(tuner: ServerStep, engine: ServerStep) -> dict[str, tuple[float, float, float]]:
+    """Per phase both give: (the tuner's mean ms, the engine's, |difference| / the engine's)."""
+    compared = {}
+    for phase, ours in tuner.phase_mean_ms.items():
+        theirs = engine.phase_mean_ms.get(phase)
+        if theirs is None:
+            continue
+        diff = abs(ours - theirs) / theirs if theirs > 0 else (0.0 if ours == 0 else math.inf)
+        compared[phase] = (ours, theirs, diff)
+    return compared
+
+
+# --server-metrics-format and --engine-metrics-format: whose /metrics a view reads.
 BUILDERS: Final[dict[str, type[Builder]]] = {
     "exporter": SnapshotBuilder,
     "triton": TritonSnapshotBuilder,
+    "vllm": VllmSnapshotBuilder,
 }
+ENGINE_FORMATS: Final = tuple(name for name in BUILDERS if name != "exporter")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from gpuscope.loadgen import record
+from gpuscope.loadgen.engine_metrics import agreement
 from gpuscope.loadgen.record import PHASE_COLUMNS, step_row
 from gpuscope.loadgen.results import StepResult
 from gpuscope.loadgen.runner import Live
@@ -32,6 +33,7 @@ SERVER_COLUMNS = (
     "clock",
     "pcie MB/s",
 )
+ENGINE_COLUMNS = ("config", "load", "requests", *PHASE_COLUMNS)
 PLAIN_EVERY_S = 5.0
 
 
@@ -85,9 +87,34 @@ def table(results: Sequence[StepResult], env: str) -> str:
         text += _columns(
             [r for r, res in zip(rows, results, strict=True) if res.server], SERVER_COLUMNS
         )
+    compared = [res for res in results if res.server is not None and res.engine is not None]
+    if compared:
+        text += (
+            "\nthe same requests in the engine's own /metrics (phases: mean ms, the tuner's / "
+            "the engine's (difference)):\n"
+        )
+        sides = [engine_row(res) for res in compared]
+        # only the phases both views have (an engine's own metrics split fewer)
+        shown = [c for c in ENGINE_COLUMNS if c not in PHASE_COLUMNS or any(r[c] for r in sides)]
+        text += _columns(sides, shown)
     notes = [f"{_name(res)}: {note}" for res in results for note in res.notes]
     text += "".join(f"note: {note}\n" for note in notes)
     return text
+
+
+def engine_row(result: StepResult) -> dict[str, str]:
+    """A step's phase means as the tuner and the engine each counted them."""
+    server, engine = result.server, result.engine
+    assert server is not None and engine is not None
+    row = dict.fromkeys(ENGINE_COLUMNS, "")
+    row.update(
+        config=result.config or "-",
+        load=result.load.label,
+        requests=f"{server.requests} / {engine.requests}",
+    )
+    for phase, (ours, theirs, diff) in agreement(server, engine).items():
+        row[f"{phase} ms"] = f"{ours:.2f} / {theirs:.2f} ({diff:.1%})"
+    return row
 
 
 def _name(result: StepResult) -> str:

@@ -45,12 +45,16 @@ class ExporterProbe:
         exporter_url: str,
         max_bytes: int = DEFAULT_MAX_METRICS_BYTES,
         builder: type[Builder] = SnapshotBuilder,
+        *,
+        keep_text: bool = False,
     ) -> None:
         self._session = session
         self._builder = builder  # whose exposition: the exporter's, or an engine's own
         self._url = exporter_url.rstrip("/") + "/metrics"
         self._max_bytes = max_bytes
         self._during: list[Snapshot] = []
+        self._keep_text = keep_text
+        self.last_text = ""  # the last good scrape's text, when kept (to show the evidence)
 
     async def snapshot(self) -> Snapshot:
         url = self._url
@@ -60,8 +64,12 @@ class ExporterProbe:
                     raise ProbeFailed(f"{url} answered {response.status}")
                 check_declared(response, self._max_bytes)
                 builder = self._builder()
+                kept: list[str] = []
                 async for line in lines(response.content, MAX_METRICS_LINE_BYTES, self._max_bytes):
-                    builder.add(_text(line))
+                    text = _text(line)
+                    builder.add(text)
+                    if self._keep_text:
+                        kept.append(text)
         except TooLarge as exc:
             raise ProbeFailed(f"{url}: {exc} (see --max-metrics-bytes)") from None
         except MalformedMetrics as exc:
@@ -70,6 +78,8 @@ class ExporterProbe:
             raise ProbeFailed(f"{url} was not read within {SCRAPE_TIMEOUT_S:g} s") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise ProbeFailed(f"cannot read {url}: {str(exc) or type(exc).__name__}") from None
+        if self._keep_text:
+            self.last_text = "".join(line + "\n" for line in kept)
         return builder.finish(time.monotonic())
 
     async def sample_gauges(self) -> None:

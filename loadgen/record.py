@@ -194,6 +194,7 @@ def read_json(text: str) -> tuple[str, list[StepResult]]:
         fields = dict(step)
         fields["load"] = Load(**step["load"])
         fields["server"] = ServerStep(**step["server"]) if step.get("server") else None
+        fields["engine"] = ServerStep(**step["engine"]) if step.get("engine") else None
         fields["finished"] = datetime.fromisoformat(step["finished"])
         steps.append(StepResult(**fields))
     return str(data["environment"]), steps

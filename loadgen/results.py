@@ -42,6 +42,9 @@ class StepResult:
     by_kind: dict[str, int]
     interrupted: bool = False
     server: ServerStep | None = None
+    # the engine's own /metrics over the same requests (--engine-metrics), to set beside
+    # ``server``: the tuner's view checked against the engine's histograms
+    engine: ServerStep | None = None
     notes: list[str] = field(default_factory=list)
     finished: datetime = field(default_factory=lambda: datetime.now(UTC))
     not_started: str = ""  # why the configuration's server never served (no load ran)
@@ -92,6 +95,7 @@ def summarize(
     config: str = "",
     interrupted: bool = False,
     server: ServerStep | None = None,
+    engine: ServerStep | None = None,
 ) -> StepResult:
     good = [o for o in outcomes if o.ok]
     errors = Counter(o.error for o in outcomes if o.error is not None)
@@ -118,5 +122,6 @@ def summarize(
         by_kind=dict(sorted(Counter(o.label for o in outcomes).items())),
         interrupted=interrupted,
         server=server,
+        engine=engine,
         notes=notes,
     )

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -54,6 +56,11 @@ class Target:
     exporter_url: str | None = None  # whose /metrics give the server-side view
     model: str | None = None
     metrics_format: str = "exporter"  # a key of engine_metrics.BUILDERS
+    # the engine's own /metrics, read around the same requests as exporter_url, and a
+    # folder where the two scrapes that bound each step are kept
+    engine_url: str | None = None
+    engine_format: str = "vllm"  # a key of engine_metrics.BUILDERS
+    engine_dump: Path | None = None
 
 
 @dataclass
@@ -114,15 +121,38 @@ class Runner:
                 if self.target.exporter_url
                 else None
             )
+            engine = (
+                ExporterProbe(
+                    scrape,
+                    self.target.engine_url,
+                    self.plan.max_metrics_bytes,
+                    BUILDERS[self.target.engine_format],
+                    keep_text=self.target.engine_dump is not None,
+                )
+                if self.target.engine_url
+                else None
+            )
             before = await self._scrape(probe.snapshot()) if probe else None
+            engine_before = await self._scrape(engine.snapshot()) if engine else None
             if self.plan.warmup_s > 0 and self.plan.loads:
                 warm = await self._step(session, -1, self.plan.loads[0], warmup=True)
+                # both views start after the warm-up has been counted: its requests are
+                # in neither the exporter's step nor the engine's
                 if probe and before:
                     before = await self._scrape(probe.settle(before, _traced(warm.outcomes)))
+                if engine and engine_before:
+                    engine_before = await self._scrape(
+                        engine.settle(engine_before, _traced(warm.outcomes))
+                    )
             for index, load in enumerate(self.plan.loads):
                 if self.stop.is_set():
                     break
-                result, before = await self._measured(session, probe, before, index, load)
+                self._keep(engine, index, "before")
+                result, before, answered = await self._measured(session, probe, before, index, load)
+                if engine is not None and not self.stop.is_set():
+                    result, engine_before = await self._engine_view(
+                        engine, engine_before, result, index, answered
+                    )
                 results.append(result)
                 if self.on_step is not None:
                     self.on_step(result)
@@ -135,7 +165,9 @@ class Runner:
         before: Snapshot | None,
         index: int,
         load: Load,
-    ) -> tuple[StepResult, Snapshot | None]:
+    ) -> tuple[StepResult, Snapshot | None, int]:
+        """The step's result, the scrape the next step starts from, and how many of its
+        requests the server answered with a status it traces."""
         sampler = asyncio.create_task(probe.sample_gauges()) if probe else None
         live = await self._step(session, index, load)
         window = time.monotonic() - live.started_s
@@ -172,7 +204,37 @@ class Runner:
             result.notes.append(
                 f"the exporter counted {server.requests} of {_traced(live.outcomes)} requests"
             )
-        return result, before
+        return result, before, _traced(live.outcomes)
+
+    async def _engine_view(
+        self,
+        engine: ExporterProbe,
+        before: Snapshot | None,
+        result: StepResult,
+        index: int,
+        answered: int,
+    ) -> tuple[StepResult, Snapshot | None]:
+        """The engine's own account of the step just measured, set on its result."""
+        if before is None:
+            result.notes.append(f"no engine view: {self.probe_problem}")
+            return result, await self._scrape(engine.snapshot())
+        after = await self._scrape(engine.settle(before, answered))
+        if after is None:
+            result.notes.append(f"no engine view: {self.probe_problem}")
+            return result, None
+        self._keep(engine, index, "after")
+        view = engine.view(before, after)
+        if view.requests < answered:
+            result.notes.append(f"the engine counted {view.requests} of {answered} requests")
+        return dataclasses.replace(result, engine=view), after
+
+    def _keep(self, engine: ExporterProbe | None, index: int, when: str) -> None:
+        """The engine's last scrape, as the text of the step's bound ``when``."""
+        folder = self.target.engine_dump
+        if engine is None or folder is None or not engine.last_text:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"step-{index + 1}-{when}.prom").write_text(engine.last_text)
 
     async def _scrape(self, scraping: Awaitable[Snapshot]) -> Snapshot | None:
         """What ``scraping`` gives, or None with the reason kept in ``probe_problem``."""

@@ -88,6 +88,7 @@ class Launch:
     ready_url: str
     base_url: str  # where the load goes: the API root (with --api-path)
     metrics_url: str  # the server-side view's base URL (``/metrics`` is added)
+    engine_metrics_url: str | None = None  # the engine's own, to compare with (--engine-metrics)
 
     @property
     def command_line(self) -> str:

@@ -46,7 +46,7 @@ from gpuscope.children import (
 )
 from gpuscope.flags import ConfigError, at_least, http_url, one_of, option, positive
 from gpuscope.loadgen import batching_equivalents, record, server_command
-from gpuscope.loadgen.engine_metrics import BUILDERS
+from gpuscope.loadgen.engine_metrics import BUILDERS, ENGINE_FORMATS
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose
 from gpuscope.loadgen.options import EXPORTER_URL_EXAMPLE, LoadOptions
 from gpuscope.loadgen.output import Progress, plot_unavailable, table, table_stream, write_outputs
@@ -147,6 +147,20 @@ class TuneOptions(
         "triton (Triton's nv_inference_* counters) or none (client side only)",
         check=one_of(METRICS_FORMATS),
     )
+    engine_metrics: str = option(
+        "",
+        help="with --command: the engine's own /metrics, a base URL template such as "
+        "http://127.0.0.1:{port} (vLLM's), read around the same requests as the server-side "
+        "view: each row then shows the engine's phase means beside the tuner's, and the two "
+        "scrapes bounding each step are kept in the value's folder (engine-metrics/)",
+        metavar="URL",
+    )
+    engine_metrics_format: str = option(
+        "vllm",
+        help="what --engine-metrics serves: vllm (its request_queue_time and "
+        "request_inference_time histograms) or triton (its nv_inference_* counters)",
+        check=one_of(ENGINE_FORMATS),
+    )
     objective: str = option(
         "max throughput with p99 <= 100 ms",
         help="'max throughput with p99 <= X ms' or 'min p99 at rate R' (R one of --rate)",
@@ -165,6 +179,8 @@ class TuneOptions(
         super().check()
         if self.command:
             self._check_command()
+        elif self.engine_metrics:
+            raise ConfigError(f"{_flag('engine_metrics')}: is for --command's engine")
         try:
             objective = Objective.parse(self.objective)
         except ObjectiveError as exc:
@@ -271,6 +287,7 @@ class TuneOptions(
             **server_command.tracing_environment(exporter_url, gpu_uuid, label),
         }
         metrics = render(self.server_metrics, values) if self.server_metrics else exporter_url
+        engine = render(self.engine_metrics, values) if self.engine_metrics else None
         return Launch(
             label=label,
             argv=argv,
@@ -282,6 +299,7 @@ class TuneOptions(
             ready_url=loopback(port, render(self.ready_path, values)),
             base_url=loopback(port, render(self.api_path, values).rstrip("/")),
             metrics_url=metrics,
+            engine_metrics_url=engine,
         )
 
     @property
@@ -465,7 +483,11 @@ async def _run_command(
         file=sys.stderr,
     )
     metrics = None if options.server_metrics_format == "none" else launch.metrics_url
-    target = Target(launch.base_url, metrics, options.model, _metrics_format(options))
+    target = Target(
+        launch.base_url, metrics, options.model, _metrics_format(options),
+        engine_url=launch.engine_metrics_url, engine_format=options.engine_metrics_format,
+        engine_dump=launch.workdir / "engine-metrics" if launch.engine_metrics_url else None,
+    )  # fmt: skip
     try:
         steps = await _ladder(options, target, label, stop, progress)
     except RuntimeError as exc:  # no load could start (no model listed, say): a row too

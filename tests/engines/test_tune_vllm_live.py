@@ -4,11 +4,14 @@
 ``--max-num-seqs`` is swept over 2 and 8 under 16 streaming clients, one vLLM per value,
 its spans sent to the exporter the tuner starts (``--otlp-traces-endpoint {otlp}``): with
 more sequences running at once, fewer requests wait for the scheduler, so the queue's
-share of the mean must fall and compute's rise. The environment vLLM needs on a CPU
-machine is given with ``env`` in the command itself.
+share of the mean must fall and compute's rise. vLLM's own ``/metrics`` is read around
+each row's measured requests (``--engine-metrics``), and each row's queue and compute
+means must be within 5 % of vLLM's histograms over those requests. The environment
+vLLM needs on a CPU machine is given with ``env`` in the command itself.
 
-With ``GPUSCOPE_TUNE_CAPTURE=DIR`` the run's JSON, record and table are written to
-``DIR``: the fixtures ``make test`` replays (tests/loadgen/test_tune_replay.py).
+With ``GPUSCOPE_TUNE_CAPTURE=DIR`` the run's JSON, record, table and vLLM's scrapes
+bounding each row (``metrics/``) are written to ``DIR``: the fixtures ``make test``
+replays (tests/loadgen/test_tune_replay.py).
 Skipped unless ``GPUSCOPE_VLLM_PYTHON`` names the vLLM venv's interpreter.
 """
 
@@ -30,6 +33,7 @@ from support.vllm_engine import SERVED_MODEL, tiny_model, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.processes,
     pytest.mark.timeout(1800),  # one engine started per value
     pytest.mark.skipif(
         vllm_python() is None, reason="GPUSCOPE_VLLM_PYTHON unset (make tune-vllm-check)"
@@ -69,6 +73,7 @@ def test_more_sequences_queue_less_and_compute_more(tmp_path: Path) -> None:
         "--mix", "completions-stream=1", "--output-tokens", "16",
         "--concurrency", "16", "--duration-s", "8", "--warmup-s", "2", "--timeout-s", "60",
         "--objective", "max throughput with p99 <= 5000 ms",
+        "--engine-metrics", "http://127.0.0.1:{port}",
         "--work-dir", str(tmp_path / "work"),
         "--record", str(tmp_path / "record.md"), "--json", str(tmp_path / "tune.json"),
     ]  # fmt: skip
@@ -87,4 +92,11 @@ def test_more_sequences_queue_less_and_compute_more(tmp_path: Path) -> None:
         for name in ("tune.json", "record.md"):
             shutil.copy(tmp_path / name, target / name)
         (target / "table.txt").write_text(done.stdout)
+        # vLLM's own /metrics before and after each row's measured requests
+        metrics = target / "metrics"
+        metrics.mkdir(exist_ok=True)
+        for folder, value in (("01-2", "2"), ("02-8", "8")):
+            for when in ("before", "after"):
+                kept = tmp_path / "work" / folder / "engine-metrics" / f"step-1-{when}.prom"
+                shutil.copy(kept, metrics / f"max-num-seqs-{value}-{when}.prom")
     assert problems == [], "\n".join(problems)

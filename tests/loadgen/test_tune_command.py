@@ -251,6 +251,11 @@ def options(**settings: object) -> TuneOptions:
         ),
         ({"command": "engine 'unclosed {port} {value}", "sweep": "1,2"}, "cannot split"),
         ({"command": "engine {port} {value}", "sweep": "1,2", "sweep_name": "a b"}, "a name"),
+        ({"engine_metrics": "http://127.0.0.1:9"}, "is for --command's engine"),
+        (
+            {"command": "e {port} {value}", "sweep": "1,2", "engine_metrics_format": "exporter"},
+            "--engine-metrics-format",
+        ),
     ],
 )
 def test_command_flags_are_checked(settings: dict[str, object], message: str) -> None:

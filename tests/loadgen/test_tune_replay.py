@@ -1,17 +1,23 @@
 """The rows, table and verdict of ``gpuscope tune`` from real engine sweeps, replayed from
 the fixtures ``make tune-triton-check``, ``make tune-vllm-check`` and ``make
 tune-ray-check`` captured (tests/fixtures/tune-*/): each run's
-``--json`` steps, its record and table, and for Triton the model's own log, per step."""
+``--json`` steps, its record and table, for Triton the model's own log, per step, and for
+vLLM its own ``/metrics`` before and after each row's measured requests."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from gpuscope.loadgen import record
+from gpuscope.loadgen.engine_metrics import VllmSnapshotBuilder, vllm_stages
 from gpuscope.loadgen.objective import Objective, choose
 from gpuscope.loadgen.output import table
 from gpuscope.loadgen.results import StepResult
+from gpuscope.loadgen.server_view import Snapshot, step_view
 from support import tune_ray, tune_vllm
 from support.tune_triton import DELAYS_US, check
 
@@ -76,6 +82,56 @@ def test_vllm_with_more_sequences_queues_less_and_the_loser_says_queue() -> None
     # the loser's cause is the queue, which leads its P99
     assert "max-num-seqs=2" in lines[1] and "; queue +" in lines[1]
     assert record.step_row(steps[0], env)["p99 led by"].startswith("queue")
+
+
+def vllm_scrape(config: str, when: str) -> str:
+    value = config.partition("=")[2]
+    return (VLLM_FIXTURES / "metrics" / f"max-num-seqs-{value}-{when}.prom").read_text()
+
+
+def vllm_snapshot(text: str) -> Snapshot:
+    builder = VllmSnapshotBuilder()
+    for line in text.splitlines():
+        builder.add(line)
+    return builder.finish(0.0)
+
+
+def test_vllm_own_histograms_over_each_row_give_its_engine_view_within_5_percent() -> None:
+    _, steps = captured(VLLM_FIXTURES)
+    assert [s.config for s in steps] == [tune_vllm.FEW, tune_vllm.MANY]
+    for step in steps:
+        before, after = vllm_scrape(step.config, "before"), vllm_scrape(step.config, "after")
+        # the row's engine view is exactly the delta of vLLM's scrapes that bound it
+        view = step_view(vllm_snapshot(before), vllm_snapshot(after))
+        assert view == step.engine
+        assert step.server is not None
+        # the warm-up's requests are counted before the first scrape, in neither view:
+        # both count exactly the row's requests
+        assert vllm_snapshot(before).requests > 0
+        assert view.requests == step.server.requests == step.ok
+        # compute is vLLM's inference time, which is its prefill and decode together
+        stages = {
+            name: vllm_stages(after.splitlines())[name].minus(h)
+            for name, h in vllm_stages(before.splitlines()).items()
+        }
+        inference = stages["vllm:request_inference_time_seconds"].sum
+        assert inference == pytest.approx(
+            stages["vllm:request_prefill_time_seconds"].sum
+            + stages["vllm:request_decode_time_seconds"].sum
+        )
+        assert view.phase_mean_ms["compute"] == pytest.approx(inference / view.requests * 1000)
+        assert tune_vllm.engine_problems(step) == []
+
+
+def test_a_tuner_mean_more_than_5_percent_off_vllms_is_a_problem() -> None:
+    _, steps = captured(VLLM_FIXTURES)
+    step = steps[0]
+    assert step.engine is not None
+    off = {p: m * 1.06 for p, m in step.engine.phase_mean_ms.items()}
+    shifted = dataclasses.replace(step, server=dataclasses.replace(step.engine, phase_mean_ms=off))
+    problems = tune_vllm.engine_problems(shifted)
+    assert len(problems) == 2 and all("(6.0%)" in p for p in problems)
+    assert tune_vllm.engine_problems(dataclasses.replace(step, engine=None)) != []
 
 
 def test_ray_serve_with_a_longer_window_batches_more_and_the_loser_says_batch_wait() -> None:

@@ -4,9 +4,36 @@ run (tests/engines/test_tune_vllm_live.py) and its replay from the captured fixt
 
 from __future__ import annotations
 
+from gpuscope.loadgen.engine_metrics import agreement
 from gpuscope.loadgen.results import StepResult
 
 FEW, MANY = "max-num-seqs=2", "max-num-seqs=8"
+# how far the tuner's phase means (from vLLM's spans, through the exporter) may be from
+# vLLM's own histograms over the same requests
+WITHIN = 0.05
+
+
+def engine_problems(step: StepResult) -> list[str]:
+    """Where a step's phase means and vLLM's own (queue; compute = inference time, i.e.
+    prefill + decode) disagree by more than WITHIN, or count other requests."""
+    server, engine = step.server, step.engine
+    if server is None or engine is None:
+        return [f"{step.config}: no {'engine' if server else 'exporter'} view to compare"]
+    problems = []
+    if engine.requests != server.requests or engine.requests != step.ok:
+        problems.append(
+            f"{step.config}: {step.ok} ok, the exporter counted {server.requests}, "
+            f"vLLM {engine.requests}"
+        )
+    compared = agreement(server, engine)
+    if sorted(compared) != ["compute", "queue"]:
+        problems.append(f"{step.config}: phases compared {sorted(compared)}")
+    for phase, (ours, theirs, diff) in compared.items():
+        if not diff <= WITHIN:
+            problems.append(
+                f"{step.config}: {phase} {ours:.2f} ms vs vLLM's {theirs:.2f} ms ({diff:.1%})"
+            )
+    return problems
 
 
 def check(steps: list[StepResult], verdict_text: str) -> list[str]:
@@ -26,6 +53,8 @@ def check(steps: list[StepResult], verdict_text: str) -> list[str]:
     compute = few.phase_mean_share.get("compute", 0.0), many.phase_mean_share.get("compute", 0.0)
     if not compute[1] > compute[0]:
         problems.append(f"compute's share does not rise with more sequences: {compute}")
+    for step in steps:
+        problems += engine_problems(step)
     if "best under" not in verdict_text:
         problems.append("no winner named")
     return problems
