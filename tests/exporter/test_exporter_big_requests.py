@@ -142,6 +142,7 @@ async def post_in_background(exporter: RunningExporter, body: bytes) -> asyncio.
     raise AssertionError("the request never reached the ingest thread")
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_health_checks_are_answered_while_a_large_request_is_decoded(
     exporter: RunningExporter, exporter_http: aiohttp.ClientSession
 ) -> None:
@@ -156,6 +157,7 @@ async def test_health_checks_are_answered_while_a_large_request_is_decoded(
     assert value(scraped, "gpuscope_span_calls_total") == 10_000
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_a_shutdown_does_not_wait_for_a_decode_and_never_counts_what_it_refused(
     exporter_http: aiohttp.ClientSession,
 ) -> None:

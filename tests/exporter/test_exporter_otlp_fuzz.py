@@ -44,6 +44,7 @@ def _renders(aggregator: SpanAggregator) -> None:
 
 @FUZZ
 @given(st.randoms(use_true_random=False))
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 def test_mutated_requests_never_raise_and_spans_are_accounted(rng: random.Random) -> None:
     aggregator = SpanAggregator(max_series=8)  # small, so overflow is exercised too
     for _ in range(4):
@@ -76,6 +77,7 @@ _SPAN_FIELDS = st.sampled_from(
 
 @FUZZ
 @given(st.randoms(use_true_random=False), _SPAN_FIELDS, _JSON_VALUES, st.integers(0, 70))
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 def test_any_json_value_in_any_span_field_is_a_400_or_aggregated(
     rng: random.Random, field: str, replacement: Any, depth: int
 ) -> None:

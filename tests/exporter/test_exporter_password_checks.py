@@ -46,6 +46,7 @@ async def get_metrics(exporter: RunningExporter, headers: dict[str, bytes]) -> b
     return await raw_exchange(exporter.host, exporter.port, request, timeout_s=60)
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_a_wrong_password_flood_is_refused_past_the_pool_and_scrapes_go_on(
     costly: RunningExporter,
 ) -> None:

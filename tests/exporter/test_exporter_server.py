@@ -258,6 +258,7 @@ async def test_stop_closes_the_listener(exporter_http: aiohttp.ClientSession) ->
             pass
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_a_scrape_larger_than_a_chunk_arrives_whole(
     running_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
 ) -> None:

@@ -75,6 +75,7 @@ async def scrape_status(session: aiohttp.ClientSession, exporter: RunningExporte
         return await response.text()
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_at_the_cap_clients_that_never_read_are_shed_and_a_scrape_succeeds(
     session: aiohttp.ClientSession,
 ) -> None:
@@ -102,6 +103,7 @@ async def test_at_the_cap_clients_that_never_read_are_shed_and_a_scrape_succeeds
         await exporter.stop()
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_a_client_that_never_reads_is_closed_after_the_write_timeout(
     session: aiohttp.ClientSession,
 ) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import pytest
 from google.rpc import code_pb2  # type: ignore[import-untyped]
 from google.rpc.status_pb2 import Status  # type: ignore[import-untyped]
 
@@ -102,6 +103,7 @@ def rejected(scraped: Sequence[Any], reason: str) -> float | None:
     return value(scraped, "gpuscope_otlp_requests_rejected_total", {"reason": reason})
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_a_body_sent_one_byte_at_a_time_gets_408_and_the_connection_closes() -> None:
     exporter = await start(body_timeout_s=0.5)
     uploader = await SlowUploader.open(exporter, interval_s=0.1)  # 1,000 bytes: 100 s
@@ -127,6 +129,7 @@ async def test_reject_reasons_of_slow_bodies_exist_at_zero_from_the_start() -> N
     assert rejected(scraped, "shed_at_cap") == 0
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_at_the_cap_slow_uploaders_are_cut_so_a_scraper_gets_metrics() -> None:
     """Three uploads at one byte a second hold all three slots; a scrape cuts the oldest
     (503, at once, long before their 60 s body timeout) and is served."""
@@ -150,6 +153,7 @@ async def test_at_the_cap_slow_uploaders_are_cut_so_a_scraper_gets_metrics() -> 
         await exporter.stop()
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_at_the_cap_every_slow_uploader_is_answered_and_counted() -> None:
     """--max-connections 3, three uploads trickling, --body-timeout-s 1: the scrape gets
     /metrics within the body timeout, the cut upload gets 503, the other two 408."""
@@ -172,6 +176,7 @@ async def test_at_the_cap_every_slow_uploader_is_answered_and_counted() -> None:
         await exporter.stop()
 
 
+@pytest.mark.slow  # waits out timeouts it tests: left out of the fast tier
 async def test_a_slow_body_on_a_route_that_does_not_read_it_is_dropped_after_the_answer() -> None:
     """No handler reads it, so it is no upload: answered at once, then the rest is read
     and dropped for a moment and the connection closed (not held until the idle timeout)."""

@@ -16,6 +16,9 @@ from test_gpu_cnvml_exporter import exporter
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 GPU = 'gpu="0",uuid="GPU-00000000-0000-0000-0000-000000000000"'
 CHANGES = f"gpuscope_gpu_sm_clock_changes_total{{{GPU}}}"
 TARGET = f"gpuscope_gpu_sm_clock_target_hertz{{{GPU}}}"

@@ -16,6 +16,9 @@ from test_gpu_cnvml_exporter import exporter, scraped
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 PARENT = "GPU-00000000-0000-0000-0000-000000000000"
 MIB = 2**20
 # the capture's -L list and MIG table: (MIG device, UUID, profile, GI, CI, total MiB)

@@ -22,6 +22,9 @@ from test_gpu_cnvml_exporter import exporter
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 RELEASES = [library.PYNVML_FLOOR, library.PYNVML_NEWEST]
 FAR_NODE = 7  # a node no process here may allocate on

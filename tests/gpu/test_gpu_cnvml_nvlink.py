@@ -14,6 +14,9 @@ from test_gpu_cnvml_exporter import exporter
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 GPU = 'gpu="0",uuid="GPU-00000000-0000-0000-0000-000000000000"'
 TX = f"gpuscope_gpu_nvlink_transmit_bytes_total{{{GPU}}}"
 RX = f"gpuscope_gpu_nvlink_receive_bytes_total{{{GPU}}}"

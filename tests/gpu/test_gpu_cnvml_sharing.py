@@ -13,6 +13,9 @@ from test_gpu_cnvml_exporter import exporter
 
 from support.cnvml import library, profiles
 
+# starts child processes: not part of the fast tier (tests/support/fast_tier.py)
+pytestmark = pytest.mark.processes
+
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 MIB = 2**20
 GPU = f'gpu="0",uuid="{UUID}"'

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.worker.backends import numpy_models
@@ -48,6 +49,7 @@ async def _give_up(client: httpx.AsyncClient, body: dict[str, Any], after_s: flo
         await asyncio.wait_for(client.post("/v1/completions", json=body), after_s)
 
 
+@pytest.mark.slow  # a storm of seconds: left out of the fast tier
 async def test_worker_cancel_storm_during_preemption_frees_every_block() -> None:
     rng = random.Random(7)
     gate = Gate()
