@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from support.prometheus_server import instant_query, run_prometheus, wait_for_result
+from support.servers import serve_exposition
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -45,26 +43,6 @@ EXPECTED: dict[str, tuple[float, float]] = {
 }
 
 
-@asynccontextmanager
-async def serve(text: str) -> AsyncIterator[str]:
-    """``text`` on /metrics of a loopback server, as dcgm-exporter serves it; yields host:port."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/plain", charset="utf-8")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
 async def test_the_rules_record_gpuscopes_gpu_series_from_a_scraped_dcgm_exporter(
     tmp_path: Path,
 ) -> None:
@@ -74,7 +52,7 @@ async def test_the_rules_record_gpuscopes_gpu_series_from_a_scraped_dcgm_exporte
     )
     rules = sorted((tmp_path / "rules").glob("*.yml"))
     async with (
-        serve(FIXTURE.read_text(encoding="utf-8")) as target,
+        serve_exposition(FIXTURE.read_text(encoding="utf-8")) as target,
         run_prometheus([target], tmp_path, job="dcgm-exporter", rule_files=rules) as base,
         aiohttp.ClientSession() as session,
     ):

@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from alerts.dcgm_rules import counters_lines
 from support.dashboard_queries import TIME_VALUES, check_variable_chain
@@ -32,6 +29,7 @@ from support.dashboards_json import (
     substitute,
 )
 from support.prometheus_server import instant_query, run_prometheus, wait_for_result
+from support.servers import serve_exposition
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -56,26 +54,6 @@ GPUSCOPE_ONLY = ("Collector success", "Collector duration")
 # NVML's process listing, affinities and NVLink fields, which the rules do not map from
 # dcgm-exporter: the whole row is gpuscope's exporter only
 GPUSCOPE_ONLY_ROW = "Sharing and topology"
-
-
-@asynccontextmanager
-async def serve(text: str) -> AsyncIterator[str]:
-    """``text`` on /metrics of a loopback server, as dcgm-exporter serves it; yields host:port."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/plain", charset="utf-8")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 def row_titles(board: dict[str, Any], row: str) -> list[str]:
@@ -121,8 +99,8 @@ async def test_the_gpu_board_fills_from_dcgm_exporter_and_the_rules(tmp_path: Pa
     )
     rules = sorted((tmp_path / "rules").glob("*.yml"))
     async with (
-        serve((FIXTURES / "counters.prom").read_text(encoding="utf-8")) as node,
-        serve((FIXTURES / "mig.prom").read_text(encoding="utf-8")) as mig,
+        serve_exposition((FIXTURES / "counters.prom").read_text(encoding="utf-8")) as node,
+        serve_exposition((FIXTURES / "mig.prom").read_text(encoding="utf-8")) as mig,
         run_prometheus([node, mig], tmp_path, job="dcgm-exporter", rule_files=rules) as base,
         aiohttp.ClientSession() as session,
     ):

@@ -52,3 +52,17 @@ async def serve_aiohttp(app: web.Application, **runner_options: Any) -> AsyncIte
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def serve_exposition(text: str) -> AsyncIterator[str]:
+    """``text`` on ``/metrics`` of a loopback server, as an exporter serves its
+    exposition; yields ``host:port``, a Prometheus scrape target."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async with serve_aiohttp(app) as url:
+        yield url.removeprefix("http://")
