@@ -132,6 +132,8 @@ async def test_dcgm_exporters_scrape_keeps_the_holder_pod_and_feeds_the_rules(
             await wait_for_result(
                 session, base, 'gpuscope_gpu_memory_used_bytes{source="dcgm-exporter"}'
             )
+            # both jobs scraped: the rules can be evaluated before "kept"'s first scrape
+            await wait_for_result(session, base, 'count(DCGM_FI_DEV_FB_USED{job="kept"}) == 2')
             used = await instant_query(session, base, "DCGM_FI_DEV_FB_USED")
             by = {(m["metric"]["job"], m["metric"]["UUID"]): m["metric"] for m in used}
             job = s.dcgm_exporter_service
