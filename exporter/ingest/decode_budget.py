@@ -56,16 +56,24 @@ def cpu_budget(budget_s: float, given_up: Callable[[], bool]) -> Iterator[None]:
     ``OtlpError`` past it), and stop it (``GivenUp``) once ``given_up()``."""
     limit = time.thread_time() + budget_s
     calls = 0
+    spent = False
 
     def check(frame: FrameType, event: str, arg: Any) -> None:
-        nonlocal calls
+        nonlocal calls, spent
         calls += 1
-        if calls % _CHECK_EVERY == 0 and (time.thread_time() > limit or given_up()):
+        if not spent and calls % _CHECK_EVERY == 0:
+            spent = time.thread_time() > limit or given_up()
+        if spent and not _in_finalizer(frame):
             raise _Spent
 
     sys.setprofile(check)
     try:
         yield
+        # A decode that ran past the budget is refused even when it got to its end: the
+        # hook is gone once an exception escapes it (CPython unsets a profile function
+        # that raises), so one swallowed ``_Spent`` must not let the rest run free.
+        if spent or time.thread_time() > limit:
+            raise _Spent
     except _Spent:
         if given_up():
             raise GivenUp from None
@@ -77,3 +85,14 @@ def cpu_budget(budget_s: float, given_up: Callable[[], bool]) -> Iterator[None]:
         ) from None
     finally:
         sys.setprofile(None)
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside a ``__del__``: the garbage collector runs other
+    threads' finalizers on whichever thread allocates, and an exception raised there is
+    swallowed (printed as unraisable), not delivered to the decode."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
