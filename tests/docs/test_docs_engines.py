@@ -3,6 +3,7 @@ each engine's page names the release its metric names were read from."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from pack import engines
 from pack.engines import ENGINES, SOURCE_DETAILS, Engine
 
-DOCS = Path(__file__).parents[2] / "docs" / "engines"
+ROOT = Path(__file__).parents[2]
+DOCS = ROOT / "docs" / "engines"
+MAKEFILE = ROOT / "Makefile"
 # table column -> source
 COLUMNS = {
     "vLLM, metrics only": engines.VLLM,
@@ -89,3 +92,32 @@ def test_each_engine_page_names_every_series_the_rules_read(engine: Engine) -> N
     for name in read - {""}:
         family = name.removesuffix("_sum").removesuffix("_count")
         assert f"`{family}" in page, name
+
+
+def _makefile_target(name: str) -> str:
+    """The recipe of one target of the Makefile (its lines up to the next blank one)."""
+    text = MAKEFILE.read_text()
+    match = re.search(rf"^{name}:.*?(?=^\s*$)", text, re.M | re.S)
+    assert match, name
+    return match.group(0)
+
+
+def test_the_triton_column_cites_the_live_run_and_the_release_ttft_needs() -> None:
+    """Triton's "tested against" names, besides the source release, the live run: `make
+    triton-check` and the ``tritonserver`` whose captures it writes (the wheel the
+    Makefile pins); its TTFT cell the release the first-response histogram arrived in,
+    as triton.md's "TTFT before ..." row names it."""
+    rows = table()
+    tested = rows["tested against"]["Triton"]
+    captured = re.search(
+        r"GPUSCOPE_TRITON_CAPTURE=tests/fixtures/triton-(\S+)", _makefile_target("triton-check")
+    )
+    assert captured, "triton-check captures no fixtures"
+    wheel = re.search(r"^TRITON_VERSION\s*:=\s*(\S+)", MAKEFILE.read_text(), re.M)
+    assert wheel
+    assert "`make triton-check`" in tested
+    assert f"`tritonserver` {captured.group(1)}." in tested, tested
+    assert f"`nvidia-pytriton` {wheel.group(1)}" in tested, tested
+    since = re.search(r"^\| TTFT before (\S+) \|", (DOCS / "triton.md").read_text(), re.M)
+    assert since, "triton.md names no release TTFT needs"
+    assert f"Triton ≥ {since.group(1)}" in rows["TTFT"]["Triton"]
