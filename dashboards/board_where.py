@@ -72,9 +72,17 @@ def _verdict() -> str:
 
 
 def _share(histogram: str, key: str) -> str:
-    """Each phase's (or stage's) part of their total mean, over the row's requests."""
-    per_key = f"sum by ({key}) ({rate(histogram, 'sum')}{RULE})"
-    return ratio(per_key, f"sum({per_key})", f"ignoring ({key}) group_left ()")
+    """Each phase's (or stage's) mean over the sum of their means, over the row's
+    requests: the verdict's ``share_mean`` (alerts/recording.py), so that board and
+    verdict read one share for one service, model and GPU. Not each phase's seconds
+    over all the phases' seconds: where the phases count different requests (a span
+    without a batch wait, SGLang's queue and end-to-end histograms) that share is
+    another one."""
+    mean = ratio(
+        f"sum by ({key}) ({rate(histogram, 'sum')}{RULE})",
+        f"sum by ({key}) ({rate(histogram, 'count')}{RULE})",
+    )
+    return ratio(f"(\n{mean}\n)", f"sum(\n{mean}\n)", f"ignoring ({key}) group_left ()")
 
 
 def _p99_against_request() -> str:
@@ -122,7 +130,9 @@ def build() -> Dashboard:
     board.with_panel(
         timeseries(
             "Phase share of mean time",
-            "Each phase's part of the mean request time on this host; stacked to 100 %. "
+            "Each phase's part of the mean request time on this host: its mean over the "
+            "sum of the phases' means, the share the bottleneck verdict reads; stacked to "
+            "100 %. "
             "Only the phases the engine reports (see the note above): for vLLM, "
             "queue and compute.",
             [query(_share(PHASE_HISTOGRAM, PHASE), "{{phase}}")],

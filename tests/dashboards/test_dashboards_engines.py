@@ -349,3 +349,76 @@ def test_the_latency_boards_requests_are_picked_from_every_source(variable: str)
     metric = series.partition("{")[0]
     assert label == variable and metric == SOURCE_SERIES
     assert _sources_recording(metric) >= set(engines.SOURCES)
+
+
+# --- one share of the mean for board and verdict ---------------------------------------
+
+SGLANG_SCHEDULER = (
+    'job="sglang", instance="gpu-host-1:30000", model_name="qwen", engine_type="unified", '
+    'tp_rank="0", pp_rank="0", moe_ep_rank="0"'
+)
+SGLANG_TOKENIZER = (
+    'job="sglang", instance="gpu-host-1:30000", model_name="qwen", engine_type="unified", '
+    'is_streaming="true"'
+)
+
+
+def _as_where(expr: str, **chosen: str) -> str:
+    values = {v["name"]: v.get("allValue") or ".*" for v in query_variables(BOARDS[WHERE])}
+    return substitute(expr, {**values, **chosen}, STEP_VALUES)
+
+
+@pytest.mark.processes  # promtool
+def test_the_phase_share_panel_is_the_verdicts_share_of_the_mean(tmp_path: Path) -> None:
+    """ "Phase share of mean time" draws each phase's mean over the sum of the means,
+    which is what the verdict's ``share_mean`` records, also where the phases count
+    different requests: SGLang's queue histogram (two queue waits a request here, 0.5 s
+    each) beside its end-to-end one (1.5 s after the queue). The seconds' share would be
+    0.4 for queue; the mean's is 0.25."""
+    promtool = require_binary("promtool")
+    recorded = f"service_model_gpu:{engines.PHASE_HISTOGRAM}:share_mean{WINDOW}"
+    panel = _as_where(
+        _panel(WHERE, "Phase share of mean time")["targets"][0]["expr"], source=engines.SGLANG
+    )
+    agree = f"abs(\n{panel}\n- on (phase)\nsum by (phase) ({recorded})\n) < 1e-9"
+    checks = [
+        {
+            "expr": f"count({agree})",
+            "eval_time": "20m",
+            "exp_samples": [{"labels": "{}", "value": 2}],
+        },
+        {
+            "expr": f'{recorded}{{phase="queue"}} > 0.2499 < 0.2501',
+            "eval_time": "20m",
+            "exp_samples": [
+                {
+                    "labels": f'{recorded}{{source="sglang", service="sglang", model="qwen", '
+                    'host="gpu-host-1", phase="queue"}',
+                    "value": 0.25,
+                }
+            ],
+        },
+    ]
+    series = {
+        f"{engines.SGLANG_QUEUE}_sum{{{SGLANG_SCHEDULER}}}": "0+60x30",
+        f"{engines.SGLANG_QUEUE}_count{{{SGLANG_SCHEDULER}}}": "0+120x30",
+        f"{engines.SGLANG_E2E}_sum{{{SGLANG_TOKENIZER}}}": "0+150x30",
+        f"{engines.SGLANG_E2E}_count{{{SGLANG_TOKENIZER}}}": "0+60x30",
+    }
+    document = {
+        "rule_files": [str(RULES / "recording.yml"), str(RULES / "engines.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": checks,
+            }
+        ],
+    }
+    path = tmp_path / "share_test.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = subprocess.run(
+        [promtool, "test", "rules", path.name], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
