@@ -364,7 +364,9 @@ SGLANG_TOKENIZER = (
 
 
 def _as_where(expr: str, **chosen: str) -> str:
-    values = {v["name"]: v.get("allValue") or ".*" for v in query_variables(BOARDS[WHERE])}
+    values: dict[str, str] = {
+        v["name"]: v.get("allValue") or ".*" for v in query_variables(BOARDS[WHERE])
+    }
     return substitute(expr, {**values, **chosen}, STEP_VALUES)
 
 
