@@ -687,7 +687,10 @@ SGLANG_ENGINE = Engine(
 # cache gauges. The families mapped here are the same (names, labels, bounds) in both
 # versions of the collector read, an older one and this; the newer adds others (prefill,
 # decode and inference times, running and waiting gauges, an error counter), not mapped.
-# No release tag could be read (docs/engines/tensorrt-llm.md says why and what differs).
+# No release's collector.py could be read (1.2.1 is commit 376f7e1b, the 1.3.0rc11 and rc12
+# pre-releases 4e69c14f and 61cef212: none reachable); by every account the releases up
+# to 1.2.1 serve these families without the trtllm_ prefix and have no KV-cache gauge
+# (docs/engines/tensorrt-llm.md says how that was established and what main changed).
 TRTLLM_RELEASE = Release(
     "TensorRT-LLM trtllm-serve",
     "main at 050f80de",
