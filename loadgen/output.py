@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from gpuscope.loadgen import record
@@ -132,10 +132,20 @@ def _columns(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> str:
 
 
 def write_outputs(
-    options: LoadOptions, results: Sequence[StepResult], env: str, *, with_record: bool = True
+    options: LoadOptions,
+    results: Sequence[StepResult],
+    env: str,
+    *,
+    with_record: bool = True,
+    run: str = "",
+    verdicts: Mapping[str, tuple[str, str]] | None = None,
 ) -> None:
-    """The record, JSON, CSV and plot files the options ask for."""
-    rows = [record.step_row(result, env) for result in results]
+    """The record, JSON, CSV and plot files the options ask for; ``verdicts`` (tune's,
+    per configuration) fill the rows' verdict and why."""
+    rows = [record.step_row(result, env, run=run) for result in results]
+    for row, result in zip(rows, results, strict=True):
+        if verdicts and (result.config or "-") in verdicts:
+            row["verdict"], row["why"] = verdicts[result.config or "-"]
     if with_record and options.record is not None and rows:
         record.append_record(options.record, rows)
     if options.json is not None:

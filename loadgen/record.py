@@ -2,7 +2,11 @@
 
 ``step_row`` flattens a ``StepResult`` into text columns; the Markdown record appends
 those rows under one header so that a person can read the file and ``git diff`` it,
-and ``read_record`` parses it back.
+and ``read_record`` parses it back, the tables of older gpuscope versions included
+(their missing columns read as empty). Each row carries its run (when the command
+started) and, under ``gpuscope tune``, its configuration's verdict and why: the rows
+are appended as each value ends, before the verdict exists, and ``settle_verdict``
+fills those two cells of the run's rows in place once it does.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +53,14 @@ COLUMNS = (
     "sm occ",
     "clock",
     "pcie MB/s",
+    "verdict",
+    "why",
     "env",
+    "run",
 )
+# The columns of a record table of an earlier version: every one of these, and no
+# column the current table lacks.
+_REQUIRED = ("when", "config", "load")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 TITLE = (
     "# gpuscope load record\n\nOne row per load step; phase columns: mean ms (share of the mean).\n"
@@ -67,7 +78,14 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict[str, str]:
+def run_stamp(started: datetime | None = None) -> str:
+    """What the ``run`` column says: when the command started (UTC, to the second)."""
+    return (started or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def step_row(
+    result: StepResult, env: str, when: datetime | None = None, run: str = ""
+) -> dict[str, str]:
     when = when or result.finished
     row = {
         "when": when.strftime("%Y-%m-%d %H:%M:%S"),
@@ -83,6 +101,7 @@ def step_row(result: StepResult, env: str, when: datetime | None = None) -> dict
         "ttft p50 ms": _num(result.ttft_ms.get("p50"), 2),
         "tpot p50 ms": _num(result.tpot_ms.get("p50"), 2),
         "env": env,
+        "run": run,
     }
     row.update(_server_columns(result))
     if result.not_started:
@@ -156,20 +175,66 @@ def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
+def _record_columns(header: str) -> list[str] | None:
+    """The columns of a record table's header line, this version's or an earlier one's
+    (a subset of ``COLUMNS`` with when, config and load); None for any other table."""
+    cells = _cells(header)
+    if set(_REQUIRED) <= set(cells) <= set(COLUMNS) and len(set(cells)) == len(cells):
+        return cells
+    return None
+
+
 def read_record(text: str) -> list[dict[str, str]]:
-    """Every row of every record table in ``text`` (tables with other columns skipped)."""
+    """Every row of every record table in ``text``, each with all of ``COLUMNS`` (those
+    an earlier version's table lacks are empty); tables with other columns skipped."""
     rows: list[dict[str, str]] = []
     columns: list[str] | None = None
     previous = ""
     for line in text.splitlines():
         if line.startswith("|---"):
-            columns = _cells(previous) if _cells(previous) == list(COLUMNS) else None
+            columns = _record_columns(previous)
         elif line.startswith("| ") and columns is not None:
-            rows.append(dict(zip(columns, _cells(line), strict=True)))
+            cells = dict(zip(columns, _cells(line), strict=True))
+            rows.append({column: cells.get(column, "") for column in COLUMNS})
         elif not line.startswith("|"):
             columns = None
         previous = line
     return rows
+
+
+def settle_verdict(path: Path, run: str, verdicts: Mapping[str, tuple[str, str]]) -> int:
+    """Fill the verdict and why of ``run``'s rows in the record at ``path`` from
+    ``verdicts`` (configuration -> (verdict, why)); the other rows, tables and text stay
+    as they are. Written to a new file moved over the old one, so that a reader never
+    sees half of it. How many rows were filled."""
+    if not run or not path.exists():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    columns: list[str] | None = None
+    previous, filled = "", 0
+    for index, line in enumerate(lines):
+        if line.startswith("|---"):
+            cells = _cells(previous)
+            columns = cells if cells == list(COLUMNS) else None  # only this version's rows
+        elif line.startswith("| ") and columns is not None:
+            row = dict(zip(columns, _cells(line), strict=True))
+            settled = verdicts.get(row["config"])
+            if row["run"] == run and settled is not None:
+                row["verdict"], row["why"] = (_cell(text) for text in settled)
+                end = "\n" if line.endswith("\n") else ""
+                lines[index] = "| " + " | ".join(row[c] for c in COLUMNS) + " |" + end
+                filled += 1
+        elif not line.startswith("|"):
+            columns = None
+        previous = line
+    if filled:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, prefix=f".{path.name}.", delete=False
+        ) as handle:
+            handle.write("".join(lines))
+        os.chmod(handle.name, path.stat().st_mode & 0o7777)
+        os.replace(handle.name, path)
+    return filled
 
 
 def csv_text(rows: Sequence[dict[str, str]]) -> str:

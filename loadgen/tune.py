@@ -372,7 +372,7 @@ def _flag(field: str) -> str:
 
 
 async def run_sweep(
-    options: TuneOptions, stop: asyncio.Event, progress: Progress, env: str
+    options: TuneOptions, stop: asyncio.Event, progress: Progress, env: str, run: str = ""
 ) -> dict[str, list[StepResult]]:
     """Each value's steps, in sweep order; stops early (keeping what ran) when ``stop`` is set."""
     sweep: dict[str, list[StepResult]] = {}
@@ -407,7 +407,8 @@ async def run_sweep(
                 break
             sweep[options.label(value)] = steps
             if options.record is not None and steps:
-                record.append_record(options.record, [record.step_row(s, env) for s in steps])
+                rows = [record.step_row(s, env, run=run) for s in steps]
+                record.append_record(options.record, rows)
     return sweep
 
 
@@ -532,9 +533,11 @@ def main(argv: Sequence[str]) -> int:
     if plot_unavailable(options, "gpuscope tune"):
         return 2
     progress = Progress()
-    env = record.environment()
+    env, run = record.environment(), record.run_stamp()
     try:
-        sweep, stopped = run_until_stopped(lambda stop: run_sweep(options, stop, progress, env))
+        sweep, stopped = run_until_stopped(
+            lambda stop: run_sweep(options, stop, progress, env, run)
+        )
     except (ChildFailed, RuntimeError) as exc:
         print(f"gpuscope tune: {exc}", file=sys.stderr)
         return 1
@@ -546,7 +549,9 @@ def main(argv: Sequence[str]) -> int:
     if not options.command:  # another engine's settings are its own, not the worker's
         lines += batching_equivalents.for_tune(options, verdict.best)
     print(table(steps, env) + "\n".join(lines), file=stream, flush=True)
-    write_outputs(options, steps, env, with_record=False)  # the record grew value by value
+    if options.record is not None:  # its rows grew value by value: now their verdict
+        record.settle_verdict(options.record, run, verdict.by_config)
+    write_outputs(options, steps, env, with_record=False, run=run, verdicts=verdict.by_config)
     if stopped:
         print(
             "stopped (Ctrl-C, SIGTERM or SIGHUP); every process it started is stopped",

@@ -5,6 +5,8 @@ server) as the engine."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -218,11 +220,37 @@ def test_a_config_template_is_rendered_per_value_and_named_by_the_command(
     assert float(rows(tmp_path)[1]["p50 ms"]) >= 30
 
 
-def test_the_record_grows_across_runs(tmp_path: Path) -> None:
+def test_the_record_grows_across_runs_each_row_with_its_run_and_verdict(tmp_path: Path) -> None:
+    outputs = []
     for _ in range(2):
-        assert tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,2").returncode == 0
+        done = tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,40", "--csv", "-")
+        assert done.returncode == 0, done.stderr
+        outputs.append((done.stdout, done.stderr))  # with the CSV on stdout, the table is on stderr
+        time.sleep(1.0)  # the run column is to the second
     text = (tmp_path / "record.md").read_text()
-    assert len(rows(tmp_path)) == 4 and text.count("| when |") == 1
+    got = rows(tmp_path)
+    assert len(got) == 4 and text.count("| when |") == 1
+    runs = [r["run"] for r in got]
+    assert runs[0] == runs[1] != runs[2] == runs[3]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", runs[0])
+    for row in got:  # filled after the sweep, in the rows appended value by value
+        if row["config"] == "value=1":
+            assert row["verdict"] == "best"
+            assert row["why"].startswith("under 'max throughput with p99 <= 5000 ms': ")
+            assert f"req/s at c=2 (p99 {float(row['p99 ms']):.1f} ms)" in row["why"]
+        else:
+            assert row["verdict"] == "lost"
+            # the loser's line of the printed verdict, without its name
+            assert row["why"].startswith(row["req/s"] + " req/s at c=2")
+            assert "; at c=2 p99 " in row["why"]
+    for (out, err), own in zip(outputs, (got[:2], got[2:]), strict=True):
+        loser = next(line for line in err.splitlines() if line.startswith("  value=40: "))
+        assert own[1]["why"] == loser.removeprefix("  value=40: ")
+        # the CSV carries the same columns
+        csv_rows = list(csv.DictReader(io.StringIO(out)))
+        assert [(r["verdict"], r["run"]) for r in csv_rows] == [
+            ("best", own[0]["run"]), ("lost", own[1]["run"])
+        ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
