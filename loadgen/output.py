@@ -139,9 +139,11 @@ def write_outputs(
     with_record: bool = True,
     run: str = "",
     verdicts: Mapping[str, tuple[str, str]] | None = None,
+    view: str = "exporter",
 ) -> None:
     """The record, JSON, CSV and plot files the options ask for; ``verdicts`` (tune's,
-    per configuration) fill the rows' verdict and why."""
+    per configuration) fill the rows' verdict and why; ``view`` is whose server-side
+    view the steps hold (``plot.VIEWS``)."""
     rows = [record.step_row(result, env, run=run) for result in results]
     for row, result in zip(rows, results, strict=True):
         if verdicts and (result.config or "-") in verdicts:
@@ -155,7 +157,12 @@ def write_outputs(
     if options.plot is not None and results:
         from gpuscope.loadgen.plot import plot_results
 
-        plot_results(results, options.plot)
+        if options.plot_record and options.record is not None and options.record.exists():
+            plotted = record.plotted_steps(record.read_record(options.record.read_text()))
+            if plotted:
+                plot_results(plotted, options.plot, view="record")
+        else:
+            plot_results(results, options.plot, view=view)
 
 
 def table_stream(options: LoadOptions) -> TextIO:

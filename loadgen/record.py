@@ -237,6 +237,63 @@ def settle_verdict(path: Path, run: str, verdicts: Mapping[str, tuple[str, str]]
     return filled
 
 
+_LOAD = re.compile(r"(?:c=([0-9.eE+-]+)|([0-9.eE+-]+)/s)(?: \(stopped\))?")
+_MS = re.compile(r"\s*([0-9.eE+-]+)")
+
+
+def plotted_steps(rows: Sequence[dict[str, str]]) -> list[StepResult]:
+    """The record's rows (``read_record``'s) as steps to plot: latency percentiles and
+    phase means, each configuration labelled with its run when the rows hold several
+    runs, so that one configuration measured twice is two lines. Rows that measured
+    nothing (``not started``, no P99) are left out, and so are those of another load
+    mode than the last row's: one x axis is client counts or rates, not both."""
+    parsed = []
+    for row in rows:
+        load, latency = _load(row["load"]), _cuts_of(row)
+        if load is not None and latency is not None:
+            parsed.append((row, load, latency))
+    if not parsed:
+        return []
+    mode = parsed[-1][1].mode
+    runs = {row["run"] for row, _, _ in parsed}
+    steps = []
+    for row, load, latency in parsed:
+        if load.mode != mode:
+            continue
+        config = row["config"] if row["config"] != "-" else ""
+        if len(runs) > 1:
+            config = f"{config} @{row['run'] or 'earlier'}".strip()
+        means = {p: float(m.group(1)) for p in PHASES if (m := _MS.match(row[f"{p} ms"]))}
+        server = ServerStep(0, means, {}, {}, None, None, None, None) if means else None
+        step = StepResult(
+            load=load, config=config, duration_s=0.0, sent=0, ok=0, missed=0, errors={},
+            throughput_rps=0.0, tokens_per_s=0.0, latency_ms=latency, ttft_ms={}, tpot_ms={},
+            by_kind={}, server=server,
+        )  # fmt: skip
+        steps.append(step)
+    return steps
+
+
+def _load(label: str) -> Load | None:
+    match = _LOAD.fullmatch(label.strip())
+    if match is None:
+        return None
+    if match.group(1) is not None:
+        return Load("concurrency", float(match.group(1)))
+    return Load("rate", float(match.group(2)))
+
+
+def _cuts_of(row: dict[str, str]) -> dict[str, float] | None:
+    """The row's latency percentiles that it has; None without a P99."""
+    cuts = {}
+    for point in ("p50", "p95", "p99", "max"):
+        try:
+            cuts[point] = float(row[f"{point} ms"])
+        except ValueError:
+            continue
+    return cuts if "p99" in cuts else None
+
+
 def csv_text(rows: Sequence[dict[str, str]]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")

@@ -551,7 +551,10 @@ def main(argv: Sequence[str]) -> int:
     print(table(steps, env) + "\n".join(lines), file=stream, flush=True)
     if options.record is not None:  # its rows grew value by value: now their verdict
         record.settle_verdict(options.record, run, verdict.by_config)
-    write_outputs(options, steps, env, with_record=False, run=run, verdicts=verdict.by_config)
+    write_outputs(
+        options, steps, env, with_record=False, run=run, verdicts=verdict.by_config,
+        view=options.server_metrics_format if options.command else "exporter",
+    )  # fmt: skip
     if stopped:
         print(
             "stopped (Ctrl-C, SIGTERM or SIGHUP); every process it started is stopped",

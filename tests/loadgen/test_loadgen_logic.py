@@ -3,12 +3,14 @@ objective, the record table, the workload and the flags."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -356,6 +358,90 @@ def test_the_verdict_settles_the_rows_of_its_run_only(tmp_path: Path) -> None:
     assert path.read_text().startswith(record.TITLE) and path.stat().st_mode & 0o777 == 0o640
     assert record.settle_verdict(path, "run 3", verdicts) == 0
     assert record.settle_verdict(tmp_path / "absent.md", "run 2", verdicts) == 0
+
+
+def test_the_records_rows_of_every_run_are_steps_to_plot() -> None:
+    old_separator = "|" + "|".join("---" for _ in OLD_HEADER.strip("| ").split(" | ")) + "|"
+    earlier = f"{OLD_HEADER}\n{old_separator}\n{OLD_ROW}\n\n"
+    rows = [
+        record.step_row(_step("d=1", n, 10 * n, 100, queue=n, compute=3), "env", run=run)
+        for run in ("run 1", "run 2") for n in (1, 4)
+    ]  # fmt: skip
+    rows.append(record.step_row(not_started(Load("concurrency", 1), "d=2", "why", []), "env"))
+    at_rate = dataclasses.replace(_step("d=3", 2, 5, 1), load=Load("rate", 2))
+    rows.insert(0, record.step_row(at_rate, "env"))  # the last row's mode is the plot's
+    text = earlier + record.markdown_rows(rows, header=True)
+    steps = record.plotted_steps(record.read_record(text))
+    # the old table's row and both runs' rows, one label per configuration and run; not
+    # the row that measured nothing, nor the other load mode
+    assert [(s.config, s.load.label) for s in steps] == [
+        ("max-queue-delay-ms=0.1 @earlier", "c=1"),
+        ("d=1 @run 1", "c=1"), ("d=1 @run 1", "c=4"),
+        ("d=1 @run 2", "c=1"), ("d=1 @run 2", "c=4"),
+    ]  # fmt: skip
+    assert steps[0].latency_ms == {"p50": 7.5, "p95": 15.47, "p99": 31.96, "max": 51.89}
+    assert steps[0].server is not None and steps[0].server.phase_mean_ms["batch_wait"] == 2.75
+    assert steps[2].server is not None and steps[2].server.phase_mean_ms == {
+        "queue": 4.0, "compute": 3.0
+    }  # fmt: skip
+    # one run only: the configuration as it is
+    single = record.plotted_steps(record.read_record(record.markdown_rows(rows[1:3], True)))
+    assert [s.config for s in single] == ["d=1", "d=1"]
+    assert record.plotted_steps([]) == []
+
+
+def _drawn(
+    steps: list[StepResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: str
+) -> Any:
+    """The figure ``plot_results`` drew (kept from its close) and the PNG it wrote."""
+    pytest.importorskip("matplotlib")  # the plot extra (part of dev): skipped only without it
+    import matplotlib.pyplot as plt
+
+    from gpuscope.loadgen.plot import plot_results
+
+    figures: list[Any] = []
+    real_close = plt.close
+
+    def close(figure: Any) -> None:
+        figures.append(figure)
+        real_close(figure)
+
+    monkeypatch.setattr(plt, "close", close)
+    plot_results(steps, tmp_path / "plot.png", **kw)
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (figure,) = figures
+    return figure
+
+
+def test_the_phase_axis_names_whose_view_it_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = [_step("d=1", 1, 5, 100, queue=1, compute=3), _step("d=2", 1, 9, 90, queue=2)]
+    labels = {}
+    for view in ("exporter", "triton", "record"):
+        labels[view] = _drawn(steps, tmp_path, monkeypatch, view=view).axes[1].get_ylabel()
+    assert labels == {
+        "exporter": "mean ms per request (gpuscope exporter, from spans)",
+        "triton": "mean ms per request (Triton's nv_inference counters)",
+        "record": "mean ms per request (server side, each run's view)",
+    }
+
+
+def test_the_plot_of_a_record_draws_each_configuration_of_each_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [
+        record.step_row(_step(f"d={d}", n, 10 * n + d, 100, queue=n), "env", run=run)
+        for run in ("run 1", "run 2") for d in (1, 2) for n in (1, 4)
+    ]  # fmt: skip
+    steps = record.plotted_steps(record.read_record(record.markdown_rows(rows, header=True)))
+    figure = _drawn(steps, tmp_path, monkeypatch, view="record")
+    latency, phases = figure.axes
+    assert [line.get_label() for line in latency.get_lines()] == [
+        "d=1 @run 1 p99", "d=2 @run 1 p99", "d=1 @run 2 p99", "d=2 @run 2 p99"
+    ]  # fmt: skip
+    assert [list(line.get_ydata()) for line in latency.get_lines()][3] == [12.0, 42.0]
+    assert len(phases.patches) == 8  # one queue bar per step of every run
 
 
 def test_csv_and_json_carry_every_step() -> None:

@@ -222,8 +222,11 @@ def test_a_config_template_is_rendered_per_value_and_named_by_the_command(
 
 def test_the_record_grows_across_runs_each_row_with_its_run_and_verdict(tmp_path: Path) -> None:
     outputs = []
-    for _ in range(2):
-        done = tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,40", "--csv", "-")
+    # the first run plots its own steps, the second the whole record (both runs)
+    plots = [["--plot", str(tmp_path / "run.png")],
+             ["--plot", str(tmp_path / "record.png"), "--plot-record"]]  # fmt: skip
+    for plot in plots:
+        done = tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,40", "--csv", "-", *plot)
         assert done.returncode == 0, done.stderr
         outputs.append((done.stdout, done.stderr))  # with the CSV on stdout, the table is on stderr
         time.sleep(1.0)  # the run column is to the second
@@ -251,6 +254,8 @@ def test_the_record_grows_across_runs_each_row_with_its_run_and_verdict(tmp_path
         assert [(r["verdict"], r["run"]) for r in csv_rows] == [
             ("best", own[0]["run"]), ("lost", own[1]["run"])
         ]  # fmt: skip
+    for png in ("run.png", "record.png"):  # matplotlib is in the dev extra: no skip here
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,6 +285,7 @@ def options(**settings: object) -> TuneOptions:
         ({"command": "engine 'unclosed {port} {value}", "sweep": "1,2"}, "cannot split"),
         ({"command": "engine {port} {value}", "sweep": "1,2", "sweep_name": "a b"}, "a name"),
         ({"engine_metrics": "http://127.0.0.1:9"}, "is for --command's engine"),
+        ({"plot_record": True, "record": Path("r.md")}, "--plot-record: needs --plot and"),
         (
             {"command": "e {port} {value}", "sweep": "1,2", "engine_metrics_format": "exporter"},
             "--engine-metrics-format",
