@@ -13,8 +13,10 @@ file per value (Triton's ``config.pbtxt``, a Ray Serve YAML) under the value's f
 
 Unless ``--exporter-url`` names one, a gpuscope exporter is started once for the whole
 sweep: with a simulated GPU for the reference worker, with the machine's own (NVML, or
-none) for ``--command``. Each value's rows are appended to the record as it ends; at
-the end, the table and the best value under ``--objective`` with why the others lose.
+none) for ``--command`` unless ``--simulated-gpu`` asks for the simulated one there
+too. Each value's rows are appended to the record as it ends; at the end, the table and
+the best value under ``--objective`` with why the others lose, which then fills the
+verdict and why of those rows.
 Every process started here is stopped on success, error, Ctrl-C, SIGTERM and SIGHUP.
 """
 
@@ -171,6 +173,14 @@ class TuneOptions(
         help="an exporter the worker should send spans to (default: start one)",
         check=http_url(EXPORTER_URL_EXAMPLE),
     )
+    simulated_gpu: bool = option(
+        False,
+        help="with --command: the exporter the tuner starts simulates a GPU, as for the "
+        "reference worker, instead of polling the machine's own; the command gets its UUID "
+        "in GPUSCOPE_GPU_UUID (gpuscope's middleware reads it; pass it to the reference "
+        "worker as --gpu-uuid). To try a sweep where there is no GPU: the GPU columns then "
+        "describe the simulation, driven by the engine's compute spans, not the engine",
+    )
     worker_args: str = option(
         "", help="further worker flags for every run, e.g. '--hidden-size 128'", metavar="FLAGS"
     )
@@ -181,6 +191,16 @@ class TuneOptions(
             self._check_command()
         elif self.engine_metrics:
             raise ConfigError(f"{_flag('engine_metrics')}: is for --command's engine")
+        elif self.simulated_gpu:
+            raise ConfigError(
+                f"{_flag('simulated_gpu')}: is for --command (the reference worker's sweeps "
+                "always simulate one)"
+            )
+        if self.simulated_gpu and self.exporter_url is not None:
+            raise ConfigError(
+                f"{_flag('simulated_gpu')}: the exporter of {_flag('exporter_url')} polls "
+                "what it was started with; the tuner starts none"
+            )
         try:
             objective = Objective.parse(self.objective)
         except ObjectiveError as exc:
@@ -378,7 +398,7 @@ async def run_sweep(
     sweep: dict[str, list[StepResult]] = {}
     with Children() as children:
         exporter_url, gpu_uuid = options.exporter_url, None
-        if exporter_url is None and options.command:
+        if exporter_url is None and options.command and not options.simulated_gpu:
             # another engine runs on the machine's own GPU, if any: the exporter polls
             # that (NVML), not a simulated one whose state would be nobody's
             exporter = children.exporter(

@@ -93,6 +93,38 @@ def test_each_value_gets_its_own_server_traced_to_the_exporter_and_stopped(
     assert "--delay-ms 40" in (tmp_path / "work" / "02-40" / "command").read_text()
 
 
+# The reference worker as any engine: its compute spans name the simulated GPU that
+# --simulated-gpu gives the command in GPUSCOPE_GPU_UUID, so the GPU works with the load.
+WORKER_COMMAND = (
+    "sh -c 'exec " + shlex.join([sys.executable, "-m", "gpuscope", "worker"])
+    + ' --host 127.0.0.1 --port {port} --otlp-endpoint {otlp} --gpu-uuid "$GPUSCOPE_GPU_UUID"'
+    " --max-batch-size {value} --hidden-size 64 --layers 1 --log-level warning'"
+)  # fmt: skip
+
+
+def test_a_simulated_gpu_fills_the_gpu_columns_of_command_rows(tmp_path: Path) -> None:
+    done = tune(
+        tmp_path, WORKER_COMMAND, "max-batch-size=1,4", "--simulated-gpu",
+        "--server-metrics-format", "exporter", "--ready-path", "/readyz",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = rows(tmp_path)
+    assert [r["config"] for r in got] == ["max-batch-size=1", "max-batch-size=4"]
+    for row in got:
+        assert int(row["ok"]) > 0 and row["errors"] == "0"
+        # the worker's spans reached the exporter: phases and batch
+        assert row["compute ms"] and 1 <= float(row["batch"]) <= 4
+        # the simulated GPU (an H100-like part), busy with the worker's compute spans:
+        # SM occupancy and SM clock over its maximum are fractions, PCIe moves bytes
+        occupancy, clock, pcie = (float(row[c]) for c in ("sm occ", "clock", "pcie MB/s"))
+        assert 0 <= occupancy <= 1
+        assert 0.1 < clock <= 1  # idle is 345 MHz of 1980 (0.17), under load up to 1
+        assert 0 < pcie < 64_000 * 2  # PCIe gen5 x16: 63 GB/s a direction
+    assert float(got[0]["batch"]) == 1.0
+    # an idle simulated GPU has no SM occupancy: the load's spans reached it
+    assert max(float(r["sm occ"]) for r in got) > 0
+
+
 def test_a_command_that_exits_at_start_is_a_row_with_its_reason_and_the_sweep_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -285,6 +317,16 @@ def options(**settings: object) -> TuneOptions:
         ({"command": "engine 'unclosed {port} {value}", "sweep": "1,2"}, "cannot split"),
         ({"command": "engine {port} {value}", "sweep": "1,2", "sweep_name": "a b"}, "a name"),
         ({"engine_metrics": "http://127.0.0.1:9"}, "is for --command's engine"),
+        ({"simulated_gpu": True}, "--simulated-gpu: is for --command"),
+        (
+            {
+                "command": "e {port} {value}",
+                "sweep": "1,2",
+                "simulated_gpu": True,
+                "exporter_url": "http://127.0.0.1:9",
+            },
+            "the tuner starts none",
+        ),
         ({"plot_record": True, "record": Path("r.md")}, "--plot-record: needs --plot and"),
         (
             {"command": "e {port} {value}", "sweep": "1,2", "engine_metrics_format": "exporter"},
