@@ -125,6 +125,31 @@ def test_a_simulated_gpu_fills_the_gpu_columns_of_command_rows(tmp_path: Path) -
     assert max(float(r["sm occ"]) for r in got) > 0
 
 
+def test_a_sweep_of_models_is_a_sweep_of_a_command_value_with_rows_named_model(
+    tmp_path: Path,
+) -> None:
+    # two "quantisations" of one model, each its own server; a '/' in a value is no folder
+    command = f"{SERVE} --model {{value}} --delay-ms 2 --state {{workdir}}/state.json"
+    models = ["org/tiny-awq", "org/tiny-gptq"]
+    done = tune(tmp_path, command, ",".join(models), "--sweep-name", "model")
+    assert done.returncode == 0, done.stderr
+    got = rows(tmp_path)
+    assert [r["config"] for r in got] == ["model=org/tiny-awq", "model=org/tiny-gptq"]
+    # each server served only its own model (another is a 404): the load asked each
+    # for the model it listed
+    assert all(int(r["ok"]) > 0 and r["errors"] == "0" for r in got)
+    folders = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert folders == ["01-org_tiny-awq", "02-org_tiny-gptq"]
+    states = [json.loads((tmp_path / "work" / f / "state.json").read_text()) for f in folders]
+    assert [s["model"] for s in states] == models
+    assert [s["env"]["GPUSCOPE_TUNE_CONFIG"] for s in states] == [r["config"] for r in got]
+    # the verdict names the models as the rows do
+    best = done.stdout.split("best under ")[1].splitlines()
+    assert best[0].split(": ")[1] in {"model=org/tiny-awq", "model=org/tiny-gptq"}
+    assert best[1].startswith("  model=org/tiny-")
+    assert sorted(r["verdict"] for r in got) == ["best", "lost"]
+
+
 def test_a_command_that_exits_at_start_is_a_row_with_its_reason_and_the_sweep_goes_on(
     tmp_path: Path,
 ) -> None:
