@@ -23,13 +23,13 @@ from gpuscope.flags import ConfigError
 from gpuscope.loadgen import record
 from gpuscope.loadgen.server_command import log_tail, render
 from gpuscope.loadgen.tune import TuneOptions
+from support.gpuscope_processes import GPUSCOPE, gpuscope_processes
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "support" / "command_server.py"
-GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 SERVE = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))} --port {{port}}"
 # a short ladder: the development machine has two cores shared with others
 LADDER = ["--mix", "embeddings=1", "--concurrency", "2", "--duration-s", "1.5", "--warmup-s", "0.2"]
@@ -208,7 +208,10 @@ def test_a_server_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_path: Pa
     assert not alive(state["pid"])
 
 
-def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: Path) -> None:
+def test_ctrl_c_during_the_ladder_leaves_no_server_no_grandchild_and_no_exporter(
+    tmp_path: Path,
+) -> None:
+    before = gpuscope_processes()
     state = tmp_path / "state.json"
     args = [
         *GPUSCOPE, "tune", "--command", f"{SERVE} --behave grandchild --state {state} "
@@ -223,6 +226,8 @@ def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: P
             time.sleep(0.2)  # another process's progress gives no event to wait on
         time.sleep(2.0)  # past the second of warm-up, into the ladder
         pids = json.loads(state.read_text())
+        started = gpuscope_processes() - before
+        assert tuner.pid in started and len(started) >= 2  # the tuner and its exporter
         tuner.send_signal(signal.SIGINT)
         _, stderr = tuner.communicate(timeout=60)
     finally:
@@ -230,6 +235,7 @@ def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: P
             tuner.kill()
     assert tuner.returncode == 130, stderr
     assert not alive(pids["pid"]) and not alive(pids["grandchild"])
+    assert gpuscope_processes() - before == set(), "the tuner's exporter outlived it"
     assert not (tmp_path / "work" / "02-10").exists(), "the sweep went on after Ctrl-C"
 
 

@@ -59,6 +59,24 @@ def test_the_counters_match_what_the_model_logged_and_move_with_the_delay() -> N
     assert check(steps, truth) == []
 
 
+def test_triton_s_queue_must_rise_at_each_delay_not_only_end_to_end() -> None:
+    _, steps = captured()
+    truth = json.loads((FIXTURES / "truth.json").read_text())
+    queues = [s.server.phase_mean_ms["queue"] for s in steps if s.server]
+    assert queues == sorted(queues) and len(set(queues)) == 3  # the run's: 9, 15, 76 ms
+    # the middle delay's queue above the last's: the first and last still rise
+    middle = steps[1]
+    assert middle.server is not None
+    means = {**middle.server.phase_mean_ms, "queue": queues[-1] + 1}
+    bent = dataclasses.replace(
+        middle, server=dataclasses.replace(middle.server, phase_mean_ms=means)
+    )
+    problems = check([steps[0], bent, steps[2]], truth)
+    assert problems == [
+        f"Triton's queue does not rise at each delay: {[queues[0], queues[-1] + 1, queues[-1]]}"
+    ]
+
+
 def test_the_table_and_the_verdict_are_the_runs() -> None:
     text, lines = rendered(FIXTURES, OBJECTIVE)
     assert text == (FIXTURES / "table.txt").read_text()
