@@ -178,9 +178,16 @@ def phase_difference(loser: StepResult, winner: StepResult) -> str:
 
 
 def _batch_difference(loser: StepResult, winner: StepResult) -> str:
-    """The mean batch of both, when the server says: the knob's effect, often the cause."""
-    assert loser.server is not None and winner.server is not None
-    own, best = loser.server.batch_size_mean, winner.server.batch_size_mean
+    """The mean batch of both, when the server says (or else the engine's own metrics,
+    vLLM's): the knob's effect, often the cause."""
+    own, best = _batch(loser), _batch(winner)
     if own is None or best is None or abs(own - best) < 0.05:
         return ""
     return f"; batch {own:.2f} vs {best:.2f}"
+
+
+def _batch(step: StepResult) -> float | None:
+    for view in (step.server, step.engine):
+        if view is not None and view.batch_size_mean is not None:
+            return view.batch_size_mean
+    return None

@@ -33,7 +33,7 @@ SERVER_COLUMNS = (
     "clock",
     "pcie MB/s",
 )
-ENGINE_COLUMNS = ("config", "load", "requests", *PHASE_COLUMNS)
+ENGINE_COLUMNS = ("config", "load", "requests", "batch", *PHASE_COLUMNS)
 PLAIN_EVERY_S = 5.0
 
 
@@ -94,8 +94,10 @@ def table(results: Sequence[StepResult], env: str) -> str:
             "the engine's (difference)):\n"
         )
         sides = [engine_row(res) for res in compared]
-        # only the phases both views have (an engine's own metrics split fewer)
-        shown = [c for c in ENGINE_COLUMNS if c not in PHASE_COLUMNS or any(r[c] for r in sides)]
+        # only the phases both views have (an engine's own metrics split fewer), and the
+        # batch where either view has one
+        measured = (*PHASE_COLUMNS, "batch")
+        shown = [c for c in ENGINE_COLUMNS if c not in measured or any(r[c] for r in sides)]
         text += _columns(sides, shown)
     notes = [f"{_name(res)}: {note}" for res in results for note in res.notes]
     text += "".join(f"note: {note}\n" for note in notes)
@@ -114,6 +116,11 @@ def engine_row(result: StepResult) -> dict[str, str]:
     )
     for phase, (ours, theirs, diff) in agreement(server, engine).items():
         row[f"{phase} ms"] = f"{ours:.2f} / {theirs:.2f} ({diff:.1%})"
+    if server.batch_size_mean is not None or engine.batch_size_mean is not None:
+        row["batch"] = " / ".join(
+            "-" if batch is None else f"{batch:.2f}"
+            for batch in (server.batch_size_mean, engine.batch_size_mean)
+        )
     return row
 
 

@@ -119,7 +119,7 @@ def _server_columns(result: StepResult) -> dict[str, str]:
     if server is None:
         return {}
     columns = {
-        "batch": _num(server.batch_size_mean, 2),
+        "batch": _num(server.batch_size_mean, 2) or _engine_batch(result),
         "sm occ": _num(server.sm_occupancy, 2),
         "clock": _num(server.clock_ratio, 2),
         "pcie MB/s": _num(
@@ -134,6 +134,13 @@ def _server_columns(result: StepResult) -> dict[str, str]:
         phase, share = max(server.phase_p99_share.items(), key=lambda item: item[1])
         columns["p99 led by"] = f"{phase} {share:.0%}"
     return columns
+
+
+def _engine_batch(result: StepResult) -> str:
+    """The engine's own mean batch where the server-side view has none (vLLM's spans
+    carry no batch size; its metrics do), marked as the engine's."""
+    batch = result.engine.batch_size_mean if result.engine is not None else None
+    return "" if batch is None else f"{batch:.2f} (engine)"
 
 
 def markdown_rows(rows: Iterable[dict[str, str]], header: bool) -> str:
