@@ -216,6 +216,7 @@ def settle_verdict(path: Path, run: str, verdicts: Mapping[str, tuple[str, str]]
     sees half of it. How many rows were filled."""
     if not run or not path.exists():
         return 0
+    by_cell = {_cell(config or "-"): settled for config, settled in verdicts.items()}
     lines = path.read_text().splitlines(keepends=True)
     columns: list[str] | None = None
     previous, filled = "", 0
@@ -225,8 +226,8 @@ def settle_verdict(path: Path, run: str, verdicts: Mapping[str, tuple[str, str]]
             columns = cells if cells == list(COLUMNS) else None  # only this version's rows
         elif line.startswith("| ") and columns is not None:
             row = dict(zip(columns, _cells(line), strict=True))
-            settled = verdicts.get(row["config"])
-            if row["run"] == run and settled is not None:
+            settled = by_cell.get(row["config"])  # the label as its cell writes it
+            if row["run"] == _cell(run) and settled is not None:
                 row["verdict"], row["why"] = (_cell(text) for text in settled)
                 end = "\n" if line.endswith("\n") else ""
                 lines[index] = "| " + " | ".join(row[c] for c in COLUMNS) + " |" + end

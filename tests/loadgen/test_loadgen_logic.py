@@ -339,19 +339,19 @@ def test_an_older_record_stays_readable_and_grows_a_table_with_the_new_columns(
 
 def test_the_verdict_settles_the_rows_of_its_run_only(tmp_path: Path) -> None:
     path = tmp_path / "record.md"
-    earlier = [record.step_row(_step(c, 1, 5, 100), "env", run="run 1") for c in ("a", "b")]
+    earlier = [record.step_row(_step(c, 1, 5, 100), "env", run="run 1") for c in ("a", "b|x")]
     this = [record.step_row(_step(c, n, 5, 100), "env", run="run 2")
-            for c in ("a", "b") for n in (1, 4)]  # fmt: skip
+            for c in ("a", "b|x") for n in (1, 4)]  # fmt: skip
     record.append_record(path, earlier)
     record.append_record(path, this[:2])
     record.append_record(path, this[2:])
     path.chmod(0o640)
-    verdicts = {"a": ("best", "under 'x': 1 req/s"), "b": ("lost", "p99 | 9 ms\nvs 5 ms")}
+    verdicts = {"a": ("best", "under 'x': 1 req/s"), "b|x": ("lost", "p99 | 9 ms\nvs 5 ms")}
     assert record.settle_verdict(path, "run 2", verdicts) == 4
     rows = record.read_record(path.read_text())
     assert rows[:2] == earlier  # another run's rows are left alone
     assert [(r["config"], r["load"], r["verdict"]) for r in rows[2:]] == [
-        ("a", "c=1", "best"), ("a", "c=4", "best"), ("b", "c=1", "lost"), ("b", "c=4", "lost")
+        ("a", "c=1", "best"), ("a", "c=4", "best"), ("b/x", "c=1", "lost"), ("b/x", "c=4", "lost")
     ]  # fmt: skip
     assert rows[2]["why"] == "under 'x': 1 req/s"
     assert rows[4]["why"] == "p99 / 9 ms vs 5 ms"  # still one cell of one row
