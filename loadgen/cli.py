@@ -25,6 +25,7 @@ def main(argv: Sequence[str]) -> int:
     if plot_unavailable(options, "gpuscope loadgen"):
         return 2
     progress = Progress()
+    run = record.run_stamp()
     target = Target(options.url, options.exporter_url, options.model)
 
     def runner(stop: asyncio.Event) -> Coroutine[Any, Any, list[StepResult]]:
@@ -39,7 +40,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     env = record.environment()
     print(table(results, env), end="", file=table_stream(options), flush=True)
-    write_outputs(options, results, env)
+    write_outputs(options, results, env, run=run)
     if stopped:
         print(
             "stopped (Ctrl-C, SIGTERM or SIGHUP); the table shows what was measured",

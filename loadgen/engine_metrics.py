@@ -34,7 +34,17 @@ vLLM histogram                             ``Snapshot`` field
                                            last token, i.e. prefill + decode)
 ``vllm:request_{prefill,decode}_time_..``  not phases: compute's two stages, kept in
                                            ``VllmSnapshotBuilder.histograms``
+``vllm:generation_tokens_total`` over       batch size: sequences per engine step
+``vllm:iteration_tokens_total_count``
 =========================================  ============================================
+
+vLLM's spans and request histograms carry no batch size, but each engine step (one
+scheduler iteration, counted by the ``vllm:iteration_tokens_total`` histogram) gives
+each sequence it runs one new token (``vllm:generation_tokens_total``), so over a step
+generated tokens / iterations is the mean number of sequences per engine step: vLLM's
+running batch. It counts a sequence only in the steps that give it a token: a prompt
+prefilled in chunks runs in steps that give none until its last chunk (the mean reads a
+little low), and speculative decoding gives several a step (it reads high).
 
 These are the same per-request times vLLM puts on its ``llm_request`` span
 (``gen_ai.latency.time_in_queue`` and ``..time_in_model_inference``, which the exporter
@@ -129,6 +139,9 @@ VLLM_INFERENCE: Final = "vllm:request_inference_time_seconds"
 VLLM_PREFILL: Final = "vllm:request_prefill_time_seconds"
 VLLM_DECODE: Final = "vllm:request_decode_time_seconds"
 _VLLM: Final = (VLLM_E2E, VLLM_QUEUE, VLLM_INFERENCE, VLLM_PREFILL, VLLM_DECODE)
+# the two counts whose ratio is the mean batch: tokens generated, engine steps taken
+VLLM_GENERATED: Final = "vllm:generation_tokens_total"
+VLLM_ITERATIONS: Final = "vllm:iteration_tokens_total_count"
 _SUFFIXES: Final = ("_bucket", "_sum", "_count")
 
 
@@ -137,6 +150,7 @@ class VllmSnapshotBuilder:
 
     def __init__(self) -> None:
         self.histograms = {name: Histogram() for name in _VLLM}
+        self.counts = {VLLM_GENERATED: 0.0, VLLM_ITERATIONS: 0.0}
         self._lines = 0
 
     def add(self, line: str) -> None:
@@ -146,9 +160,14 @@ class VllmSnapshotBuilder:
             return  # comments, and the Python process's own families
         try:
             sample, labels, value = parse_sample(line)
+            if sample in self.counts:
+                if not math.isfinite(value) or value < 0:
+                    raise MalformedMetrics(f"{sample} is {value}, not a count")
+                self.counts[sample] += value
+                return
             family, suffix = _family(sample)
             if family is None:
-                return  # vLLM's other families (tokens, cache, iterations...)
+                return  # vLLM's other families (prompt tokens, cache, ...)
             if suffix != "_sum" and (not math.isfinite(value) or value < 0):
                 raise MalformedMetrics(f"{sample} is {value}, not a count")
             histogram = self.histograms[family]
@@ -172,6 +191,7 @@ class VllmSnapshotBuilder:
             requests=h[VLLM_E2E].count,
             duration=h[VLLM_E2E],
             phases={"queue": h[VLLM_QUEUE], "compute": h[VLLM_INFERENCE]},
+            batch_size=Histogram({}, self.counts[VLLM_GENERATED], self.counts[VLLM_ITERATIONS]),
         )
 
 

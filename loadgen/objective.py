@@ -5,14 +5,15 @@ Objectives: ``max throughput with p99 <= X ms`` (the highest throughput of any s
 whose P99 is at most X ms and that had no errors) and ``min p99 at rate R`` (the lowest
 P99 of the open-loop step at R requests per second). A losing configuration is
 explained by its step at the winner's load: its P99 against the winner's and the
-phase whose mean grew the most.
+phase whose mean grew the most. ``Verdict.by_config`` says the same per configuration,
+for the record's verdict and why columns.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuscope.loadgen.results import StepResult
 
@@ -83,11 +84,17 @@ def _number(text: str, whole: str) -> float:
     return value
 
 
+BEST, LOST, NOT_STARTED, NONE_MET = "best", "lost", "not started", "none met"
+
+
 @dataclass(frozen=True)
 class Verdict:
     objective: Objective
     best: str | None
     lines: list[str]
+    # each configuration's (verdict, why): BEST with the objective and its score, LOST
+    # or NOT_STARTED with its line's reason, NONE_MET when no configuration qualified
+    by_config: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def choose(objective: Objective, sweep: Mapping[str, Sequence[StepResult]]) -> Verdict:
@@ -95,35 +102,50 @@ def choose(objective: Objective, sweep: Mapping[str, Sequence[StepResult]]) -> V
     candidates = {config: objective.candidate(steps) for config, steps in sweep.items()}
     scored = {config: step for config, step in candidates.items() if step is not None}
     if not scored:
-        return Verdict(objective, None, [f"no configuration meets '{objective}'"])
+        none = f"no configuration meets '{objective}'"
+        by_config = {
+            config: _why_lost(objective, steps, None, None) for config, steps in sweep.items()
+        }
+        by_config = {
+            config: (NOT_STARTED if kind == NOT_STARTED else NONE_MET, f"{none}; {why}")
+            for config, (kind, why) in by_config.items()
+        }
+        return Verdict(objective, None, [none], by_config)
     best = max(scored, key=lambda config: objective.score(scored[config]))
     winner = scored[best]
     lines = [f"best under '{objective}': {best}: {objective.describe(winner)}"]
+    by_config = {best: (BEST, f"under '{objective}': {objective.describe(winner)}")}
     for config, steps in sweep.items():
         if config != best:
-            lines.append(_why_lost(objective, config, steps, candidates[config], winner))
-    return Verdict(objective, best, lines)
+            by_config[config] = _why_lost(objective, steps, candidates[config], winner)
+            lines.append(f"  {config}: {by_config[config][1]}")
+    return Verdict(objective, best, lines, by_config)
 
 
 def _why_lost(
     objective: Objective,
-    config: str,
     steps: Sequence[StepResult],
     own: StepResult | None,
-    winner: StepResult,
-) -> str:
+    winner: StepResult | None,
+) -> tuple[str, str]:
+    """(LOST or NOT_STARTED, why); without a winner, only the configuration's own part."""
     if steps and all(step.not_started for step in steps):
-        return f"  {config}: did not start: {steps[0].not_started}"
+        return NOT_STARTED, f"did not start: {steps[0].not_started}"
     if own is not None:
-        head = f"  {config}: {objective.describe(own)}"
+        head = objective.describe(own)
     elif objective.kind == "max-throughput":
-        head = f"  {config}: no error-free step with p99 <= {objective.bound:g} ms"
+        head = f"no error-free step with p99 <= {objective.bound:g} ms"
     else:
-        head = f"  {config}: no step at rate {objective.bound:g}/s"
+        head = f"no step at rate {objective.bound:g}/s"
+    return LOST, head + (_against(steps, winner) if winner is not None else "")
+
+
+def _against(steps: Sequence[StepResult], winner: StepResult) -> str:
+    """A loser's step at the winner's load set beside the winner's ('' if it has none)."""
     same_load = next((s for s in steps if s.load == winner.load), None)
     if same_load is None or same_load.p99_ms is None or winner.p99_ms is None:
-        return head
-    return head + f"; at {winner.load.label} " + phase_difference(same_load, winner)
+        return ""
+    return f"; at {winner.load.label} " + phase_difference(same_load, winner)
 
 
 def phase_difference(loser: StepResult, winner: StepResult) -> str:
@@ -156,9 +178,16 @@ def phase_difference(loser: StepResult, winner: StepResult) -> str:
 
 
 def _batch_difference(loser: StepResult, winner: StepResult) -> str:
-    """The mean batch of both, when the server says: the knob's effect, often the cause."""
-    assert loser.server is not None and winner.server is not None
-    own, best = loser.server.batch_size_mean, winner.server.batch_size_mean
+    """The mean batch of both, when the server says (or else the engine's own metrics,
+    vLLM's): the knob's effect, often the cause."""
+    own, best = _batch(loser), _batch(winner)
     if own is None or best is None or abs(own - best) < 0.05:
         return ""
     return f"; batch {own:.2f} vs {best:.2f}"
+
+
+def _batch(step: StepResult) -> float | None:
+    for view in (step.server, step.engine):
+        if view is not None and view.batch_size_mean is not None:
+            return view.batch_size_mean
+    return None

@@ -135,8 +135,17 @@ class LoadOptions(Settings):
         help="PNG of latency against load and the phase breakdown (needs matplotlib)",
         check=writable_file,
     )
+    plot_record: bool = option(
+        False,
+        help="--plot draws every row of --record (each configuration of each run the file "
+        "holds, this run's included), not only this run's steps",
+    )
 
     def check(self) -> None:
+        if self.plot_record and (self.plot is None or self.record is None):
+            raise ConfigError(
+                f"{_flag('plot_record')}: needs {_flag('plot')} and {_flag('record')}"
+            )
         self.loads()  # raise on a bad ladder now, naming the flag
         try:
             self.request_stream()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from gpuscope.loadgen import record
@@ -33,7 +33,7 @@ SERVER_COLUMNS = (
     "clock",
     "pcie MB/s",
 )
-ENGINE_COLUMNS = ("config", "load", "requests", *PHASE_COLUMNS)
+ENGINE_COLUMNS = ("config", "load", "requests", "batch", *PHASE_COLUMNS)
 PLAIN_EVERY_S = 5.0
 
 
@@ -94,8 +94,10 @@ def table(results: Sequence[StepResult], env: str) -> str:
             "the engine's (difference)):\n"
         )
         sides = [engine_row(res) for res in compared]
-        # only the phases both views have (an engine's own metrics split fewer)
-        shown = [c for c in ENGINE_COLUMNS if c not in PHASE_COLUMNS or any(r[c] for r in sides)]
+        # only the phases both views have (an engine's own metrics split fewer), and the
+        # batch where either view has one
+        measured = (*PHASE_COLUMNS, "batch")
+        shown = [c for c in ENGINE_COLUMNS if c not in measured or any(r[c] for r in sides)]
         text += _columns(sides, shown)
     notes = [f"{_name(res)}: {note}" for res in results for note in res.notes]
     text += "".join(f"note: {note}\n" for note in notes)
@@ -114,6 +116,11 @@ def engine_row(result: StepResult) -> dict[str, str]:
     )
     for phase, (ours, theirs, diff) in agreement(server, engine).items():
         row[f"{phase} ms"] = f"{ours:.2f} / {theirs:.2f} ({diff:.1%})"
+    if server.batch_size_mean is not None or engine.batch_size_mean is not None:
+        row["batch"] = " / ".join(
+            "-" if batch is None else f"{batch:.2f}"
+            for batch in (server.batch_size_mean, engine.batch_size_mean)
+        )
     return row
 
 
@@ -132,10 +139,22 @@ def _columns(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> str:
 
 
 def write_outputs(
-    options: LoadOptions, results: Sequence[StepResult], env: str, *, with_record: bool = True
+    options: LoadOptions,
+    results: Sequence[StepResult],
+    env: str,
+    *,
+    with_record: bool = True,
+    run: str = "",
+    verdicts: Mapping[str, tuple[str, str]] | None = None,
+    view: str = "exporter",
 ) -> None:
-    """The record, JSON, CSV and plot files the options ask for."""
-    rows = [record.step_row(result, env) for result in results]
+    """The record, JSON, CSV and plot files the options ask for; ``verdicts`` (tune's,
+    per configuration) fill the rows' verdict and why; ``view`` is whose server-side
+    view the steps hold (``plot.VIEWS``)."""
+    rows = [record.step_row(result, env, run=run) for result in results]
+    for row, result in zip(rows, results, strict=True):
+        if verdicts and (result.config or "-") in verdicts:
+            row["verdict"], row["why"] = verdicts[result.config or "-"]
     if with_record and options.record is not None and rows:
         record.append_record(options.record, rows)
     if options.json is not None:
@@ -145,7 +164,12 @@ def write_outputs(
     if options.plot is not None and results:
         from gpuscope.loadgen.plot import plot_results
 
-        plot_results(results, options.plot)
+        if options.plot_record and options.record is not None and options.record.exists():
+            plotted = record.plotted_steps(record.read_record(options.record.read_text()))
+            if plotted:
+                plot_results(plotted, options.plot, view="record")
+        else:
+            plot_results(results, options.plot, view=view)
 
 
 def table_stream(options: LoadOptions) -> TextIO:

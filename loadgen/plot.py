@@ -1,5 +1,10 @@
 """``--plot FILE.png``: latency percentiles against offered load, and the phase breakdown
-stacked per step, one figure (matplotlib, the optional ``plot`` extra)."""
+stacked per step, one figure (matplotlib, the optional ``plot`` extra).
+
+The steps are this run's, or with ``--plot-record`` every row of the ``--record`` file
+(``record.plotted_steps``: one line per configuration and run). The phase axis names
+whose view the phases are (``VIEWS``): gpuscope's exporter from spans, or an engine's own
+counters."""
 
 from __future__ import annotations
 
@@ -10,6 +15,16 @@ from pathlib import Path
 from gpuscope import extras
 from gpuscope.loadgen.results import StepResult
 from gpuscope.spans import PHASES
+
+# What the phase axis says the means are, by --server-metrics-format (and "record": the
+# rows of several runs, whose views the record does not keep).
+VIEWS = {
+    "exporter": "gpuscope exporter, from spans",
+    "triton": "Triton's nv_inference counters",
+    "vllm": "vLLM's request histograms",
+    "record": "server side, each run's view",
+    "none": "no server-side view",
+}
 
 # The phases' colours; one that is not here is drawn all the same.
 COLORS = {
@@ -28,7 +43,8 @@ def require_matplotlib() -> str | None:
     return None
 
 
-def plot_results(results: Sequence[StepResult], path: Path) -> None:
+def plot_results(results: Sequence[StepResult], path: Path, view: str = "exporter") -> None:
+    """``results`` drawn to ``path``; ``view`` a key of ``VIEWS`` (or its own words)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
@@ -40,7 +56,7 @@ def plot_results(results: Sequence[StepResult], path: Path) -> None:
         steps = [r for r in results if r.config == config and r.latency_ms]
         x = [r.load.value for r in steps]
         points = ("p99",) if len(configs) > 1 else ("p50", "p95", "p99")  # one line each
-        for point in points:
+        for point in (p for p in points if all(p in r.latency_ms for r in steps)):
             style = "-" if point == "p99" else ":"
             name = f"{config} {point}" if config else point
             y = [r.latency_ms[point] for r in steps]
@@ -52,7 +68,7 @@ def plot_results(results: Sequence[StepResult], path: Path) -> None:
     latency.set_xscale("log", base=2 if mode == "concurrency" else 10)
     latency.grid(alpha=0.3)
     latency.legend(fontsize=6)
-    _phase_bars(phases, results)
+    _phase_bars(phases, results, VIEWS.get(view, view))
     figure.tight_layout()
     figure.savefig(path, pil_kwargs={"optimize": True})
     plt.close(figure)
@@ -63,7 +79,7 @@ def _short(config: str) -> str:
     return config.partition("=")[2] or config
 
 
-def _phase_bars(axes: object, results: Sequence[StepResult]) -> None:
+def _phase_bars(axes: object, results: Sequence[StepResult], view: str) -> None:
     from matplotlib.axes import Axes
 
     assert isinstance(axes, Axes)
@@ -75,7 +91,7 @@ def _phase_bars(axes: object, results: Sequence[StepResult]) -> None:
             # a phase without a colour of its own gets matplotlib's next one
             axes.bar(labels, heights, bottom=bottoms, label=phase, color=COLORS.get(phase))
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    axes.set_ylabel("mean ms per request (exporter)")
+    axes.set_ylabel(f"mean ms per request ({view})", fontsize=8)
     flag = results[0].config.partition("=")[0]
     by = f" (by {flag} and load)" if "=" in results[0].config else ""
     axes.set_title("where the time went" + by, fontsize=9)
@@ -83,4 +99,4 @@ def _phase_bars(axes: object, results: Sequence[StepResult]) -> None:
     if any(bottoms):
         axes.legend(fontsize=7)
     else:
-        axes.text(0.5, 0.5, "no --exporter-url", ha="center", transform=axes.transAxes)
+        axes.text(0.5, 0.5, "no server-side view", ha="center", transform=axes.transAxes)

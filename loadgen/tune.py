@@ -13,8 +13,10 @@ file per value (Triton's ``config.pbtxt``, a Ray Serve YAML) under the value's f
 
 Unless ``--exporter-url`` names one, a gpuscope exporter is started once for the whole
 sweep: with a simulated GPU for the reference worker, with the machine's own (NVML, or
-none) for ``--command``. Each value's rows are appended to the record as it ends; at
-the end, the table and the best value under ``--objective`` with why the others lose.
+none) for ``--command`` unless ``--simulated-gpu`` asks for the simulated one there
+too. Each value's rows are appended to the record as it ends; at the end, the table and
+the best value under ``--objective`` with why the others lose, which then fills the
+verdict and why of those rows.
 Every process started here is stopped on success, error, Ctrl-C, SIGTERM and SIGHUP.
 """
 
@@ -171,6 +173,14 @@ class TuneOptions(
         help="an exporter the worker should send spans to (default: start one)",
         check=http_url(EXPORTER_URL_EXAMPLE),
     )
+    simulated_gpu: bool = option(
+        False,
+        help="with --command: the exporter the tuner starts simulates a GPU, as for the "
+        "reference worker, instead of polling the machine's own; the command gets its UUID "
+        "in GPUSCOPE_GPU_UUID (gpuscope's middleware reads it; pass it to the reference "
+        "worker as --gpu-uuid). To try a sweep where there is no GPU: the GPU columns then "
+        "describe the simulation, driven by the engine's compute spans, not the engine",
+    )
     worker_args: str = option(
         "", help="further worker flags for every run, e.g. '--hidden-size 128'", metavar="FLAGS"
     )
@@ -181,6 +191,16 @@ class TuneOptions(
             self._check_command()
         elif self.engine_metrics:
             raise ConfigError(f"{_flag('engine_metrics')}: is for --command's engine")
+        elif self.simulated_gpu:
+            raise ConfigError(
+                f"{_flag('simulated_gpu')}: is for --command (the reference worker's sweeps "
+                "always simulate one)"
+            )
+        if self.simulated_gpu and self.exporter_url is not None:
+            raise ConfigError(
+                f"{_flag('simulated_gpu')}: the exporter of {_flag('exporter_url')} polls "
+                "what it was started with; the tuner starts none"
+            )
         try:
             objective = Objective.parse(self.objective)
         except ObjectiveError as exc:
@@ -372,13 +392,13 @@ def _flag(field: str) -> str:
 
 
 async def run_sweep(
-    options: TuneOptions, stop: asyncio.Event, progress: Progress, env: str
+    options: TuneOptions, stop: asyncio.Event, progress: Progress, env: str, run: str = ""
 ) -> dict[str, list[StepResult]]:
     """Each value's steps, in sweep order; stops early (keeping what ran) when ``stop`` is set."""
     sweep: dict[str, list[StepResult]] = {}
     with Children() as children:
         exporter_url, gpu_uuid = options.exporter_url, None
-        if exporter_url is None and options.command:
+        if exporter_url is None and options.command and not options.simulated_gpu:
             # another engine runs on the machine's own GPU, if any: the exporter polls
             # that (NVML), not a simulated one whose state would be nobody's
             exporter = children.exporter(
@@ -407,7 +427,8 @@ async def run_sweep(
                 break
             sweep[options.label(value)] = steps
             if options.record is not None and steps:
-                record.append_record(options.record, [record.step_row(s, env) for s in steps])
+                rows = [record.step_row(s, env, run=run) for s in steps]
+                record.append_record(options.record, rows)
     return sweep
 
 
@@ -532,9 +553,11 @@ def main(argv: Sequence[str]) -> int:
     if plot_unavailable(options, "gpuscope tune"):
         return 2
     progress = Progress()
-    env = record.environment()
+    env, run = record.environment(), record.run_stamp()
     try:
-        sweep, stopped = run_until_stopped(lambda stop: run_sweep(options, stop, progress, env))
+        sweep, stopped = run_until_stopped(
+            lambda stop: run_sweep(options, stop, progress, env, run)
+        )
     except (ChildFailed, RuntimeError) as exc:
         print(f"gpuscope tune: {exc}", file=sys.stderr)
         return 1
@@ -546,7 +569,12 @@ def main(argv: Sequence[str]) -> int:
     if not options.command:  # another engine's settings are its own, not the worker's
         lines += batching_equivalents.for_tune(options, verdict.best)
     print(table(steps, env) + "\n".join(lines), file=stream, flush=True)
-    write_outputs(options, steps, env, with_record=False)  # the record grew value by value
+    if options.record is not None:  # its rows grew value by value: now their verdict
+        record.settle_verdict(options.record, run, verdict.by_config)
+    write_outputs(
+        options, steps, env, with_record=False, run=run, verdicts=verdict.by_config,
+        view=options.server_metrics_format if options.command else "exporter",
+    )  # fmt: skip
     if stopped:
         print(
             "stopped (Ctrl-C, SIGTERM or SIGHUP); every process it started is stopped",

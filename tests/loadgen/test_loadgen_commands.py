@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,28 +20,13 @@ import pytest
 
 from gpuscope import extras, flags
 from gpuscope.loadgen import cli, record
+from support.gpuscope_processes import GPUSCOPE, gpuscope_processes
 from support.worker_servers import serve_worker
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
-GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 SMALL_WORKER = "--hidden-size 64 --layers 1"
-
-
-def gpuscope_processes() -> set[int]:
-    """Live ``python -m gpuscope ...`` processes of this interpreter."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # it ended while we looked
-        if [a.decode(errors="replace") for a in argv[:3]] == GPUSCOPE:
-            pids.add(int(entry.name))
-    return pids
 
 
 def wait_for(condition: object, what: str, timeout_s: float = 60.0) -> None:

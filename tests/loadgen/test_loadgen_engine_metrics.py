@@ -107,6 +107,23 @@ def test_a_vllm_bucket_without_a_bound_names_its_line() -> None:
         builder.add('vllm:request_queue_time_seconds_bucket{le="soon"} 1')
 
 
+def test_a_vllm_mean_batch_is_generated_tokens_per_engine_step_over_every_engine() -> None:
+    def scrape(tokens: float, steps: float) -> Snapshot:
+        builder = VllmSnapshotBuilder()
+        for engine in ("0", "1"):  # summed over engines, as the histograms are
+            builder.add(f'vllm:generation_tokens_total{{engine="{engine}"}} {tokens}')
+            builder.add(f'vllm:iteration_tokens_total_count{{engine="{engine}"}} {steps}')
+            builder.add(f'vllm:generation_tokens_created{{engine="{engine}"}} 1.7e9')
+        return builder.finish(0.0)
+
+    # 2 x 300 tokens over 2 x 100 steps: three sequences a step
+    assert step_view(scrape(100, 50), scrape(400, 150)).batch_size_mean == pytest.approx(3.0)
+    assert step_view(scrape(100, 50), scrape(100, 50)).batch_size_mean is None  # no step
+    builder = VllmSnapshotBuilder()
+    with pytest.raises(MalformedMetrics, match=r"line 1: vllm:generation_tokens_total is -1"):
+        builder.add("vllm:generation_tokens_total -1")
+
+
 def test_agreement_is_each_shared_phase_against_the_engine() -> None:
     def step(means: dict[str, float]) -> ServerStep:
         return ServerStep(10, means, {}, {}, None, None, None, None)

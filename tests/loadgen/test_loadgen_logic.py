@@ -3,12 +3,14 @@ objective, the record table, the workload and the flags."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,7 @@ from gpuscope.loadgen.client import Outcome
 from gpuscope.loadgen.objective import Objective, ObjectiveError, choose, phase_difference
 from gpuscope.loadgen.options import LoadgenOptions
 from gpuscope.loadgen.output import Progress
-from gpuscope.loadgen.results import Load, StepResult, summarize
+from gpuscope.loadgen.results import Load, StepResult, not_started, summarize
 from gpuscope.loadgen.runner import Live
 from gpuscope.loadgen.server_view import ServerStep, parse_snapshot, shares, step_view
 from gpuscope.loadgen.stats import histogram_quantile, percentile
@@ -222,6 +224,29 @@ def test_the_best_configuration_keeps_p99_under_the_bound_and_the_others_say_why
     assert nothing.best is None
 
 
+def test_the_verdict_per_configuration_is_the_lines_without_the_name() -> None:
+    sweep = {
+        "d=1": [_step("d=1", 8, 40, 300, queue=20, compute=15)],
+        "d=2": [_step("d=2", 8, 45, 380, queue=12, compute=20)],
+        "d=3": [not_started(Load("concurrency", 8), "d=3", "exited with status 3", [])],
+    }
+    verdict = choose(Objective.parse("max throughput with p99 <= 50 ms"), sweep)
+    assert verdict.by_config == {
+        "d=2": ("best", "under 'max throughput with p99 <= 50 ms': 380.0 req/s at c=8 "
+                "(p99 45.0 ms)"),
+        "d=1": ("lost", verdict.lines[1].removeprefix("  d=1: ")),
+        "d=3": ("not started", "did not start: exited with status 3"),
+    }  # fmt: skip
+    assert "queue +8.00 ms mean" in verdict.by_config["d=1"][1]
+    nothing = choose(Objective.parse("max throughput with p99 <= 1 ms"), sweep)
+    assert nothing.by_config["d=1"] == (
+        "none met",
+        "no configuration meets 'max throughput with p99 <= 1 ms'; no error-free step with "
+        "p99 <= 1 ms",
+    )
+    assert nothing.by_config["d=3"][0] == "not started"
+
+
 def test_min_p99_at_a_rate_compares_that_step_only() -> None:
     def at(config: str, rate: float, p99: float) -> StepResult:
         step = _step(config, 1, p99, rate)
@@ -277,6 +302,146 @@ def test_a_record_with_other_columns_gets_a_new_table_below(tmp_path: Path) -> N
     text = path.read_text()
     assert text.startswith("notes\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n| when |")
     assert record.read_record(text) == [row]
+
+
+# The record's header before the run, verdict and why columns (docs/tuning.md's tables).
+OLD_HEADER = (
+    "| when | config | load | sent | ok | errors | missed | req/s | tok/s | p50 ms | p95 ms "
+    "| p99 ms | max ms | ttft p50 ms | tpot p50 ms | batch | preprocess ms | queue ms | "
+    "batch_wait ms | compute ms | postprocess ms | p99 led by | sm occ | clock | pcie MB/s | "
+    "env |"
+)
+OLD_ROW = (
+    "| 2026-12-01 02:44:53 | max-queue-delay-ms=0.1 | c=1 | 481 | 481 | 0 | 0 | 120.1 | 0.0 "
+    "| 7.50 | 15.47 | 31.96 | 51.89 |  |  | 1.00 | 0.23 (4%) | 0.04 (1%) | 2.75 (47%) | "
+    "0.83 (14%) | 2.06 (35%) | batch_wait 54% | 0.01 | 0.45 | 518.3 | vm 2cpu py3.11 "
+    "gpuscope 0.1.0 |"
+)
+
+
+def test_an_older_record_stays_readable_and_grows_a_table_with_the_new_columns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "record.md"
+    separator = "|" + "|".join("---" for _ in OLD_HEADER.strip("| ").split(" | ")) + "|"
+    path.write_text(f"{record.TITLE}\n{OLD_HEADER}\n{separator}\n{OLD_ROW}\n")
+    (old,) = record.read_record(path.read_text())
+    assert set(old) == set(record.COLUMNS)  # every column, the new ones empty
+    assert old["config"] == "max-queue-delay-ms=0.1" and old["pcie MB/s"] == "518.3"
+    assert old["env"] == "vm 2cpu py3.11 gpuscope 0.1.0"
+    assert old["verdict"] == old["why"] == old["run"] == ""
+    new = record.step_row(_step("d=1", 1, 5, 100), "env", run="2026-12-04 07:00:00")
+    record.append_record(path, [new])
+    text = path.read_text()
+    assert text.count("| when |") == 2  # the old table, then one with this version's columns
+    assert record.read_record(text) == [old, new]
+
+
+def test_the_verdict_settles_the_rows_of_its_run_only(tmp_path: Path) -> None:
+    path = tmp_path / "record.md"
+    earlier = [record.step_row(_step(c, 1, 5, 100), "env", run="run 1") for c in ("a", "b|x")]
+    this = [record.step_row(_step(c, n, 5, 100), "env", run="run 2")
+            for c in ("a", "b|x") for n in (1, 4)]  # fmt: skip
+    record.append_record(path, earlier)
+    record.append_record(path, this[:2])
+    record.append_record(path, this[2:])
+    path.chmod(0o640)
+    verdicts = {"a": ("best", "under 'x': 1 req/s"), "b|x": ("lost", "p99 | 9 ms\nvs 5 ms")}
+    assert record.settle_verdict(path, "run 2", verdicts) == 4
+    rows = record.read_record(path.read_text())
+    assert rows[:2] == earlier  # another run's rows are left alone
+    assert [(r["config"], r["load"], r["verdict"]) for r in rows[2:]] == [
+        ("a", "c=1", "best"), ("a", "c=4", "best"), ("b/x", "c=1", "lost"), ("b/x", "c=4", "lost")
+    ]  # fmt: skip
+    assert rows[2]["why"] == "under 'x': 1 req/s"
+    assert rows[4]["why"] == "p99 / 9 ms vs 5 ms"  # still one cell of one row
+    assert path.read_text().startswith(record.TITLE) and path.stat().st_mode & 0o777 == 0o640
+    assert record.settle_verdict(path, "run 3", verdicts) == 0
+    assert record.settle_verdict(tmp_path / "absent.md", "run 2", verdicts) == 0
+
+
+def test_the_records_rows_of_every_run_are_steps_to_plot() -> None:
+    old_separator = "|" + "|".join("---" for _ in OLD_HEADER.strip("| ").split(" | ")) + "|"
+    earlier = f"{OLD_HEADER}\n{old_separator}\n{OLD_ROW}\n\n"
+    rows = [
+        record.step_row(_step("d=1", n, 10 * n, 100, queue=n, compute=3), "env", run=run)
+        for run in ("run 1", "run 2") for n in (1, 4)
+    ]  # fmt: skip
+    rows.append(record.step_row(not_started(Load("concurrency", 1), "d=2", "why", []), "env"))
+    at_rate = dataclasses.replace(_step("d=3", 2, 5, 1), load=Load("rate", 2))
+    rows.insert(0, record.step_row(at_rate, "env"))  # the last row's mode is the plot's
+    text = earlier + record.markdown_rows(rows, header=True)
+    steps = record.plotted_steps(record.read_record(text))
+    # the old table's row and both runs' rows, one label per configuration and run; not
+    # the row that measured nothing, nor the other load mode
+    assert [(s.config, s.load.label) for s in steps] == [
+        ("max-queue-delay-ms=0.1 @earlier", "c=1"),
+        ("d=1 @run 1", "c=1"), ("d=1 @run 1", "c=4"),
+        ("d=1 @run 2", "c=1"), ("d=1 @run 2", "c=4"),
+    ]  # fmt: skip
+    assert steps[0].latency_ms == {"p50": 7.5, "p95": 15.47, "p99": 31.96, "max": 51.89}
+    assert steps[0].server is not None and steps[0].server.phase_mean_ms["batch_wait"] == 2.75
+    assert steps[2].server is not None and steps[2].server.phase_mean_ms == {
+        "queue": 4.0, "compute": 3.0
+    }  # fmt: skip
+    # one run only: the configuration as it is
+    single = record.plotted_steps(record.read_record(record.markdown_rows(rows[1:3], True)))
+    assert [s.config for s in single] == ["d=1", "d=1"]
+    assert record.plotted_steps([]) == []
+
+
+def _drawn(
+    steps: list[StepResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: str
+) -> Any:
+    """The figure ``plot_results`` drew (kept from its close) and the PNG it wrote."""
+    pytest.importorskip("matplotlib")  # the plot extra (part of dev): skipped only without it
+    import matplotlib.pyplot as plt
+
+    from gpuscope.loadgen.plot import plot_results
+
+    figures: list[Any] = []
+    real_close = plt.close
+
+    def close(figure: Any) -> None:
+        figures.append(figure)
+        real_close(figure)
+
+    monkeypatch.setattr(plt, "close", close)
+    plot_results(steps, tmp_path / "plot.png", **kw)
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (figure,) = figures
+    return figure
+
+
+def test_the_phase_axis_names_whose_view_it_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = [_step("d=1", 1, 5, 100, queue=1, compute=3), _step("d=2", 1, 9, 90, queue=2)]
+    labels = {}
+    for view in ("exporter", "triton", "record"):
+        labels[view] = _drawn(steps, tmp_path, monkeypatch, view=view).axes[1].get_ylabel()
+    assert labels == {
+        "exporter": "mean ms per request (gpuscope exporter, from spans)",
+        "triton": "mean ms per request (Triton's nv_inference counters)",
+        "record": "mean ms per request (server side, each run's view)",
+    }
+
+
+def test_the_plot_of_a_record_draws_each_configuration_of_each_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [
+        record.step_row(_step(f"d={d}", n, 10 * n + d, 100, queue=n), "env", run=run)
+        for run in ("run 1", "run 2") for d in (1, 2) for n in (1, 4)
+    ]  # fmt: skip
+    steps = record.plotted_steps(record.read_record(record.markdown_rows(rows, header=True)))
+    figure = _drawn(steps, tmp_path, monkeypatch, view="record")
+    latency, phases = figure.axes
+    assert [line.get_label() for line in latency.get_lines()] == [
+        "d=1 @run 1 p99", "d=2 @run 1 p99", "d=1 @run 2 p99", "d=2 @run 2 p99"
+    ]  # fmt: skip
+    assert [list(line.get_ydata()) for line in latency.get_lines()][3] == [12.0, 42.0]
+    assert len(phases.patches) == 8  # one queue bar per step of every run
 
 
 def test_csv_and_json_carry_every_step() -> None:

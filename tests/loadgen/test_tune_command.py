@@ -5,6 +5,8 @@ server) as the engine."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -21,13 +23,13 @@ from gpuscope.flags import ConfigError
 from gpuscope.loadgen import record
 from gpuscope.loadgen.server_command import log_tail, render
 from gpuscope.loadgen.tune import TuneOptions
+from support.gpuscope_processes import GPUSCOPE, gpuscope_processes
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "support" / "command_server.py"
-GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 SERVE = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))} --port {{port}}"
 # a short ladder: the development machine has two cores shared with others
 LADDER = ["--mix", "embeddings=1", "--concurrency", "2", "--duration-s", "1.5", "--warmup-s", "0.2"]
@@ -91,6 +93,63 @@ def test_each_value_gets_its_own_server_traced_to_the_exporter_and_stopped(
     assert "--delay-ms 40" in (tmp_path / "work" / "02-40" / "command").read_text()
 
 
+# The reference worker as any engine: its compute spans name the simulated GPU that
+# --simulated-gpu gives the command in GPUSCOPE_GPU_UUID, so the GPU works with the load.
+WORKER_COMMAND = (
+    "sh -c 'exec " + shlex.join([sys.executable, "-m", "gpuscope", "worker"])
+    + ' --host 127.0.0.1 --port {port} --otlp-endpoint {otlp} --gpu-uuid "$GPUSCOPE_GPU_UUID"'
+    " --max-batch-size {value} --hidden-size 64 --layers 1 --log-level warning'"
+)  # fmt: skip
+
+
+def test_a_simulated_gpu_fills_the_gpu_columns_of_command_rows(tmp_path: Path) -> None:
+    done = tune(
+        tmp_path, WORKER_COMMAND, "max-batch-size=1,4", "--simulated-gpu",
+        "--server-metrics-format", "exporter", "--ready-path", "/readyz",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = rows(tmp_path)
+    assert [r["config"] for r in got] == ["max-batch-size=1", "max-batch-size=4"]
+    for row in got:
+        assert int(row["ok"]) > 0 and row["errors"] == "0"
+        # the worker's spans reached the exporter: phases and batch
+        assert row["compute ms"] and 1 <= float(row["batch"]) <= 4
+        # the simulated GPU (an H100-like part), busy with the worker's compute spans:
+        # SM occupancy and SM clock over its maximum are fractions, PCIe moves bytes
+        occupancy, clock, pcie = (float(row[c]) for c in ("sm occ", "clock", "pcie MB/s"))
+        assert 0 <= occupancy <= 1
+        assert 0.1 < clock <= 1  # idle is 345 MHz of 1980 (0.17), under load up to 1
+        assert 0 < pcie < 64_000 * 2  # PCIe gen5 x16: 63 GB/s a direction
+    assert float(got[0]["batch"]) == 1.0
+    # an idle simulated GPU has no SM occupancy: the load's spans reached it
+    assert max(float(r["sm occ"]) for r in got) > 0
+
+
+def test_a_sweep_of_models_is_a_sweep_of_a_command_value_with_rows_named_model(
+    tmp_path: Path,
+) -> None:
+    # two "quantisations" of one model, each its own server; a '/' in a value is no folder
+    command = f"{SERVE} --model {{value}} --delay-ms 2 --state {{workdir}}/state.json"
+    models = ["org/tiny-awq", "org/tiny-gptq"]
+    done = tune(tmp_path, command, ",".join(models), "--sweep-name", "model")
+    assert done.returncode == 0, done.stderr
+    got = rows(tmp_path)
+    assert [r["config"] for r in got] == ["model=org/tiny-awq", "model=org/tiny-gptq"]
+    # each server served only its own model (another is a 404): the load asked each
+    # for the model it listed
+    assert all(int(r["ok"]) > 0 and r["errors"] == "0" for r in got)
+    folders = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert folders == ["01-org_tiny-awq", "02-org_tiny-gptq"]
+    states = [json.loads((tmp_path / "work" / f / "state.json").read_text()) for f in folders]
+    assert [s["model"] for s in states] == models
+    assert [s["env"]["GPUSCOPE_TUNE_CONFIG"] for s in states] == [r["config"] for r in got]
+    # the verdict names the models as the rows do
+    best = done.stdout.split("best under ")[1].splitlines()
+    assert best[0].split(": ")[1] in {"model=org/tiny-awq", "model=org/tiny-gptq"}
+    assert best[1].startswith("  model=org/tiny-")
+    assert sorted(r["verdict"] for r in got) == ["best", "lost"]
+
+
 def test_a_command_that_exits_at_start_is_a_row_with_its_reason_and_the_sweep_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -149,7 +208,10 @@ def test_a_server_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_path: Pa
     assert not alive(state["pid"])
 
 
-def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: Path) -> None:
+def test_ctrl_c_during_the_ladder_leaves_no_server_no_grandchild_and_no_exporter(
+    tmp_path: Path,
+) -> None:
+    before = gpuscope_processes()
     state = tmp_path / "state.json"
     args = [
         *GPUSCOPE, "tune", "--command", f"{SERVE} --behave grandchild --state {state} "
@@ -164,6 +226,8 @@ def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: P
             time.sleep(0.2)  # another process's progress gives no event to wait on
         time.sleep(2.0)  # past the second of warm-up, into the ladder
         pids = json.loads(state.read_text())
+        started = gpuscope_processes() - before
+        assert tuner.pid in started and len(started) >= 2  # the tuner and its exporter
         tuner.send_signal(signal.SIGINT)
         _, stderr = tuner.communicate(timeout=60)
     finally:
@@ -171,6 +235,7 @@ def test_ctrl_c_during_the_ladder_leaves_no_server_and_no_grandchild(tmp_path: P
             tuner.kill()
     assert tuner.returncode == 130, stderr
     assert not alive(pids["pid"]) and not alive(pids["grandchild"])
+    assert gpuscope_processes() - before == set(), "the tuner's exporter outlived it"
     assert not (tmp_path / "work" / "02-10").exists(), "the sweep went on after Ctrl-C"
 
 
@@ -218,11 +283,42 @@ def test_a_config_template_is_rendered_per_value_and_named_by_the_command(
     assert float(rows(tmp_path)[1]["p50 ms"]) >= 30
 
 
-def test_the_record_grows_across_runs(tmp_path: Path) -> None:
-    for _ in range(2):
-        assert tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,2").returncode == 0
+def test_the_record_grows_across_runs_each_row_with_its_run_and_verdict(tmp_path: Path) -> None:
+    outputs = []
+    # the first run plots its own steps, the second the whole record (both runs)
+    plots = [["--plot", str(tmp_path / "run.png")],
+             ["--plot", str(tmp_path / "record.png"), "--plot-record"]]  # fmt: skip
+    for plot in plots:
+        done = tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,40", "--csv", "-", *plot)
+        assert done.returncode == 0, done.stderr
+        outputs.append((done.stdout, done.stderr))  # with the CSV on stdout, the table is on stderr
+        time.sleep(1.0)  # the run column is to the second
     text = (tmp_path / "record.md").read_text()
-    assert len(rows(tmp_path)) == 4 and text.count("| when |") == 1
+    got = rows(tmp_path)
+    assert len(got) == 4 and text.count("| when |") == 1
+    runs = [r["run"] for r in got]
+    assert runs[0] == runs[1] != runs[2] == runs[3]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", runs[0])
+    for row in got:  # filled after the sweep, in the rows appended value by value
+        if row["config"] == "value=1":
+            assert row["verdict"] == "best"
+            assert row["why"].startswith("under 'max throughput with p99 <= 5000 ms': ")
+            assert f"req/s at c=2 (p99 {float(row['p99 ms']):.1f} ms)" in row["why"]
+        else:
+            assert row["verdict"] == "lost"
+            # the loser's line of the printed verdict, without its name
+            assert row["why"].startswith(row["req/s"] + " req/s at c=2")
+            assert "; at c=2 p99 " in row["why"]
+    for (out, err), own in zip(outputs, (got[:2], got[2:]), strict=True):
+        loser = next(line for line in err.splitlines() if line.startswith("  value=40: "))
+        assert own[1]["why"] == loser.removeprefix("  value=40: ")
+        # the CSV carries the same columns
+        csv_rows = list(csv.DictReader(io.StringIO(out)))
+        assert [(r["verdict"], r["run"]) for r in csv_rows] == [
+            ("best", own[0]["run"]), ("lost", own[1]["run"])
+        ]  # fmt: skip
+    for png in ("run.png", "record.png"):  # matplotlib is in the dev extra: no skip here
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,6 +348,17 @@ def options(**settings: object) -> TuneOptions:
         ({"command": "engine 'unclosed {port} {value}", "sweep": "1,2"}, "cannot split"),
         ({"command": "engine {port} {value}", "sweep": "1,2", "sweep_name": "a b"}, "a name"),
         ({"engine_metrics": "http://127.0.0.1:9"}, "is for --command's engine"),
+        ({"simulated_gpu": True}, "--simulated-gpu: is for --command"),
+        (
+            {
+                "command": "e {port} {value}",
+                "sweep": "1,2",
+                "simulated_gpu": True,
+                "exporter_url": "http://127.0.0.1:9",
+            },
+            "the tuner starts none",
+        ),
+        ({"plot_record": True, "record": Path("r.md")}, "--plot-record: needs --plot and"),
         (
             {"command": "e {port} {value}", "sweep": "1,2", "engine_metrics_format": "exporter"},
             "--engine-metrics-format",

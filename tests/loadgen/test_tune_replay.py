@@ -59,6 +59,24 @@ def test_the_counters_match_what_the_model_logged_and_move_with_the_delay() -> N
     assert check(steps, truth) == []
 
 
+def test_triton_s_queue_must_rise_at_each_delay_not_only_end_to_end() -> None:
+    _, steps = captured()
+    truth = json.loads((FIXTURES / "truth.json").read_text())
+    queues = [s.server.phase_mean_ms["queue"] for s in steps if s.server]
+    assert queues == sorted(queues) and len(set(queues)) == 3  # the run's: 9, 15, 76 ms
+    # the middle delay's queue above the last's: the first and last still rise
+    middle = steps[1]
+    assert middle.server is not None
+    means = {**middle.server.phase_mean_ms, "queue": queues[-1] + 1}
+    bent = dataclasses.replace(
+        middle, server=dataclasses.replace(middle.server, phase_mean_ms=means)
+    )
+    problems = check([steps[0], bent, steps[2]], truth)
+    assert problems == [
+        f"Triton's queue does not rise at each delay: {[queues[0], queues[-1] + 1, queues[-1]]}"
+    ]
+
+
 def test_the_table_and_the_verdict_are_the_runs() -> None:
     text, lines = rendered(FIXTURES, OBJECTIVE)
     assert text == (FIXTURES / "table.txt").read_text()
@@ -70,10 +88,25 @@ def test_the_table_and_the_verdict_are_the_runs() -> None:
     assert "no server phase's mean grew; batch 3.49 vs 7.19" in losers["max-queue-delay-us=0"]
 
 
+def rederived(steps: list[StepResult]) -> list[StepResult]:
+    """The vLLM steps with the engine view this version reads from the scrapes that
+    bounded them (the capture predates the mean batch from vLLM's counts)."""
+    return [
+        dataclasses.replace(
+            step,
+            engine=step_view(
+                vllm_snapshot(vllm_scrape(step.config, "before")),
+                vllm_snapshot(vllm_scrape(step.config, "after")),
+            ),
+        )
+        for step in steps
+    ]
+
+
 def test_vllm_with_more_sequences_queues_less_and_the_loser_says_queue() -> None:
     env, steps = captured(VLLM_FIXTURES)
     text, lines = rendered(VLLM_FIXTURES, VLLM_OBJECTIVE)
-    assert tune_vllm.check(steps, text) == []
+    assert tune_vllm.check(rederived(steps), text) == []
     assert [record.step_row(s, env) for s in steps] == record.read_record(
         (VLLM_FIXTURES / "record.md").read_text()
     )
@@ -102,8 +135,9 @@ def test_vllm_own_histograms_over_each_row_give_its_engine_view_within_5_percent
     for step in steps:
         before, after = vllm_scrape(step.config, "before"), vllm_scrape(step.config, "after")
         # the row's engine view is exactly the delta of vLLM's scrapes that bound it
+        # (but the mean batch, which the capture's version did not read)
         view = step_view(vllm_snapshot(before), vllm_snapshot(after))
-        assert view == step.engine
+        assert dataclasses.replace(view, batch_size_mean=None) == step.engine
         assert step.server is not None
         # the warm-up's requests are counted before the first scrape, in neither view:
         # both count exactly the row's requests
@@ -121,6 +155,49 @@ def test_vllm_own_histograms_over_each_row_give_its_engine_view_within_5_percent
         )
         assert view.phase_mean_ms["compute"] == pytest.approx(inference / view.requests * 1000)
         assert tune_vllm.engine_problems(step) == []
+
+
+def vllm_count(text: str, sample: str) -> float:
+    (value,) = (float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(sample + "{"))  # fmt: skip
+    return value
+
+
+def test_vllm_mean_batch_is_generated_tokens_per_engine_step_over_each_row() -> None:
+    env, steps = captured(VLLM_FIXTURES)
+    views = rederived(steps)
+    batches = {}
+    for view in views:
+        before, after = vllm_scrape(view.config, "before"), vllm_scrape(view.config, "after")
+        delta = {
+            sample: vllm_count(after, sample) - vllm_count(before, sample)
+            for sample in ("vllm:generation_tokens_total", "vllm:iteration_tokens_total_count")
+        }
+        assert view.engine is not None and view.engine.batch_size_mean is not None
+        assert view.engine.batch_size_mean == pytest.approx(
+            delta["vllm:generation_tokens_total"] / delta["vllm:iteration_tokens_total_count"]
+        )
+        batches[view.config] = view.engine.batch_size_mean
+    # 1476 tokens in 739 steps at two sequences, 4870 in 755 at eight
+    assert batches == {
+        tune_vllm.FEW: pytest.approx(1476 / 739),
+        tune_vllm.MANY: pytest.approx(4870 / 755),
+    }
+    assert tune_vllm.batch_problems(views) == []
+    # the row's batch column and the loser's line then carry it, marked as the engine's
+    assert [record.step_row(s, env)["batch"] for s in views] == ["2.00 (engine)", "6.45 (engine)"]
+    engine_section = table(views, env).split("the engine's own /metrics")[1].splitlines()
+    assert engine_section[1].split()[:4] == ["config", "load", "requests", "batch"]
+    assert " - / 2.00 " in engine_section[2] and " - / 6.45 " in engine_section[3]
+    verdict = choose(VLLM_OBJECTIVE, {s.config: [s] for s in views})
+    assert verdict.lines[1].endswith("; batch 2.00 vs 6.45")
+    # a cap the batch exceeds, or a batch that does not grow, is a problem
+    few = views[0]
+    assert few.engine is not None
+    over = dataclasses.replace(few, engine=dataclasses.replace(few.engine, batch_size_mean=2.5))
+    assert tune_vllm.batch_problems([over, views[1]]) == [
+        "max-num-seqs=2: vLLM's mean batch 2.5, not between 1 and 2"
+    ]
 
 
 def test_a_tuner_mean_more_than_5_percent_off_vllms_is_a_problem() -> None:

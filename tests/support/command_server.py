@@ -3,14 +3,15 @@ server answering OpenAI embeddings after a set delay, with start-up behaviours t
 the tuner's process handling against.
 
     python tests/support/command_server.py --port P [--delay-ms MS] [--config FILE]
-        [--state FILE] [--behave normal|exit|never-ready|ignore-sigterm|grandchild|
-                            no-models|dies]
+        [--state FILE] [--model NAME] [--behave normal|exit|never-ready|ignore-sigterm|
+                                         grandchild|no-models|dies]
 
 ``--config FILE`` reads ``{"delay_ms": ..., "port": ...}`` (a rendered
 ``--config-template``); ``--state FILE`` gets a JSON object with its pid, the delay,
 its OTLP environment and, with ``grandchild``, the pid of a ``sleep`` it started in its
-own process group. ``no-models`` lists no model; ``dies`` exits with status 5 at its
-twentieth request. Imports nothing of gpuscope.
+own process group. ``--model NAME`` is the one model it lists (default ``tiny``); a
+request naming another is answered 404. ``no-models`` lists no model; ``dies`` exits
+with status 5 at its twentieth request. Imports nothing of gpuscope.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> int:
     parser.add_argument("--state", type=Path)
     parser.add_argument("--otlp", default="")
     parser.add_argument("--behave", default="normal")
+    parser.add_argument("--model", default="tiny")
     args = parser.parse_args()
     delay_ms, port = args.delay_ms, args.port
     if args.config is not None:
@@ -49,6 +51,7 @@ def main() -> int:
     state: dict[str, Any] = {
         "pid": os.getpid(),
         "delay_ms": delay_ms,
+        "model": args.model,
         "otlp_flag": args.otlp,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("OTEL_", "GPUSCOPE_"))},
     }
@@ -75,12 +78,15 @@ def main() -> int:
             if self.path == "/health":
                 self._json(200 if ready else 503, {})
             elif self.path == "/v1/models" and args.behave != "no-models":
-                self._json(200, {"data": [{"id": "tiny"}]})
+                self._json(200, {"data": [{"id": args.model}]})
             else:
                 self._json(404, {})
 
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if body.get("model") != args.model:
+                self._json(404, {"error": f"no model {body.get('model')!r}"})
+                return
             served.append(1)
             if args.behave == "dies" and len(served) >= 20:
                 print("fatal: the engine died", flush=True)

@@ -11,6 +11,8 @@ FEW, MANY = "max-num-seqs=2", "max-num-seqs=8"
 # how far the tuner's phase means (from vLLM's spans, through the exporter) may be from
 # vLLM's own histograms over the same requests
 WITHIN = 0.05
+# a step that gives a sequence no token (a chunked prefill's) or two (speculation)
+BATCH_SLACK = 0.02
 
 
 def engine_problems(step: StepResult) -> list[str]:
@@ -36,6 +38,26 @@ def engine_problems(step: StepResult) -> list[str]:
     return problems
 
 
+def batch_problems(steps: list[StepResult]) -> list[str]:
+    """vLLM's mean batch (generated tokens per engine step, from its own /metrics) against
+    its --max-num-seqs: at most the cap, and larger with the larger cap. Under 16 clients
+    two sequences are always running; eight mostly."""
+    by_config = {step.config: step for step in steps}
+    batches = {}
+    for config, cap in ((FEW, 2), (MANY, 8)):
+        engine = by_config[config].engine
+        batch = engine.batch_size_mean if engine is not None else None
+        if batch is None or not 1 <= batch <= cap * (1 + BATCH_SLACK):
+            return [f"{config}: vLLM's mean batch {batch}, not between 1 and {cap}"]
+        batches[config] = batch
+    problems = []
+    if batches[FEW] < 2 * (1 - BATCH_SLACK):
+        problems.append(f"{FEW}: mean batch {batches[FEW]:.3f}, not full under 16 clients")
+    if not batches[MANY] > batches[FEW] + 2:
+        problems.append(f"the mean batch does not grow with the cap: {batches}")
+    return problems
+
+
 def check(steps: list[StepResult], verdict_text: str) -> list[str]:
     problems = []
     by_config = {step.config: step for step in steps}
@@ -55,6 +77,7 @@ def check(steps: list[StepResult], verdict_text: str) -> list[str]:
         problems.append(f"compute's share does not rise with more sequences: {compute}")
     for step in steps:
         problems += engine_problems(step)
+    problems += batch_problems(steps)
     if "best under" not in verdict_text:
         problems.append("no winner named")
     return problems
