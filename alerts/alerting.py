@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.alert_rule import alert
-from alerts.engine_rules import EngineJobs
 from alerts.recording import (
     INSTANCE,
     INSTANCE_GPU,
@@ -27,7 +26,7 @@ from alerts.sharing import sharing_alerts
 from gpuscope.exporter import definitions as exporter_rows
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
-from pack.engines import ENGINES, VLLM_FINISHED, WORKER_REQUESTS
+from pack.engines import ENGINES, ROW_RULED, WORKER_REQUESTS
 from pack.recorded import (
     BATCH_WAIT,
     ERRORS_RATIO,
@@ -265,9 +264,9 @@ def gpu_source_alerts(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
+def requests_arriving(settings: Settings) -> str:
     """Per host, > 0 where requests arrived within ``window`` by the servers' own
-    counters: the reference worker's, vLLM's and each engine's of the engine table
+    counters: the reference worker's and each engine's of the engine table
     (what they count whether or not their tracing works). The window is shorter than
     ``spans_idle_window``, so that when the load stops, its requests leave their window
     before its spans leave theirs: the spans of the last requests reach the exporter,
@@ -275,8 +274,11 @@ def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
     idle = settings.window
     counters = [
         WORKER_REQUESTS + settings.worker_sel(),
-        VLLM_FINISHED + settings.vllm_sel(),
-        *(counter + jobs.sel(engine) for engine in ENGINES for counter in engine.requests),
+        *(
+            counter + settings.engine_sel(engine)
+            for engine in ENGINES
+            for counter in engine.requests
+        ),
     ]
     per_host = (
         f"sum by (host) (\n  {indent(with_host(settings, f'increase({c}[{idle}])'))}\n) > 0"
@@ -285,7 +287,7 @@ def requests_arriving(settings: Settings, jobs: EngineJobs) -> str:
     return "\nor\n".join(per_host)
 
 
-def spans_not_arriving(settings: Settings, jobs: EngineJobs) -> str:
+def spans_not_arriving(settings: Settings) -> str:
     """No span reached an exporter within ``spans_idle_window`` while requests are known to
     arrive (within ``window``): by the servers' own counters on its host, or on a host
     without an exporter of its own (compose's services each have their own host name;
@@ -296,7 +298,7 @@ def spans_not_arriving(settings: Settings, jobs: EngineJobs) -> str:
     idle, sel = settings.spans_idle_window, settings.sel()
     received = series(exporter_rows.SPANS_RECEIVED) + sel
     refused = f"increase({series(exporter_rows.OTLP_REQUESTS_REJECTED)}{sel}[{settings.window}])"
-    arriving = indent(indent(requests_arriving(settings, jobs)))
+    arriving = indent(indent(requests_arriving(settings)))
     same_host = (
         f"(\n  {indent(with_host(settings, f'{received} > 0'))}\n  and on (host)\n"
         f"  (\n    {arriving}\n  )\n)"
@@ -311,7 +313,7 @@ def spans_not_arriving(settings: Settings, jobs: EngineJobs) -> str:
     return f"rate({received}[{idle}]) == 0\nand on (job, instance)\n(\n  {indent(known)}\n)"
 
 
-def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+def exporter_alerts(settings: Settings) -> list[dict[str, Any]]:
     w, inc, idle = settings.window, settings.increase_window, settings.spans_idle_window
     sel, down_for = settings.sel(), settings.for_(settings.for_exporter)
     on = "{{ $labels.instance }}"
@@ -319,7 +321,7 @@ def exporter_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]
         alert(
             settings,
             "GpuscopeSpansNotArriving",
-            spans_not_arriving(settings, jobs),
+            spans_not_arriving(settings),
             settings.for_(settings.for_exporter_signals),
             "warning",
             "Requests arrive but the exporter receives no spans.",
@@ -418,7 +420,14 @@ def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
         alert(
             settings,
             "GpuscopeWorkerMetricsDown",
-            f"up{settings.worker_sel()} == 0\nor\nup{settings.vllm_sel()} == 0",
+            # the worker's, and the engines' whose state stands for the worker's (vLLM's)
+            "\nor\n".join(
+                f"up{selector} == 0"
+                for selector in (
+                    settings.worker_sel(),
+                    *(settings.engine_sel(e) for e in ENGINES if e.beside_spans),
+                )
+            ),
             settings.for_(settings.for_worker),
             "warning",
             "Prometheus cannot scrape an inference server's own metrics.",
@@ -428,15 +437,15 @@ def worker_alerts(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def engine_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
-    """Triton's, TGI's and SGLang's own ``/metrics`` gone (one expression per engine job
-    of the engine table): a target Prometheus cannot scrape, or a job whose targets all
-    went away although it had one within ``engine_seen_window``. A job never scraped
+def engine_alerts(settings: Settings) -> list[dict[str, Any]]:
+    """An engine's own ``/metrics`` gone (one expression per job of ``ROW_RULED``; vLLM's
+    is the worker's alert): a target Prometheus cannot scrape, or a job whose targets
+    all went away although it had one within ``engine_seen_window``. A job never scraped
     there is an engine this site does not run: no alert."""
     seen = settings.engine_seen_window
     parts = []
-    for engine in ENGINES:
-        up = f"up{jobs.sel(engine)}"
+    for engine in ROW_RULED:
+        up = f"up{settings.engine_sel(engine)}"
         parts.append(
             f"{up} == 0\nor\n(\n  absent({up})\n"
             f"  and on ()\n  count(max_over_time({up}[{seen}]))\n)"
@@ -456,9 +465,7 @@ def engine_alerts(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
     ]
 
 
-def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[dict[str, Any]]:
-
-    jobs = jobs or EngineJobs()
+def alerting_groups(settings: Settings) -> list[dict[str, Any]]:
     groups = {
         "gpuscope-request-alerts": [
             *request_alerts(settings),
@@ -467,8 +474,8 @@ def alerting_groups(settings: Settings, jobs: EngineJobs | None = None) -> list[
         ],
         "gpuscope-gpu-alerts": [*gpu_alerts(settings), *gpu_source_alerts(settings)],
         "gpuscope-sharing-alerts": sharing_alerts(settings),
-        "gpuscope-exporter-alerts": exporter_alerts(settings, jobs),
-        "gpuscope-worker-alerts": [*worker_alerts(settings), *engine_alerts(settings, jobs)],
+        "gpuscope-exporter-alerts": exporter_alerts(settings),
+        "gpuscope-worker-alerts": [*worker_alerts(settings), *engine_alerts(settings)],
     }
     return [
         {"name": name, "interval": settings.interval, "rules": rules}

@@ -31,8 +31,9 @@ import yaml
 
 from alerts import dcgm_rules
 from alerts.alerting import alerting_groups
-from alerts.engine_rules import EngineJobs, engine_groups, releases_comment, with_engine_timings
+from alerts.engine_rules import engine_groups, releases_comment, with_engine_timings
 from alerts.recording import recording_groups
+from pack.engines import ENGINES
 from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 
 HERE = Path(__file__).resolve().parent
@@ -59,17 +60,16 @@ def render(groups: list[dict[str, Any]], comment: str = "") -> str:
     return HEADER + comment + dump({"groups": groups})
 
 
-def rendered(settings: Settings, jobs: EngineJobs | None = None) -> dict[str, str]:
-    """File name -> YAML text of every rule file. Triton's, TGI's and SGLang's timings
-    join the recording group of the verdict that reads them; the rest of their rules
-    are ``engines.yml``."""
-    jobs = jobs or EngineJobs()
+def rendered(settings: Settings) -> dict[str, str]:
+    """File name -> YAML text of every rule file. The timings of the engines whose
+    rules are their rows' join the recording group of the verdict that reads them; the
+    rest of their rules are ``engines.yml``."""
     return {
         "recording.yml": render(
-            with_engine_timings(recording_groups(settings), settings, jobs), releases_comment()
+            with_engine_timings(recording_groups(settings), settings), releases_comment()
         ),
-        "alerting.yml": render(alerting_groups(settings, jobs)),
-        "engines.yml": render(engine_groups(settings, jobs), releases_comment()),
+        "alerting.yml": render(alerting_groups(settings)),
+        "engines.yml": render(engine_groups(settings), releases_comment()),
         "dcgm-exporter.yml": render(
             dcgm_rules.dcgm_groups(settings), dcgm_rules.releases_comment()
         ),
@@ -82,9 +82,8 @@ def prometheus_rule(settings: Settings, metadata: dict[str, Any]) -> dict[str, A
     The Kubernetes manifests (``deploy/kubernetes/build.py``) take their rules from
     here, so a cluster runs the groups of ``rules/*.yml``, built from the same table.
     """
-    jobs = EngineJobs()
-    groups = with_engine_timings(recording_groups(settings), settings, jobs)
-    groups += alerting_groups(settings, jobs) + engine_groups(settings, jobs)
+    groups = with_engine_timings(recording_groups(settings), settings)
+    groups += alerting_groups(settings) + engine_groups(settings)
     groups += dcgm_rules.dcgm_groups(settings)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -99,6 +98,11 @@ def dump(document: Any) -> str:
     return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=4096)
 
 
+def _job_flag(source: str) -> str:
+    """The attribute of an engine's ``--<source>-job-selector``."""
+    return f"{source.replace('-', '_')}_job_selector"
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=HERE / "rules", help="output folder")
@@ -108,12 +112,13 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--window", help="window of rates and averages (e.g. 10s)")
     parser.add_argument("--job-selector", help='e.g. job="gpuscope"')
     parser.add_argument("--worker-job-selector", help='e.g. job="gpuscope-worker"')
-    parser.add_argument("--vllm-job-selector", help='vLLM\'s own /metrics, e.g. job="vllm"')
     parser.add_argument("--gpu-job-selector", help='the gpuscope_gpu_* series, e.g. job="gpuscope"')
     parser.add_argument("--dcgm-job-selector", help='dcgm-exporter, e.g. job="dcgm-exporter"')
-    for engine in ("triton", "tgi", "sglang", "trtllm"):
+    for engine in ENGINES:  # one flag per row: --vllm-job-selector, --triton-job-selector, ...
         parser.add_argument(
-            f"--{engine}-job-selector", help=f'its own /metrics, e.g. job="{engine}"'
+            f"--{engine.source}-job-selector",
+            dest=_job_flag(engine.source),
+            help=f"{engine.name}'s own /metrics, e.g. {engine.job_selector}",
         )
     parser.add_argument(
         "--runbook-url",
@@ -131,20 +136,18 @@ def main(argv: Sequence[str]) -> int:
         "window",
         "job_selector",
         "worker_job_selector",
-        "vllm_job_selector",
         "gpu_job_selector",
         "dcgm_job_selector",
         "runbook",
     }
     overrides = {k: v for k, v in vars(args).items() if k in settable and v is not None}
     stale = []
-    jobs = EngineJobs().replace(
-        triton=args.triton_job_selector,
-        tgi=args.tgi_job_selector,
-        sglang=args.sglang_job_selector,
-        trtllm=args.trtllm_job_selector,
+    settings = dataclasses.replace(Settings(), **overrides)
+    jobs = settings.engine_jobs.replace(
+        **{engine.source: getattr(args, _job_flag(engine.source)) for engine in ENGINES}
     )
-    for name, text in rendered(dataclasses.replace(Settings(), **overrides), jobs).items():
+    settings = dataclasses.replace(settings, engine_jobs=jobs)
+    for name, text in rendered(settings).items():
         path = args.out / name
         if args.check:
             if not path.is_file() or path.read_text(encoding="utf-8") != text:

@@ -1,9 +1,11 @@
-"""Recording rules over Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``.
+"""Recording rules over each engine's own ``/metrics``, from its row.
 
 Each engine (``pack/engines.py``: ``ENGINES``, with the release its names were
-read from) is scraped by Prometheus as a job of its own. These rules write its
-numbers into the series the boards, the verdict and the alerts already read, with the
-engine as the ``source`` label, exactly as ``recording.py`` does for vLLM:
+read from) is scraped by Prometheus as a job of its own (its selector:
+``Settings.engine_jobs``). These rules write the numbers of every row of ``ROW_RULED``
+(Triton, TGI, SGLang, TensorRT-LLM, and any row added) into the series the boards, the
+verdict and the alerts already read, with the engine as the ``source`` label, as
+``recording.py`` does for vLLM's row beside the spans':
 
 - ``timing_rules``: the per-second rates of each request histogram's ``_sum``,
   ``_count`` (and ``_bucket``, where the engine has buckets), per source, service,
@@ -23,8 +25,6 @@ The engines' series name no GPU index: requests are joined to the GPUs of their 
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from alerts.recording import (
@@ -36,9 +36,8 @@ from alerts.recording import (
 )
 from pack.contract import MODEL, SERVICE
 from pack.engines import (
-    ENGINES,
     HISTOGRAM_KEY,
-    SGLANG_ENGINE,
+    ROW_RULED,
     TGI_BATCH_SIZE,
     TGI_ENGINE,
     TRITON_ENGINE,
@@ -46,7 +45,6 @@ from pack.engines import (
     TRITON_EXECUTIONS,
     TRITON_FAILURE,
     TRITON_INFERENCES,
-    TRTLLM_ENGINE,
     Engine,
     EngineTiming,
 )
@@ -64,32 +62,6 @@ from pack.settings import SERVICE_MODEL, Settings, Slo, seconds_of
 
 # The recording group whose verdict reads the engines' timings.
 BOTTLENECK_GROUP = "gpuscope-bottleneck"
-# What an engine's queue holds, as the worker's ``endpoint`` label: the generation
-# engines' requests all hold KV-cache blocks (the worker's "completions"); Triton serves
-# any model through its ``infer`` endpoint.
-ENDPOINTS = {
-    TRITON_ENGINE.source: "infer",
-    TGI_ENGINE.source: "completions",
-    SGLANG_ENGINE.source: "completions",
-    TRTLLM_ENGINE.source: "completions",
-}
-
-
-@dataclass(frozen=True)
-class EngineJobs:
-    """The scrape job selector of each engine (``alerts/build.py`` flags override them)."""
-
-    triton: str = TRITON_ENGINE.job_selector
-    tgi: str = TGI_ENGINE.job_selector
-    sglang: str = SGLANG_ENGINE.job_selector
-    trtllm: str = TRTLLM_ENGINE.job_selector
-
-    def sel(self, engine: Engine, extra: str = "") -> str:
-        job = getattr(self, engine.source)
-        return "{" + ", ".join(m for m in (job, extra) if m) + "}"
-
-    def replace(self, **selectors: str | None) -> EngineJobs:
-        return dataclasses.replace(self, **{k: v for k, v in selectors.items() if v})
 
 
 def _copy_label(expr: str, dst: str, src: str) -> str:
@@ -127,11 +99,11 @@ def _plus(first: str, second: str) -> str:
     return _either(first, "+", second)
 
 
-def _gauge(jobs: EngineJobs, engine: Engine, spec: str) -> str:
+def _gauge(settings: Settings, engine: Engine, spec: str) -> str:
     """The engine's gauge ``spec`` (a name, or a name with its matcher as
     ``name{label="value"}``) selected on the engine's job."""
     name, _, matcher = spec.partition("{")
-    return name + jobs.sel(engine, matcher.removesuffix("}"))
+    return name + settings.engine_sel(engine, matcher.removesuffix("}"))
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -141,10 +113,8 @@ def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
 # --- request timings ------------------------------------------------------------------
 
 
-def _timing_rules(
-    settings: Settings, jobs: EngineJobs, engine: Engine, timing: EngineTiming
-) -> list[dict[str, Any]]:
-    w, sel = settings.window, jobs.sel(engine)
+def _timing_rules(settings: Settings, engine: Engine, timing: EngineTiming) -> list[dict[str, Any]]:
+    w, sel = settings.window, settings.engine_sel(engine)
     key = HISTOGRAM_KEY.get(timing.gpuscope)
     labels = {"source": engine.source, **({key: timing.key_value} if key else {})}
     by = f"{SERVICE_MODEL}, host"
@@ -168,21 +138,23 @@ def _timing_rules(
         rules.append(
             _rule(
                 rate_record(timing.gpuscope, "bucket") + w,
-                _buckets(settings, jobs, engine, timing),
+                _buckets(settings, engine, timing),
                 **labels,
             )
         )
     return rules
 
 
-def _buckets(settings: Settings, jobs: EngineJobs, engine: Engine, timing: EngineTiming) -> str:
+def _buckets(settings: Settings, engine: Engine, timing: EngineTiming) -> str:
     """The bucket rates with ``le`` in seconds. Bounds already in seconds keep their
     ``le``; others (Triton's ms) are read one by one, each written either way (``500``
     as the engine writes it, ``500.0`` as Prometheus 3 stores it) and added up before
     the bound in seconds is set, so only the bounds the engine is known to use are read."""
     w, by = settings.window, f"{SERVICE_MODEL}, host"
     if timing.per_second == 1:
-        return _sum(settings, engine, _rate(timing.bucket, jobs.sel(engine), w), by + ", le")
+        return _sum(
+            settings, engine, _rate(timing.bucket, settings.engine_sel(engine), w), by + ", le"
+        )
     converted = [
         *(
             (le_matcher(bound), f"{seconds:g}")
@@ -192,32 +164,34 @@ def _buckets(settings: Settings, jobs: EngineJobs, engine: Engine, timing: Engin
     ]
     return "\nor\n".join(
         "label_replace(\n  "
-        + indent(_sum(settings, engine, _rate(timing.bucket, jobs.sel(engine, matcher), w), by))
+        + indent(
+            _sum(
+                settings, engine, _rate(timing.bucket, settings.engine_sel(engine, matcher), w), by
+            )
+        )
         + f',\n  "le", "{seconds}", "", ""\n)'
         for matcher, seconds in converted
     )
 
 
-def timing_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+def timing_rules(settings: Settings) -> list[dict[str, Any]]:
     """Every engine's request timings as the rates of gpuscope's request histograms."""
     return [
         rule
-        for engine in ENGINES
+        for engine in ROW_RULED
         for timing in engine.timings
-        for rule in _timing_rules(settings, jobs, engine, timing)
+        for rule in _timing_rules(settings, engine, timing)
     ]
 
 
-def with_engine_timings(
-    groups: list[dict[str, Any]], settings: Settings, jobs: EngineJobs
-) -> list[dict[str, Any]]:
+def with_engine_timings(groups: list[dict[str, Any]], settings: Settings) -> list[dict[str, Any]]:
     """``recording.py``'s groups with the engines' timings at the head of the
     bottleneck group, before the means and the verdict that read them."""
     names = [group["name"] for group in groups]
     if BOTTLENECK_GROUP not in names:
         raise LookupError(f"no recording group {BOTTLENECK_GROUP!r} in {names}")
     return [
-        {**group, "rules": [*timing_rules(settings, jobs), *group["rules"]]}
+        {**group, "rules": [*timing_rules(settings), *group["rules"]]}
         if group["name"] == BOTTLENECK_GROUP
         else group
         for group in groups
@@ -227,9 +201,9 @@ def with_engine_timings(
 # --- requests, errors, objectives ---------------------------------------------------
 
 
-def _finished(settings: Settings, jobs: EngineJobs, engine: Engine, window: str) -> str:
+def _finished(settings: Settings, engine: Engine, window: str) -> str:
     first, *others = (
-        _sum(settings, engine, _rate(counter, jobs.sel(engine), window), SERVICE_MODEL)
+        _sum(settings, engine, _rate(counter, settings.engine_sel(engine), window), SERVICE_MODEL)
         for counter in engine.requests
     )
     for other in others:
@@ -237,33 +211,36 @@ def _finished(settings: Settings, jobs: EngineJobs, engine: Engine, window: str)
     return first
 
 
-def request_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+def request_rules(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     rules = []
-    for engine in ENGINES:
+    for engine in ROW_RULED:
         source = {"source": engine.source}
-        rules.append(_rule(REQUESTS_RATE + w, _finished(settings, jobs, engine, w), **source))
+        rules.append(_rule(REQUESTS_RATE + w, _finished(settings, engine, w), **source))
         counter, matcher = engine.errors
         if not counter:
             continue  # the engine counts no failed requests: no ratio, not 0
         for window in sorted({*settings.slo_windows(), w}, key=seconds_of):
             failed = _sum(
-                settings, engine, _rate(counter, jobs.sel(engine, matcher), window), SERVICE_MODEL
+                settings,
+                engine,
+                _rate(counter, settings.engine_sel(engine, matcher), window),
+                SERVICE_MODEL,
             )
-            finished = _finished(settings, jobs, engine, window)
+            finished = _finished(settings, engine, window)
             # no failure series at all is a ratio of 0; no request, no ratio (not NaN)
             rules.append(_rule(ERRORS_RATIO + window, error_ratio(failed, finished), **source))
     for slo in (settings.latency_slo, settings.ttft_slo):
-        rules += _slo_rules(settings, jobs, slo)
+        rules += _slo_rules(settings, slo)
     return rules
 
 
-def _slo_rules(settings: Settings, jobs: EngineJobs, slo: Slo) -> list[dict[str, Any]]:
+def _slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
     """The share of requests over the objective's bound, from an engine histogram with
     that bound among its buckets (a bound between two buckets cannot be counted: no
     ratio rather than a wrong one)."""
     rules = []
-    for engine in ENGINES:
+    for engine in ROW_RULED:
         for timing in engine.timings_for(slo.histogram):
             bounds = dict(zip(timing.seconds, timing.bounds, strict=True))
             native = bounds.get(float(slo.le))
@@ -274,11 +251,14 @@ def _slo_rules(settings: Settings, jobs: EngineJobs, slo: Slo) -> list[dict[str,
                 good = _sum(
                     settings,
                     engine,
-                    _rate(timing.bucket, jobs.sel(engine, le_matcher(native)), window),
+                    _rate(timing.bucket, settings.engine_sel(engine, le_matcher(native)), window),
                     SERVICE_MODEL,
                 )
                 total = _sum(
-                    settings, engine, _rate(timing.count, jobs.sel(engine), window), SERVICE_MODEL
+                    settings,
+                    engine,
+                    _rate(timing.count, settings.engine_sel(engine), window),
+                    SERVICE_MODEL,
                 )
                 rules.append(
                     _rule(
@@ -295,39 +275,46 @@ def _slo_rules(settings: Settings, jobs: EngineJobs, slo: Slo) -> list[dict[str,
 INSTANCE = "job, instance"
 
 
-def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+def state_rules(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     rules = []
-    for engine in ENGINES:
+    for engine in ROW_RULED:
         # labelled with the engine: the worker's and vLLM's rules record the same names
         # unlabelled, and two rules of one name and labels are duplicates to promtool
         source = {"source": engine.source}
-        endpoint = f'"endpoint", "{ENDPOINTS[engine.source]}", "", ""'
+        endpoint = f'"endpoint", "{engine.endpoint}", "", ""'
         for record, gauge in ((WAITING, engine.waiting), (RUNNING, engine.running)):
             if gauge:
-                series = _gauge(jobs, engine, gauge)
+                series = _gauge(settings, engine, gauge)
                 expr = f"sum by ({INSTANCE}) (avg_over_time({series}[{w}]))"
                 rules.append(
                     _rule(record + w, f"label_replace(\n  {expr},\n  {endpoint}\n)", **source)
                 )
         if engine.kv_usage:
             # the fullest rank's pool
-            gauge = _gauge(jobs, engine, engine.kv_usage)
+            gauge = _gauge(settings, engine, engine.kv_usage)
             expr = f"max by ({INSTANCE}) (avg_over_time({gauge}[{w}]))"
             rules.append(_rule(KV_USAGE + w, expr, **source))
     by = f"{SERVICE_MODEL}, host"
     triton, tgi = TRITON_ENGINE, TGI_ENGINE
-    inferences = _sum(settings, triton, _rate(TRITON_INFERENCES, jobs.sel(triton), w), by)
-    executions = _sum(settings, triton, _rate(TRITON_EXECUTIONS, jobs.sel(triton), w), by)
+    inferences = _sum(
+        settings, triton, _rate(TRITON_INFERENCES, settings.engine_sel(triton), w), by
+    )
+    executions = _sum(
+        settings, triton, _rate(TRITON_EXECUTIONS, settings.engine_sel(triton), w), by
+    )
     # A failed execution adds to the executions and not to the inferences: each request
     # the backend failed is counted back as one inference, exact where every failed
     # request carried one (a request with a batch dimension of n would count n)
     failed = _sum(
-        settings, triton, _rate(TRITON_FAILURE, jobs.sel(triton, TRITON_EXECUTED_FAILURES), w), by
+        settings,
+        triton,
+        _rate(TRITON_FAILURE, settings.engine_sel(triton, TRITON_EXECUTED_FAILURES), w),
+        by,
     )
     inferences = _plus(inferences, failed)
     # TGI's gauge is the running batch, set to 0 when it ends: its mean while one runs
-    running_batch = f"avg_over_time(({TGI_BATCH_SIZE}{jobs.sel(tgi)} > 0)[{w}:])"
+    running_batch = f"avg_over_time(({TGI_BATCH_SIZE}{settings.engine_sel(tgi)} > 0)[{w}:])"
     rules += [
         # inferences (a request's batch dimension, 1 for most LLM requests) per execution,
         # failed ones included
@@ -345,11 +332,11 @@ def state_rules(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
     return rules
 
 
-def engine_groups(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
+def engine_groups(settings: Settings) -> list[dict[str, Any]]:
     """The groups of ``alerts/rules/engines.yml``."""
     groups = {
-        "gpuscope-engine-requests": request_rules(settings, jobs),
-        "gpuscope-engine-state": state_rules(settings, jobs),
+        "gpuscope-engine-requests": request_rules(settings),
+        "gpuscope-engine-state": state_rules(settings),
     }
     return [
         {"name": name, "interval": settings.interval, "rules": rules}
@@ -359,10 +346,10 @@ def engine_groups(settings: Settings, jobs: EngineJobs) -> list[dict[str, Any]]:
 
 def releases_comment() -> str:
     """Comment lines for the rule files: the release each engine's names were read from."""
-    lines = [
-        "# Triton's, TGI's, SGLang's and TensorRT-LLM's series as their own source defines them:"
-    ]
-    for engine in ENGINES:
+    names = [f"{engine.name}'s" for engine in ROW_RULED]
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    lines = [f"# {listed} series as their own source defines them:"]
+    for engine in ROW_RULED:
         for release in (engine.release, *engine.also):
             lines.append(
                 f"#   {engine.source}: {release} ({release.repository}, {release.ref}:"

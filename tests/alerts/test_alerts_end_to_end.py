@@ -20,7 +20,7 @@ import yaml
 
 from gpuscope.exporter.definitions import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
-from pack.engines import ENGINES
+from pack.engines import ROW_RULED
 from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack
 from support.prometheus_server import instant_query
 
@@ -56,10 +56,11 @@ ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
 # case and tests/gpu/test_gpu_cnvml_numa.py show it served)
 PER_GPU_PROCESS = {"gpuscope_gpu_process_numa_locality"}
 PER_GPU_PROCESS_LABELS = {"locality"}
-# Labels of the engines no real one serves here (their series are in promtool's cases).
+# Labels of the engines no real one serves here (their series are in promtool's cases;
+# vLLM's capture is replayed).
 ENGINE_LABELS = {
     label
-    for engine in ENGINES
+    for engine in ROW_RULED
     for shape in engine.exposition.values()
     for label in (*shape.labels, *shape.optional)
 }

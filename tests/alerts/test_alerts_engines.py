@@ -1,9 +1,10 @@
-"""Triton's, TGI's, SGLang's and TensorRT-LLM's own ``/metrics``: the rules read only what
-each engine exposes (``pack/engines.py``, taken from its source at a release), and
-their promtool cases feed series shaped exactly as the engine writes them."""
+"""Each engine's own ``/metrics`` (the ``ENGINES`` rows): the rules read only what each
+engine exposes (``pack/engines.py``, taken from its source at a release), and their
+promtool cases feed series shaped exactly as the engine writes them."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -12,11 +13,11 @@ import yaml
 
 from alerts.build import main as build_main
 from alerts.build import rendered
-from alerts.engine_rules import BOTTLENECK_GROUP, EngineJobs, timing_rules
+from alerts.engine_rules import BOTTLENECK_GROUP, timing_rules
 from pack import engines
 from pack.contract import PHASES
-from pack.engines import ENGINES, Engine
-from pack.settings import Settings
+from pack.engines import ENGINES, ROW_RULED, Engine
+from pack.settings import EngineJobs, Settings
 
 REPO = Path(__file__).parents[2]
 RULES = REPO / "alerts" / "rules"
@@ -28,7 +29,9 @@ TARGET_LABELS = {"job", "instance"}
 SCRAPE_LABELS = {engines.TGI: {"model"}, engines.TRTLLM: {"model"}}
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-NATIVE = re.compile(r"\b(?:nv_\w+|tgi_\w+|sglang:\w+|trtllm_\w+)")
+# A native name of any engine: its row's prefix, then a name.
+NATIVE_NAME = "(?:" + "|".join(re.escape(engine.prefix) for engine in ENGINES) + r")\w+"
+NATIVE = re.compile(rf"\b{NATIVE_NAME}")
 LE_REGEX = re.compile(r'\ble=~"([^"]*)"')
 
 
@@ -63,7 +66,7 @@ def test_the_rules_read_only_what_the_engines_expose() -> None:
         assert engine_of(name) is not None, f"{name} is in no engine's exposition"
     read = {engine.source for engine in ENGINES for name in used if name in engine.exposition}
     assert read == {engine.source for engine in ENGINES}
-    for name, matchers in re.findall(r"\b(nv_\w+|tgi_\w+|sglang:\w+|trtllm_\w+)\{([^}]*)\}", text):
+    for name, matchers in re.findall(rf"\b({NATIVE_NAME})\{{([^}}]*)\}}", text):
         shape = engines_shape(name)
         labels = {label for label, _ in LABEL.findall(matchers)}
         allowed = {*shape.labels, *shape.optional} | TARGET_LABELS
@@ -180,10 +183,10 @@ def test_the_timings_are_where_the_verdict_reads_them() -> None:
     """At the head of the bottleneck group, before the means and shares in it."""
     groups = yaml.safe_load((RULES / "recording.yml").read_text())["groups"]
     bottleneck = next(group for group in groups if group["name"] == BOTTLENECK_GROUP)
-    expected = timing_rules(Settings(), EngineJobs())
+    expected = timing_rules(Settings())
     assert bottleneck["rules"][: len(expected)] == expected
     sources = {rule["labels"]["source"] for rule in expected}
-    assert sources == {engine.source for engine in ENGINES}
+    assert sources == {engine.source for engine in ROW_RULED}
 
 
 def test_the_engine_rules_are_generated_into_their_own_file_and_named_like_the_rest() -> None:
@@ -197,7 +200,7 @@ def test_the_engine_rules_are_generated_into_their_own_file_and_named_like_the_r
 
 def test_job_selectors_can_be_set_per_engine() -> None:
     jobs = EngineJobs().replace(triton='job="inference"', tgi=None)
-    made = rendered(Settings(), jobs)
+    made = rendered(dataclasses.replace(Settings(), engine_jobs=jobs))
     assert 'nv_inference_request_success{job="inference"}' in made["engines.yml"]
     assert 'nv_inference_request_success{job="triton"}' not in made["engines.yml"]
     assert 'tgi_request_success{job="tgi"}' in made["engines.yml"]
@@ -206,7 +209,7 @@ def test_job_selectors_can_be_set_per_engine() -> None:
 @pytest.mark.parametrize("name", ["recording.yml", "engines.yml"])
 def test_the_rule_files_name_each_engines_release(name: str) -> None:
     head = "".join(line for line in (RULES / name).read_text().splitlines(True) if line[0] == "#")
-    for engine in ENGINES:
+    for engine in ROW_RULED:  # vLLM's rules are recording.py's, its release its docs page's
         for release in (engine.release, *engine.also):
             assert str(release) in head and release.ref in head, engine.source
 

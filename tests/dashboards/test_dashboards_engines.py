@@ -144,7 +144,7 @@ def test_the_job_and_instance_of_the_latency_board_list_every_engines_targets() 
         assert listed, series
         names = set(listed.group(1).split("|"))
         for engine in engines.ENGINES:
-            assert set(engine.requests) <= names, (name, engine.source)
+            assert engine.scraped and set(engine.scraped) <= names, (name, engine.source)
         assert {engines.WORKER_INFO, engines.VLLM_RUNNING} <= names
 
 

@@ -18,6 +18,7 @@ from alerts import build as alerts_build
 from deploy.kubernetes import build, components
 from deploy.kubernetes import settings as build_settings
 from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
+from pack import engines
 from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
 from support.binaries import require_binary
 from support.kubernetes_manifests import (
@@ -541,7 +542,7 @@ def test_the_no_daemon_overlay_ships_rules_boards_and_scrapes_only() -> None:
     assert monitor["metadata"]["name"] == s.dcgm_exporter_service
     (podmonitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
     assert podmonitor["metadata"]["name"] == s.vllm_job
-    assert _selects(s.rules.vllm_job_selector, s.vllm_job)
+    assert _selects(s.rules.engine_jobs[engines.VLLM], s.vllm_job)
 
 
 def test_dcgm_exporters_scrape_keeps_the_gpus_holder_pod_and_names_the_node() -> None:
@@ -601,7 +602,7 @@ def test_vllms_scrape_carries_its_pod_and_node() -> None:
         "pod": "vllm-llama-0",
         "namespace": "inference",
     }
-    assert _selects(s.rules.vllm_job_selector, labels["job"])
+    assert _selects(s.rules.engine_jobs[engines.VLLM], labels["job"])
 
 
 def test_the_spans_only_exporter_takes_no_gpu_and_nothing_privileged() -> None:

@@ -75,7 +75,7 @@ REPO = Path(__file__).parents[2]
 SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
 WORKER_JOB = "gpuscope-worker"
-VLLM_JOB = "vllm"  # the job pack/settings.py selects (vllm_job_selector)
+VLLM_JOB = "vllm"  # the job pack/settings.py selects (engine_jobs, vLLM's row)
 TRITON_JOB = "triton"  # the job the engine rules select (pack/engines.py)
 SERVICE = "pack-worker"
 # The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
