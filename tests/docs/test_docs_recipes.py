@@ -36,6 +36,9 @@ from gpuscope.flags import ConfigError, option, positive
 from gpuscope.spans import COMPUTE_STAGES, PHASES
 from gpuscope.worker.app import UNTRACED_PATHS
 from gpuscope.worker.config import WorkerConfig
+from pack.engines import DURATION_HISTOGRAM, PHASE_HISTOGRAM
+from pack.recorded import ERRORS_RATIO, REQUESTS_RATE, WAITING, rate_record, slo_errors_ratio
+from pack.settings import Settings
 from support.span_recorder import SpanRecorder
 from support.worker_servers import serve_worker
 
@@ -63,6 +66,7 @@ def recipe(title: str) -> str:
         "A GPU source",
         "A worker endpoint",
         "An engine adapter",
+        "An engine's own /metrics",
         "A flag",
     ],
 )
@@ -382,6 +386,219 @@ def test_an_engine_adapter_declares_every_attribute_it_reads() -> None:
     assert set(report.stages) <= set(COMPUTE_STAGES)
 
 
+# --- an engine's own /metrics ------------------------------------------------------
+
+# Run in a fresh interpreter: ``pack/engines.py`` with one more row in ``ENGINES`` (and
+# nothing else edited), then every builder, imported after it.
+_ENGINE_ROW = """
+FAKE_ENGINE = Engine(
+    source="fakellm",
+    name="FakeLLM",
+    prefix="fakellm_",
+    release=Release("FakeLLM", "1.0", "example/fakellm", "tag v1.0", ("fakellm/metrics.py",)),
+    job_selector='job="fakellm"',
+    model_label="model_name",
+    exposition={
+        **_histogram_samples("fakellm_e2e_seconds", ("model_name",), ("0.5", "1.0", "5.0")),
+        **_histogram_samples("fakellm_queue_seconds", ("model_name",), ()),
+        "fakellm_requests_total": Exposition("counter", ("model_name", "status")),
+        "fakellm_queue_size": Exposition("gauge", ("model_name",)),
+    },
+    timings=(
+        EngineTiming(
+            DURATION_HISTOGRAM,
+            "",
+            ("fakellm_e2e_seconds_sum",),
+            "fakellm_e2e_seconds_count",
+            bucket="fakellm_e2e_seconds_bucket",
+            bounds=("0.5", "1.0", "5.0"),
+        ),
+        EngineTiming(
+            PHASE_HISTOGRAM,
+            phase("queue"),
+            ("fakellm_queue_seconds_sum",),
+            "fakellm_queue_seconds_count",
+        ),
+    ),
+    requests=("fakellm_requests_total",),
+    errors=("fakellm_requests_total", 'status="error"'),
+    running="",
+    waiting="fakellm_queue_size",
+    kv_usage="",
+    capability=Capability(
+        phases=(phase("queue"),),
+        stages=(),
+        ttft="",
+        tpot="",
+        batch_size="",
+        kv_cache="",
+        gpu_join="per host",
+        quantiles="request duration",
+    ),
+    reports=frozenset({PHASE_TIMES, END_TO_END, ERRORS}),
+)
+"""
+
+_ENGINE_SCRIPT = """
+import contextlib, importlib.util, io, json, sys, tempfile, types
+from pathlib import Path
+
+repo, row = Path(sys.argv[1]), sys.argv[2]
+sys.path[:0] = [str(repo), str(repo / "tests")]
+path = repo / "pack" / "engines.py"
+source = path.read_text()
+old = "\\nENGINES = ("
+assert source.count(old) == 1
+head, tail = source.split(old)
+rows, rest = tail.split(")\\n", 1)
+source = head + "\\n" + row + old + rows + ", FAKE_ENGINE)\\n" + rest
+import pack
+engines = types.ModuleType("pack.engines")
+engines.__file__ = str(path)
+sys.modules["pack.engines"] = engines
+exec(compile(source, engines.__file__, "exec"), engines.__dict__)
+pack.engines = engines
+fake = engines.FAKE_ENGINE
+found = {"sources": list(engines.SOURCES)}
+
+import yaml
+from alerts import build as rules
+from pack.settings import Settings
+made = rules.rendered(Settings())
+recording = yaml.safe_load(made["recording.yml"])["groups"]
+found["timings"] = sorted(
+    rule["record"]
+    for group in recording
+    if group["name"] == "gpuscope-bottleneck"
+    for rule in group["rules"]
+    if rule.get("labels", {}).get("source") == "fakellm"
+)
+engine_rules = yaml.safe_load(made["engines.yml"])["groups"]
+found["engine_rules"] = sorted(
+    {rule["record"] for g in engine_rules for rule in g["rules"]
+     if rule.get("labels", {}).get("source") == "fakellm"}
+)
+found["release_comment"] = [
+    line for line in made["engines.yml"].splitlines() if line.startswith("#") and "FakeLLM" in line
+]
+alerts = {
+    rule["alert"]: rule["expr"]
+    for group in yaml.safe_load(made["alerting.yml"])["groups"]
+    for rule in group["rules"]
+    if "alert" in rule
+}
+found["down_alert"] = 'up{job="fakellm"} == 0' in alerts["GpuscopeEngineMetricsDown"]
+found["spans_alert"] = 'fakellm_requests_total{job="fakellm"}' in alerts["GpuscopeSpansNotArriving"]
+found["rules_changed"] = sorted(
+    name for name in made if made[name] != (repo / "alerts" / "rules" / name).read_text()
+)
+
+with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+    code = rules.main(["--out", out, "--fakellm-job-selector", 'job="llm-x"'])
+    text = (Path(out) / "engines.yml").read_text()
+    found["flag"] = [code, 'fakellm_requests_total{job="llm-x"}' in text,
+                     'fakellm_requests_total{job="fakellm"}' in text]
+
+from dashboards import build as boards
+latency = json.loads(boards.rendered()["inference-latency.json"])
+variables = {v["name"]: v for v in latency["templating"]["list"]}
+found["variables"] = sorted(
+    name for name in ("job", "instance")
+    if "fakellm_requests_total" in json.dumps(variables[name])
+    and "fakellm_queue_size" in json.dumps(variables[name])
+)
+panels = [p for row in latency["panels"] for p in [row, *row.get("panels", [])]]
+note = next(p["options"]["content"] for p in panels if p["type"] == "text")
+found["note"] = [line for line in note.splitlines() if "fakellm" in line or "FakeLLM" in line]
+found["not_reported"] = sorted(
+    p["title"] for p in panels
+    if "fakellm" in p.get("fieldConfig", {}).get("defaults", {}).get("noValue", "")
+)
+
+def missing(test_file, test, *args):
+    spec = importlib.util.spec_from_file_location("held", repo / test_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        getattr(module, test)(*args)
+    except (AssertionError, FileNotFoundError, KeyError) as error:
+        return str(error)
+    return ""
+
+found["promtool"] = missing(
+    "tests/alerts/test_alerts_engines.py",
+    "test_promtool_inputs_are_shaped_like_the_engines_exposition",
+    fake,
+)
+found["page"] = missing(
+    "tests/docs/test_docs_engines.py",
+    "test_each_engine_page_names_its_release_and_source_files",
+    fake,
+)
+print(json.dumps(found))
+"""
+
+
+def test_a_new_engine_is_one_row_its_promtool_cases_and_a_doc_page() -> None:
+    """One ``Engine`` row added to ``ENGINES``, nothing else edited: its job selector
+    and ``--<source>-job-selector`` flag, its rules (timings at the head of the
+    bottleneck group, requests, errors, objectives and state in engines.yml), the
+    "engine metrics down" and "spans not arriving" alerts, the latency board's job and
+    instance variables and its notes all take it; the engine tests ask for the rest of
+    the recipe, its promtool cases and its page."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_ENGINE_SCRIPT), str(REPO), _ENGINE_ROW],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["sources"][-1] == "fakellm"
+    settings = Settings()
+    window = settings.window
+    assert found["timings"] == sorted(
+        rate_record(histogram, part) + window
+        for histogram, parts in (
+            (DURATION_HISTOGRAM, ("sum", "count", "bucket")),
+            (PHASE_HISTOGRAM, ("sum", "count")),
+        )
+        for part in parts
+    )
+    # requests, errors, the latency objective (1 s is one of its bounds), its queue
+    assert set(found["engine_rules"]) >= {
+        REQUESTS_RATE + window,
+        ERRORS_RATIO + window,
+        slo_errors_ratio(settings.latency_slo) + "1h",
+        WAITING + window,
+    }, found["engine_rules"]
+    assert found["release_comment"][0].endswith(
+        "TensorRT-LLM's and FakeLLM's series as their own source defines them:"
+    )
+    assert "FakeLLM 1.0" in found["release_comment"][1]
+    assert found["down_alert"] and found["spans_alert"]
+    assert found["rules_changed"] == ["alerting.yml", "engines.yml", "recording.yml"]
+    assert found["flag"] == [0, True, False]
+    assert found["variables"] == ["instance", "job"]
+    assert any(line.startswith("- FakeLLM 1.0 (/metrics): queue") for line in found["note"])
+    assert any(line.startswith("- `fakellm`: phase times") for line in found["note"])
+    assert found["not_reported"]  # e.g. TTFT: "Not reported by this engine (..., fakellm)"
+    # the rest of the recipe: the tests name what is missing
+    assert "fakellm_test.yml" in found["promtool"]
+    assert "fakellm.md" in found["page"]
+
+
+def test_the_engine_recipe_is_one_row_its_cases_and_a_page() -> None:
+    """The recipe asks for the row, its promtool cases and its page, and nothing the
+    rows give (a selector field, a flag, an alert)."""
+    text = recipe("An engine's own /metrics")
+    for needed in ("`ENGINES`", "alerts/tests/<source>_test.yml", "docs/engines/"):
+        assert needed in text, needed
+    for derived in ("EngineJobs", "vllm_job_selector"):
+        assert derived not in text, derived
+
+
 # --- a flag -------------------------------------------------------------------------
 
 
@@ -439,5 +656,8 @@ _TESTS = {
         test_worker_endpoints_are_served_and_only_untraced_ones_make_no_span.__name__
     ),
     "An engine adapter": test_an_engine_adapter_declares_every_attribute_it_reads.__name__,
+    "An engine's own /metrics": (
+        test_a_new_engine_is_one_row_its_promtool_cases_and_a_doc_page.__name__
+    ),
     "A flag": test_a_new_flag_is_one_field_with_its_help_twin_and_check.__name__,
 }
