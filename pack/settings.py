@@ -66,9 +66,10 @@ class EngineJobs:
         raise KeyError(f"no engine {source!r} in {[known for known, _ in self.selectors]}")
 
     def replace(self, **selectors: str | None) -> EngineJobs:
-        """These selectors by source; ``None`` or ``""`` keeps the row's."""
+        """These selectors by source (each an engine of the table); ``None`` or ``""``
+        keeps the one it had."""
         for source in selectors:
-            self[source]  # an engine of the table
+            self[source]  # KeyError for a source no row has
         return EngineJobs(
             tuple(
                 (source, selectors.get(source) or selector) for source, selector in self.selectors

@@ -255,11 +255,31 @@ def test_what_the_boards_read_agrees_with_the_details(source: str) -> None:
     assert (engines.TIME_PER_OUTPUT_TOKEN in given) == details.reports("tpot")
 
 
-def test_the_trtllm_job_selector_is_a_flag_of_the_rule_build(tmp_path: Path) -> None:
-    assert build_main(["--out", str(tmp_path), "--trtllm-job-selector", 'job="llm"']) == 0
-    made = (tmp_path / "engines.yml").read_text()
-    assert 'trtllm_request_success_total{job="llm"}' in made
-    assert 'trtllm_request_success_total{job="trtllm"}' not in made
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
+def test_each_engines_job_selector_is_a_flag_of_the_rule_build(
+    engine: Engine, tmp_path: Path
+) -> None:
+    flag = f"--{engine.source}-job-selector"
+    assert build_main(["--out", str(tmp_path), flag, 'job="llm"']) == 0
+    made = "".join(path.read_text() for path in tmp_path.glob("*.yml"))
+    counter = engine.requests[0]
+    assert counter + '{job="llm"}' in made
+    assert counter + "{" + engine.job_selector not in made
+
+
+def test_the_job_selectors_are_the_rows_and_only_the_rows() -> None:
+    assert EngineJobs().selectors == tuple((e.source, e.job_selector) for e in ENGINES)
+    assert Settings().engine_sel(engines.VLLM, 'le="1"') == '{job="vllm", le="1"}'
+    with pytest.raises(KeyError, match="nosuch"):
+        EngineJobs().replace(nosuch='job="x"')
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.source)
+def test_every_name_an_engine_exposes_starts_with_its_prefix(engine: Engine) -> None:
+    """The prefix tells the engines' names apart in the rules (``NATIVE``)."""
+    assert all(name.startswith(engine.prefix) for name in engine.exposition), engine.source
+    others = [e.prefix for e in ENGINES if e is not engine]
+    assert not any(name.startswith(tuple(others)) for name in engine.exposition)
 
 
 def test_the_tensorrt_llm_backend_gauges_are_read_with_their_family_label() -> None:
