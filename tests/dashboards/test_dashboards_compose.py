@@ -357,14 +357,14 @@ def scrape_jobs() -> dict[str, list[str]]:
 
 def test_scrape_jobs_are_the_ones_the_rules_select() -> None:
     """The exporter's job and the worker's, each selected by name in the rules; the
-    rules' engine jobs (vLLM's, Triton's, TGI's and SGLang's own /metrics) are not part
-    of the stack."""
+    rules' engine jobs (each ENGINES row's own /metrics: vLLM's, Triton's, ...) are not
+    part of the stack."""
     jobs = set(scrape_jobs())
     rules = "".join(path.read_text() for path in (REPO / "alerts" / "rules").glob("*.yml"))
     selected = set(re.findall(r'\bjob="([^"]*)"', rules))
     engine_jobs = {e.job_selector.removeprefix('job="').removesuffix('"') for e in ENGINES}
     assert jobs == {"gpuscope", "gpuscope-worker"}
-    assert selected == jobs | {"vllm"} | engine_jobs
+    assert selected == jobs | engine_jobs
 
 
 def test_scrape_targets_are_services_on_their_ports() -> None:
