@@ -38,10 +38,7 @@ def compute_bound(settings: Settings) -> str:
 def on_compute_bound(settings: Settings, per_gpu: str) -> str:
     """``per_gpu`` (labels job, instance, gpu, uuid), with a ``host`` label, where the
     requests on that GPU are compute-bound."""
-    return (
-        f"{with_host(settings, per_gpu)}\n"
-        f"and on ({HOST_GPU})\n{compute_bound(settings)}"
-    )
+    return f"{with_host(settings, per_gpu)}\nand on ({HOST_GPU})\n{compute_bound(settings)}"
 
 
 def clock_swings(settings: Settings) -> str:
@@ -89,8 +86,8 @@ def sharing_alerts(settings: Settings) -> list[dict[str, Any]]:
             "Several processes time-slice one GPU without MPS or MIG while its requests "
             "are compute-bound.",
             f"{ON_GPU} on {{{{ $labels.instance }}}} has had more than one compute process "
-            f"for {w} ({processes} now), none through MPS, in the default compute mode, while the requests there "
-            f"are compute-bound: their kernels run in turns; "
+            f"for {w} ({processes} now), none through MPS, in the default compute mode, "
+            "while the requests there are compute-bound: their kernels run in turns; "
             f"{series(gpu_rows.PROCESS_SM_UTILIZATION)} shows who takes the SMs.",
         ),
         alert(
