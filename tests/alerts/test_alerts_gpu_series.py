@@ -27,15 +27,6 @@ PANEL_CASES = REPO / "alerts" / "tests" / "gpu_panels_test.yml"
 # The GPU board's variables at All, as gpu_panels_test.yml writes its queries.
 ALL = {"job": ".*", "instance": ".*", "gpu": ".*"}
 TIME_VALUES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "1m"}
-# Older than the sharing and topology series (issue 30) and not yet drawn or tested:
-# the exporter's own view of a poll (why a GPU is down, how old its readings are) and
-# of the process join, which /readyz and gpuscope doctor report.
-NOT_YET = {
-    "gpuscope_gpu_down_reason",
-    "gpuscope_gpu_sample_age_seconds",
-    "gpuscope_gpu_process_join_status",
-    "gpuscope_gpu_process_join_processes",
-}
 SHARING = {
     series(row)
     for row in (
@@ -105,24 +96,12 @@ def _panel_queries() -> list[str]:
 
 @pytest.mark.parametrize("name", GPU_SERIES)
 def test_every_gpu_series_has_a_promtool_case_and_a_panel(name: str) -> None:
-    if name in NOT_YET:
-        pytest.skip("predates the sharing series: not yet drawn or tested")
     assert any(_named(name, text) for text in _named_by_a_case()), f"no promtool case has {name}"
     assert any(_named(name, text) for text in _panel_queries()), f"no panel draws {name}"
     if name in SHARING:
         inputs = [s["series"] for test in _cases() for s in test.get("input_series", [])]
         assert any(_named(name, text) for text in inputs), f"no promtool case feeds {name}"
         assert any(_named(name, text) for text in _readers()), f"nothing promtool runs reads {name}"
-
-
-def test_the_series_left_out_are_still_served_and_still_left_out() -> None:
-    """An entry of NOT_YET that gets its case and panel (or is renamed) leaves the list."""
-    assert set(GPU_SERIES) >= NOT_YET
-    assert set(GPU_SERIES) >= SHARING
-    for name in NOT_YET:
-        drawn = any(_named(name, text) for text in _panel_queries())
-        cased = any(_named(name, text) for text in _named_by_a_case())
-        assert not (drawn and cased), f"{name} has a case and a panel now: drop it from NOT_YET"
 
 
 def test_the_panel_cases_are_queries_of_the_gpu_board() -> None:
