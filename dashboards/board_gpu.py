@@ -256,6 +256,58 @@ def _health(board: Dashboard) -> None:
             HALF,
         )
     )
+    board.with_panel(
+        timeseries(
+            "Readings age",
+            "Seconds since the GPU readings served were taken: about the poll interval, "
+            "growing while a poll is stuck (gpuscope's exporter only).",
+            [
+                query(
+                    f"max by (instance) ({series(gpu_rows.SAMPLE_AGE)}{EXPORTER})",
+                    "{{instance}}",
+                )
+            ],
+            "s",
+            HALF,
+        )
+    )
+    board.with_panel(
+        table_panel(
+            "Why a GPU is down",
+            "The reason of each GPU that reads up 0 (lost, reset_required, poll_overdue, "
+            "released, ...); empty while every GPU answers (gpuscope's exporter only).",
+            [
+                query(
+                    f"max by ({PER_GPU}, {UUID}, {REASON}) "
+                    f"({series(gpu_rows.DOWN_REASON)}{GPU} == 1)",
+                    f"{LEGEND} {{{{reason}}}}",
+                )
+            ],
+            {"Value": "down"},
+            QUARTER,
+        )
+    )
+    board.with_panel(
+        stat_panel(
+            "Process join",
+            "The state of the join of span pids to the GPUs their processes hold (ok, "
+            "pending, no_permission, other_pid_namespace, ...; gpuscope doctor says why) "
+            "and the processes on the GPUs it can join spans to (gpuscope's exporter only).",
+            [
+                query(
+                    f"max by (instance, status) "
+                    f"({series(gpu_rows.PROCESS_JOIN_STATUS)}{EXPORTER} == 1)",
+                    "{{instance}} {{status}}",
+                ),
+                query(
+                    f"max by (instance) ({series(gpu_rows.PROCESS_JOIN_PROCESSES)}{EXPORTER})",
+                    "{{instance}} processes",
+                ),
+            ],
+            "short",
+            graph=False,
+        )
+    )
 
 
 def _activity(board: Dashboard) -> None:

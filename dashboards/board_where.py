@@ -8,6 +8,9 @@ repeats over ``$host``): the bottleneck verdict of each service, model and GPU o
 phase shares of the mean, each phase's P99 against the end-to-end P99, the split of
 compute into prefill and decode where the engine reports it, and the host's GPUs: SM
 occupancy, the SM clock as a share of its maximum, and PCIe traffic as a share of link capacity.
+Below the hosts, the "Sharing and topology" row of the GPU board over the selected
+hosts' GPUs (``dashboards/sharing.py``): co-tenants, MPS, MIG, NUMA, NVLink and the SM
+clock's swing, the conditions of the sharing alerts beside the verdicts they qualify.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dashboards.panels import (
     text_panel,
     timeseries,
 )
+from dashboards.sharing import Scope, sharing_row
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
 from pack.engines import (
@@ -226,4 +230,5 @@ def build() -> Dashboard:
             max_value=1,
         )
     )
+    sharing_row(board, Scope("Sharing and topology ($host)", gpu, ON_HOST))
     return board

@@ -10,7 +10,8 @@ says whether spans can be joined to GPUs by their pid here, why not (no GPU, no
 permission, another pid namespace), and what happens instead. ``--json`` prints the
 same as JSON (``scripts/gpu-check`` reads it), also when no GPU source opens
 (``"source": null``, the errors, and what the exporter would do with the same
-``--gpu-source``).
+``--gpu-source``). ``--pid PID`` prints instead the sharing and topology checklist of
+one serving process (``doctor_process``): MIG/MPS, co-tenants, NUMA, links, clocks.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
 from gpuscope import flags
+from gpuscope.exporter import doctor_process
 from gpuscope.exporter.gpu import factory, numa
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
@@ -66,6 +68,12 @@ class DoctorConfig(
         1, help="number of simulated GPUs (with --gpu-source simulated)", check=at_least(1)
     )
     json: bool = option(False, help="print JSON instead of a table")
+    pid: int | None = option(
+        None,
+        help="check one serving process instead: MIG/MPS, co-tenants, NUMA locality, links "
+        "and clocks of the GPUs it (or a descendant) holds, each with what was read and the "
+        "fix; exit 1 if it holds none",
+    )
 
 
 def diagnose(source: GpuSource, *, proc_root: Path = PROC) -> dict[str, Any]:
@@ -273,6 +281,8 @@ def render_numa(checks: Mapping[str, Any] | None, out: TextIO) -> None:
 
 
 def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
+    if config.pid is not None:
+        return run_process(source, config, config.pid, out)
     try:
         report = diagnose(source)
     finally:
@@ -283,6 +293,19 @@ def run(source: GpuSource, config: DoctorConfig, out: TextIO) -> int:
     else:
         render(report, out)
     return 0
+
+
+def run_process(source: GpuSource, config: DoctorConfig, pid: int, out: TextIO) -> int:
+    try:
+        report = doctor_process.checklist(source, pid)
+    finally:
+        source.close()
+    if config.json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    else:
+        doctor_process.render(report, out)
+    return 0 if report["gpus"] else 1
 
 
 def _open(config: DoctorConfig) -> tuple[GpuSource | None, list[str]]:

@@ -167,6 +167,11 @@ class Settings:
     # is no co-tenant; a process on the far NUMA node stays so until restarted
     for_gpu_contended: str = "5m"
     for_numa_remote: str = "10m"
+    # an SM clock that changed at least this often within ``window`` (the poller's
+    # count, at its interval) swings: a locked one (nvidia-smi -lgc) reads 0; an
+    # unlocked one under bursty load changes several times a minute
+    clock_swing_changes: float = 5
+    for_clock_unlocked: str = "10m"
     # an engine job (Triton, TGI, SGLang) whose targets all went away alerts when it had
     # one within this window; a job never seen is an engine the site does not run
     engine_seen_window: str = "1d"

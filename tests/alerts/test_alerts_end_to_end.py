@@ -55,6 +55,9 @@ ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
 # Served per process on a GPU, which the demo's simulated GPUs list none of (its promtool
 # case and tests/gpu/test_gpu_cnvml_numa.py show it served)
 PER_GPU_PROCESS = {"gpuscope_gpu_process_numa_locality"}
+# Served for a GPU in MIG mode, which no simulated GPU is (GpuscopeGpuClockUnlocked reads
+# it for a MIG instance's parent; its promtool case and tests/gpu/test_gpu_cnvml_mig.py)
+MIG_ONLY = {"gpuscope_gpu_mig_info"}
 PER_GPU_PROCESS_LABELS = {"locality"}
 # Labels of the engines no real one serves here (their series are in promtool's cases;
 # vLLM's capture is replayed).
@@ -185,6 +188,7 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             - served_metric_names(scrape)
             - ENGINE_SPANS_ONLY
             - PER_GPU_PROCESS
+            - MIG_ONLY
         )
         assert missing == set(), "rules use metrics no exporter, worker or vLLM serves"
         # Triton's, TGI's and SGLang's labels: their promtool cases (test_alerts_engines.py)

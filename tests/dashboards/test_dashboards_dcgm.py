@@ -49,8 +49,14 @@ MUST_HAVE_DATA = (
     "PCIe RX against link capacity",
     "Memory used against total",
 )
-# gpuscope's exporter's own health: dcgm-exporter serves none
-GPUSCOPE_ONLY = ("Collector success", "Collector duration")
+# gpuscope's exporter's own health: dcgm-exporter serves none (no poll, no process join)
+GPUSCOPE_ONLY = (
+    "Collector success",
+    "Collector duration",
+    "Readings age",
+    "Why a GPU is down",
+    "Process join",
+)
 # NVML's process listing, affinities and NVLink fields, which the rules do not map from
 # dcgm-exporter: the whole row is gpuscope's exporter only
 GPUSCOPE_ONLY_ROW = "Sharing and topology"
