@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.alert_rule import alert
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import series
 from pack.settings import Settings
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.contract import exporter as exporter_rows
 from gpuscope.loadgen.server_view import parse_sample
 from gpuscope.loadgen.stats import histogram_quantile
 

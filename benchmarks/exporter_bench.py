@@ -48,13 +48,14 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from gpuscope import spans as contract
-from gpuscope.exporter.definitions import REQUEST_DURATION
+from gpuscope.contract.exporter import REQUEST_DURATION
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.http.render import render_chunks
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
-from gpuscope.exporter.ingest.series import LATENCY_BUCKETS, HistogramFamily
+from gpuscope.contract.rows import LATENCY_BUCKETS
+from gpuscope.exporter.ingest.series import HistogramFamily
 from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 
 # -- realistic requests: what setup_tracing() sends for the middleware and BatchRecorder.

@@ -31,7 +31,7 @@ from dashboards.panels import (
     text_panel,
     timeseries,
 )
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
 from pack.engines import (
     COMPUTE_SPLIT,

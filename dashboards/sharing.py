@@ -7,8 +7,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from dashboards.panels import HALF, RATE, THIRD, query, row, selector, table_panel, timeseries
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.rows import MetricDef
 from pack.contract import GPU_INDEX, series
 
 GPU = selector("job", "instance", GPU_INDEX)

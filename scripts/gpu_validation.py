@@ -15,13 +15,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import flags
-from gpuscope.exporter.gpu.definitions import (
+from gpuscope.contract.gpu import (
     CLOCK_EVENT_ACTIVE,
     COMPUTE_MODE,
     ECC_ERRORS,
-    METRIC_GROUPS,
     PER_GPU,
 )
+from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
 
 # GpuReading field -> the metric name it is served under
 FIELD_METRICS: dict[str, str] = {row.field: row.sample_name for row in PER_GPU} | {

@@ -1,6 +1,6 @@
 """The prometheus_client collector for GPU metrics, built fresh from the poller's snapshot.
 
-The families are the rows of ``gpu.definitions``, in its order; the plain per-GPU rows (those
+The families are the rows of ``gpuscope.contract.gpu``, in its order; the plain per-GPU rows (those
 with a ``field``) need no code here.
 
 Every scrape builds new metric families, so a GPU that went away (lost, MIG
@@ -19,11 +19,12 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as rows
+from gpuscope.contract import gpu as rows
+from gpuscope.contract.rows import MetricDef
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import ProcessJoin
 from gpuscope.exporter.gpu.source import DownReason, GpuDevice, GpuReading
+from gpuscope.families import family as new_family
 
 # (label values, value) of one sample
 Sample = tuple[Sequence[str], float]
@@ -32,7 +33,7 @@ Sample = tuple[Sequence[str], float]
 class GpuCollector(Collector):
     """Register with a ``CollectorRegistry``; reads only the poller's cached snapshot.
 
-    Yields one family per row of ``gpu.definitions.GPU_METRICS``, in that order.
+    Yields one family per row of ``gpuscope.contract.gpu.GPU_METRICS``, in that order.
     """
 
     def __init__(self, poller: GpuPoller, *, max_process_series: int = 2000) -> None:
@@ -67,7 +68,7 @@ class GpuCollector(Collector):
             rows.COLLECTOR_DURATION: [([run.collector], run.duration_s) for run in snapshot.runs],
         }
         for row in rows.GPU_METRICS:
-            family = row.family()
+            family = new_family(row)
             for labels, value in _per_gpu(row, live) if row.field else samples[row]:
                 family.add_metric(labels, value)
             yield family
