@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from gpuscope import flags
+from gpuscope.contract.http import DEFAULT_LISTEN, LOOPBACK_LISTEN, METRICS_PATH, TRACES_PATH
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.flags import (
     LOG_LEVELS,
@@ -56,12 +57,12 @@ def _listen(flag: str, listen: str) -> None:
 class ExporterConfig(
     Settings,
     prog="gpuscope exporter",
-    description="Prometheus scrape target: OTLP/HTTP spans in on /v1/traces, per-phase "
-    "histograms and GPU counters out on /metrics.",
+    description=f"Prometheus scrape target: OTLP/HTTP spans in on {TRACES_PATH}, per-phase "
+    f"histograms and GPU counters out on {METRICS_PATH}.",
 ):
     listen: str = option(
-        ":9420",
-        help="where to serve; ':9420' is every interface, '127.0.0.1:9420' loopback",
+        DEFAULT_LISTEN,
+        help=f"where to serve; '{DEFAULT_LISTEN}' is every interface, '{LOOPBACK_LISTEN}' loopback",
         metavar="HOST:PORT",
         check=_listen,
     )
