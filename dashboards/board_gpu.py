@@ -192,7 +192,7 @@ def _fleet(board: Dashboard) -> None:
     board.with_panel(
         table_panel(
             "GPUs",
-            "Each GPU's model, driver, PCI bus and NUMA node (gpuscope_gpu_info), with its "
+            f"Each GPU's model, driver, PCI bus and NUMA node ({gpu_rows.INFO.name}), with its "
             "PCIe link's current generation and width.",
             [
                 query(

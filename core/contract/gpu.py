@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Final
 
 from gpuscope.contract import labels as L
-from gpuscope.contract.rows import COUNTER, GAUGE, MetricDef
+from gpuscope.contract.rows import COUNTER, GAUGE, PREFIX, MetricDef
 
+# Every GPU-side family but the collector's starts with this.
+GPU_PREFIX: Final = PREFIX + "gpu"
 GPU_LABELS: Final = (L.GPU, L.UUID)
 
 INFO = MetricDef(
