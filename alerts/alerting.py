@@ -23,10 +23,10 @@ from alerts.recording import (
     with_host,
 )
 from alerts.sharing import sharing_alerts
-from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import definitions as gpu_rows
-from pack.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, series
-from pack.engines import ENGINES, ROW_RULED, WORKER_REQUESTS
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract import gpu as gpu_rows
+from pack.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, WORKER_REQUESTS, series
+from pack.engines import ENGINES, ROW_RULED
 from pack.recorded import (
     BATCH_WAIT,
     ERRORS_RATIO,

@@ -1,7 +1,7 @@
 """Recording rules that read NVIDIA dcgm-exporter's ``DCGM_FI_*`` series as gpuscope's GPU side.
 
 A fleet with the GPU Operator already runs dcgm-exporter on every GPU node; these rules
-record its fields under the names of ``gpuscope.exporter.gpu.definitions`` (in base
+record its fields under the names of ``gpuscope.contract.gpu`` (in base
 units, labelled ``source="dcgm-exporter"``), so the GPU board, the verdict and the GPU
 alerts read them as they read gpuscope's own exporter, through ``Settings.gpu_sel``.
 
@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.rows import MetricDef
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASON_BITS
 from pack.contract import series
 from pack.settings import Settings

@@ -23,8 +23,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuscope.exporter.gpu import definitions as gpu_rows
-from pack.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
+from gpuscope.contract import gpu as gpu_rows
+from pack.contract import (
+    CODE,
+    MODEL,
+    PHASE,
+    REASON,
+    SERVICE,
+    WORKER_INFO,
+    WORKER_KV_USAGE,
+    WORKER_MAX_QUEUE_DELAY,
+    WORKER_PREEMPTIONS,
+    WORKER_RUNNING,
+    WORKER_WAITING,
+    phase,
+    series,
+)
 
 # The PCIe per-lane table is the dashboards' (pack/pcie.py), so that the panels
 # and the rules agree on every generation's capacity; so is the table of sources and
@@ -44,12 +58,6 @@ from pack.engines import (
     VLLM_PREEMPTIONS,
     VLLM_RUNNING,
     VLLM_WAITING,
-    WORKER_INFO,
-    WORKER_KV_USAGE,
-    WORKER_MAX_QUEUE_DELAY,
-    WORKER_PREEMPTIONS,
-    WORKER_RUNNING,
-    WORKER_WAITING,
     vllm_histograms_for,
 )
 from pack.pcie import LINK_GENERATIONS, lane_bytes_per_second

@@ -20,7 +20,7 @@ from typing import Any
 
 from alerts.alert_rule import alert
 from alerts.recording import INSTANCE, INSTANCE_GPU, PHASE_SHARE_MEAN, indent, phase_is, with_host
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import series
 from pack.recorded import COMPUTE
 from pack.settings import HOST_GPU, Settings

@@ -24,7 +24,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract.http import METRICS_PATH
 from gpuscope.loadgen.server_view import parse_sample
 from gpuscope.loadgen.stats import histogram_quantile
 
@@ -70,7 +71,7 @@ def run_demo(duration_s: float, extra: Sequence[str]) -> str:
                 break
         else:
             raise SystemExit(f"demo ended before its report (exit {demo.wait()})")
-        url = f"http://127.0.0.1:{exporter_port}/metrics"
+        url = f"http://127.0.0.1:{exporter_port}{METRICS_PATH}"
         with urllib.request.urlopen(url, timeout=30) as response:
             return str(response.read().decode())
     finally:

@@ -48,13 +48,15 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from gpuscope import spans as contract
-from gpuscope.exporter.definitions import REQUEST_DURATION
+from gpuscope.contract.exporter import REQUEST_DURATION
+from gpuscope.contract.http import METRICS_PATH, READYZ_PATH, TRACES_PATH
+from gpuscope.contract.rows import LATENCY_BUCKETS
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.http.render import render_chunks
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
-from gpuscope.exporter.ingest.series import LATENCY_BUCKETS, HistogramFamily
+from gpuscope.exporter.ingest.series import HistogramFamily
 from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 
 # -- realistic requests: what setup_tracing() sends for the middleware and BatchRecorder.
@@ -253,12 +255,13 @@ def bench_render(runs: int) -> None:
         mine = [t * 1e6 for t in _time(render, runs)]
         reference = [t * 1e6 for t in _time(partial(writer, theirs), runs)]
         size, their_size = len(render()[0]), len(writer(theirs))
-        print(f"/metrics {label}, gpuscope, µs: {_spread(mine)}; {size:,} bytes")
+        print(f"{METRICS_PATH} {label}, gpuscope, µs: {_spread(mine)}; {size:,} bytes")
         print(
-            f"/metrics {label}, prometheus_client, µs: {_spread(reference)}; {their_size:,} bytes"
+            f"{METRICS_PATH} {label}, prometheus_client, µs: {_spread(reference)}; "
+            f"{their_size:,} bytes"
         )
         ratio = statistics.median(reference) / statistics.median(mine)
-        print(f"/metrics {label}, prometheus_client / gpuscope (medians): {ratio:.1f}x")
+        print(f"{METRICS_PATH} {label}, prometheus_client / gpuscope (medians): {ratio:.1f}x")
 
 
 def _rss_mib() -> float:
@@ -319,16 +322,16 @@ def bench_server_memory(total_spans: int) -> None:
     try:
         for _ in range(300):  # a child process gives no readiness event to wait on
             with contextlib.suppress(OSError):
-                urllib.request.urlopen(base + "/readyz", timeout=1).close()
+                urllib.request.urlopen(base + READYZ_PATH, timeout=1).close()
                 break
             time.sleep(0.1)
         done, passes, started = 0, 0, time.perf_counter()
         print(f"exporter pid {child.pid}: RSS {_child_rss_mib(child.pid):7.1f} MiB at start")
         while done < total_spans:
-            asyncio.run(_post_all(base + "/v1/traces", bodies, senders=2))
+            asyncio.run(_post_all(base + TRACES_PATH, bodies, senders=2))
             done += 512 * len(bodies)
             passes += 1
-            scrape = urllib.request.urlopen(base + "/metrics", timeout=30).read()
+            scrape = urllib.request.urlopen(base + METRICS_PATH, timeout=30).read()
             rate = done / (time.perf_counter() - started)
             if passes % 10 and done < total_spans and passes > 1:
                 continue

@@ -44,6 +44,9 @@ import aiohttp
 import bcrypt
 from aiohttp import web
 
+from gpuscope.contract.exporter import FORWARD_SPANS_SENT
+from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, TRACES_PATH
+
 MIB = 1024 * 1024
 SEC = 1.0
 
@@ -150,7 +153,7 @@ def server_spans(models: int) -> bytes:
 async def post(
     session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
 ) -> int:
-    async with session.post(url + "/v1/traces", data=body, headers=headers) as response:
+    async with session.post(url + TRACES_PATH, data=body, headers=headers) as response:
         await response.read()
         return response.status
 
@@ -170,7 +173,7 @@ async def timed_scrape(url: str, headers: dict[str, str] | None = None) -> tuple
     try:
         async with (
             aiohttp.ClientSession(connector=connector) as session,
-            session.get(url + "/metrics", headers=headers or {}) as response,
+            session.get(url + METRICS_PATH, headers=headers or {}) as response,
         ):
             await response.read()
             return response.status, time.perf_counter() - started
@@ -184,7 +187,7 @@ async def slow_readers() -> None:
     json_headers = {"Content-Type": "application/json"}
     async with exporter() as running, aiohttp.ClientSession() as session:
         assert await post(session, running.url, body, json_headers) == 200
-        async with session.get(running.url + "/metrics") as response:
+        async with session.get(running.url + METRICS_PATH) as response:
             size = len(await response.read())
         await asyncio.sleep(1)
         before = running.rss_mib()
@@ -221,7 +224,7 @@ async def probe_health(url: str, done: asyncio.Future[int]) -> float:
     async with aiohttp.ClientSession() as session:
         while not done.done():
             started = time.perf_counter()
-            async with session.get(url + "/healthz") as response:
+            async with session.get(url + HEALTHZ_PATH) as response:
                 await response.read()
             slowest = max(slowest, time.perf_counter() - started)
             await asyncio.sleep(0.01)
@@ -354,7 +357,7 @@ async def auth_flood() -> None:
             async with aiohttp.ClientSession() as session:
                 while not stop.is_set():
                     headers = basic("prom", f"wrong-{number}")
-                    async with session.get(running.url + "/metrics", headers=headers) as answer:
+                    async with session.get(running.url + METRICS_PATH, headers=headers) as answer:
                         await answer.read()
                         answers[answer.status] += 1
 
@@ -416,11 +419,11 @@ async def forward() -> None:
         return response
 
     app = web.Application()
-    app.router.add_post("/v1/traces", endless)
+    app.router.add_post(TRACES_PATH, endless)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    backend = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    backend = f"http://127.0.0.1:{runner.addresses[0][1]}{TRACES_PATH}"
     try:
         async with (
             exporter("--forward-otlp", backend) as running,
@@ -431,9 +434,9 @@ async def forward() -> None:
             headers = {"Content-Type": "application/json"}
             assert await post(session, running.url, server_spans(10), headers) == 200
             await asyncio.sleep(5)
-            text = await (await session.get(running.url + "/metrics")).text()
+            text = await (await session.get(running.url + METRICS_PATH)).text()
             peak = running.rss_mib("VmHWM") - idle
-        forwarded = re.search(r"^gpuscope_forward_spans_sent_total (\S+)", text, re.M)
+        forwarded = re.search(rf"^{FORWARD_SPANS_SENT.sample_name} (\S+)", text, re.M)
         spans = forwarded and forwarded.group(1)
         print(f"  backend sent {sent[0] / MIB:.0f} MiB before the exporter hung up;")
         print(f"    exporter peak RSS +{peak:.0f} MiB; spans forwarded: {spans}")
@@ -470,7 +473,7 @@ async def accept() -> None:
                     try:
                         async with (
                             aiohttp.ClientSession(connector=connector) as session,
-                            session.get(running.url + "/metrics") as response,
+                            session.get(running.url + METRICS_PATH) as response,
                         ):
                             await response.read()
                             results.append(response.status)

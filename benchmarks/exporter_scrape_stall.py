@@ -34,6 +34,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gpuscope import spans as contract
+from gpuscope.contract.http import METRICS_PATH
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.http.render import render_chunks
@@ -147,7 +148,7 @@ async def report_format(
         nonlocal size
         curl = await asyncio.create_subprocess_exec(
             "curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}",
-            "-H", f"Accept: {accept}", url + "/metrics",
+            "-H", f"Accept: {accept}", url + METRICS_PATH,
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         output, _ = await curl.communicate()

@@ -22,6 +22,7 @@ from collections import Counter
 
 import aiohttp
 
+from gpuscope.contract.http import METRICS_PATH
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.exporter.service import start_exporter
@@ -86,7 +87,7 @@ async def run(args: argparse.Namespace) -> None:
     ]
     try:
         await asyncio.sleep(3.0)
-        scrapes = await _scrapes(exporter.url + "/metrics", args.scrapes)
+        scrapes = await _scrapes(exporter.url + METRICS_PATH, args.scrapes)
     finally:
         stop.set()
         for task in uploaders:

@@ -53,6 +53,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gpuscope import spans as contract
+from gpuscope.contract.gpu import GPU_PREFIX
+from gpuscope.contract.http import DEFAULT_PORT, METRICS_PATH, READYZ_PATH, TRACES_PATH
 from gpuscope.exporter.gpu.simulated import simulated_uuid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +174,7 @@ def build_request(shape: Shape, rng: random.Random, counter: list[int]) -> bytes
 
 def post_spans(base: str, body: bytes) -> None:
     request = urllib.request.Request(
-        base + "/v1/traces",
+        base + TRACES_PATH,
         data=body,
         headers={"Content-Type": "application/x-protobuf"},
         method="POST",
@@ -228,7 +230,7 @@ def exporter(max_series: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(base + "/readyz")
+        wait_http(base + READYZ_PATH)
         yield base, process
     finally:
         stop(process)
@@ -258,7 +260,7 @@ def scrape(base: str, accept: str, gzipped: bool) -> Scrape:
     if gzipped:
         headers["Accept-Encoding"] = "gzip"
     started = time.perf_counter()
-    connection.request("GET", "/metrics", headers=headers)
+    connection.request("GET", METRICS_PATH, headers=headers)
     response = connection.getresponse()
     raw = response.read()
     seconds = time.perf_counter() - started
@@ -299,7 +301,7 @@ def one_node(label_sets: int, scrapes: int, rounds: int) -> dict[str, float]:
         text = scrape(base, "text/plain", False).body.decode()
         families = series_by_family(text)
         total = sum(families.values())
-        request_side = sum(n for name, n in families.items() if not name.startswith("gpuscope_gpu"))
+        request_side = sum(n for name, n in families.items() if not name.startswith(GPU_PREFIX))
         gpu_side = total - request_side
         print(f"\n== {shape.label_sets} label sets ({shape.describe()}), 8 simulated GPUs")
         print(f"   --max-series {max_series}; {rounds} rounds, {counter[0]} spans")
@@ -375,7 +377,7 @@ def prometheus_config(target: str, nodes: int, rules: list[Path], interval_s: in
                 "static_configs": [{"targets": [target]}],
                 "relabel_configs": [
                     {"target_label": "job", "replacement": "gpuscope"},
-                    {"target_label": "instance", "replacement": f"gpu-node-{i}:9420"},
+                    {"target_label": "instance", "replacement": f"gpu-node-{i}:{DEFAULT_PORT}"},
                 ],
                 "metric_relabel_configs": [
                     {
@@ -430,7 +432,7 @@ def prometheus(config: str, workdir: Path) -> Iterator[str]:
 
 
 def own_metrics(base: str) -> dict[str, float]:
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+    with urllib.request.urlopen(base + METRICS_PATH, timeout=30) as response:
         text = response.read().decode()
     wanted = {
         "prometheus_tsdb_head_series": "head_series",

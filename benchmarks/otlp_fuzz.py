@@ -36,6 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from gpuscope.contract.exporter import OTLP_REQUESTS_REJECTED
+from gpuscope.contract.http import METRICS_PATH, TRACES_PATH
 from gpuscope.exporter.http.render import render_histograms
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.exporter.service import start_exporter
@@ -94,11 +96,11 @@ async def run_over_http(cases: int, seed: int) -> int:
                 headers = {"Content-Type": case.media}
                 if case.encoding:
                     headers["Content-Encoding"] = case.encoding
-                url = exporter.url + "/v1/traces"
+                url = exporter.url + TRACES_PATH
                 async with session.post(url, data=case.body, headers=headers) as response:
                     await response.read()
                     statuses[response.status] += 1
-            async with session.get(exporter.url + "/metrics") as response:
+            async with session.get(exporter.url + METRICS_PATH) as response:
                 text = await response.text()
     finally:
         await exporter.stop()
@@ -106,14 +108,14 @@ async def run_over_http(cases: int, seed: int) -> int:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "gpuscope_otlp_requests_rejected_total"
+        if sample.name == OTLP_REQUESTS_REJECTED.sample_name
     )
     refused = sum(n for status, n in statuses.items() if status >= 400)
     elapsed = time.perf_counter() - started
     print(
         f"over HTTP: {cases} requests in {elapsed:.1f} s, statuses {dict(sorted(statuses.items()))}"
     )
-    print(f"  refused {refused}, counted in gpuscope_otlp_requests_rejected_total {counted:.0f}")
+    print(f"  refused {refused}, counted in {OTLP_REQUESTS_REJECTED.sample_name} {counted:.0f}")
     server_errors = sum(n for status, n in statuses.items() if status >= 500)
     return server_errors + (refused != counted)
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from gpuscope.contract.exporter import REQUEST_COMPUTE_STAGE, REQUEST_PHASE
+from gpuscope.contract.http import METRICS_PATH, TRACES_PATH
 from support.vllm_engine import (
     Samples,
     VllmServer,
@@ -42,10 +44,10 @@ from support.vllm_engine import (
 )
 
 PHASES = (
-    ("queue", "gpuscope_request_phase_seconds", "vllm:request_queue_time_seconds"),
-    ("compute", "gpuscope_request_phase_seconds", "vllm:request_inference_time_seconds"),
-    ("prefill", "gpuscope_request_compute_stage_seconds", "vllm:request_prefill_time_seconds"),
-    ("decode", "gpuscope_request_compute_stage_seconds", "vllm:request_decode_time_seconds"),
+    ("queue", REQUEST_PHASE.name, "vllm:request_queue_time_seconds"),
+    ("compute", REQUEST_PHASE.name, "vllm:request_inference_time_seconds"),
+    ("prefill", REQUEST_COMPUTE_STAGE.name, "vllm:request_prefill_time_seconds"),
+    ("decode", REQUEST_COMPUTE_STAGE.name, "vllm:request_decode_time_seconds"),
 )
 
 
@@ -59,10 +61,7 @@ def wait_for(exporter: str, service: str, count: float) -> Samples:
     deadline = time.monotonic() + 60
     while True:
         values = scrape(exporter)
-        if (
-            total(values, "gpuscope_request_phase_seconds_count", service=service, phase="queue")
-            >= count
-        ):
+        if total(values, f"{REQUEST_PHASE.name}_count", service=service, phase="queue") >= count:
             return values
         if time.monotonic() > deadline:
             raise RuntimeError(f"the exporter saw fewer than {count} requests of {service}")
@@ -76,7 +75,7 @@ def phase_table(
     print("|---:|---|---:|---:|---:|")
     for n in clients:
         engine0, ours0 = scrape(server.url), scrape(exporter)
-        queue0 = total(ours0, "gpuscope_request_phase_seconds_count", service="with", phase="queue")
+        queue0 = total(ours0, f"{REQUEST_PHASE.name}_count", service="with", phase="queue")
         loadgen(server, n, requests, work / f"phase-{n}.json")
         engine1 = scrape(server.url)
         served = total(engine1, "vllm:request_success_total") - total(
@@ -155,8 +154,8 @@ def main() -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    traces = exporter_url + "/v1/traces"
-    excluded = {"GPUSCOPE_EXCLUDED_PATHS": "/metrics,/health"}
+    traces = exporter_url + TRACES_PATH
+    excluded = {"GPUSCOPE_EXCLUDED_PATHS": f"{METRICS_PATH},/health"}
     try:
         with vllm_servers(
             launch_vllm(

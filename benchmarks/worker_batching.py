@@ -49,6 +49,8 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
+from gpuscope.contract.http import METRICS_PATH, READYZ_PATH
+from gpuscope.contract.worker import PREEMPTIONS
 from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.numpy_models import NumpyTokenGenerator
 
@@ -126,7 +128,7 @@ async def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             try:
-                async with session.get(f"{url}/readyz") as response:
+                async with session.get(f"{url}{READYZ_PATH}") as response:
                     if response.status == 200:
                         return
             except aiohttp.ClientError:
@@ -404,11 +406,11 @@ def _memory_kib(pid: int) -> tuple[int, int]:
 
 async def _preemptions(url: str) -> float | None:
     """``gpuscope_worker_preemptions_total`` from the worker's /metrics, if it has one."""
-    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}{METRICS_PATH}") as response:
         if response.status != 200:
             return None
         for line in (await response.text()).splitlines():
-            if line.startswith("gpuscope_worker_preemptions_total"):
+            if line.startswith(PREEMPTIONS.sample_name):
                 return float(line.split()[-1])
     return None
 

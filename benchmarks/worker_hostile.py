@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from gpuscope.contract.http import HEALTHZ_PATH
+
 MIB = 1024 * 1024
 MODEL = "gpuscope-synthetic"
 
@@ -107,7 +109,7 @@ def bodies(sizes_mib: list[int]) -> None:
         def probe() -> None:
             while not stop.is_set():
                 started = time.perf_counter()
-                httpx.get(f"{url}/healthz", timeout=30)
+                httpx.get(f"{url}{HEALTHZ_PATH}", timeout=30)
                 took = time.perf_counter() - started
                 slowest[phase[0]] = max(slowest[phase[0]], took)
 

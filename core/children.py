@@ -45,10 +45,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+from gpuscope.contract import http as http_paths
+
 T = TypeVar("T")
 LOOPBACK: Final = "127.0.0.1"
-READY_PATH: Final = "/readyz"  # both commands answer 200 there once they serve
-TRACES_PATH: Final = "/v1/traces"  # the OTLP/HTTP path, which the exporter serves
+READY_PATH: Final = http_paths.READYZ_PATH  # both commands answer 200 there once they serve
+TRACES_PATH: Final = http_paths.TRACES_PATH  # the OTLP/HTTP path, which the exporter serves
 # The simulated exporter's poll interval: twice a second, so that a load of a few
 # seconds (the demo's, a tuning step's) shows on the GPU series.
 SIMULATED_GPU_INTERVAL_S: Final = 0.5

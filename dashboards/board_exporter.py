@@ -18,8 +18,8 @@ from dashboards.panels import (
     stat_panel,
     timeseries,
 )
-from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.definitions import MetricDef
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract.rows import MetricDef
 from pack.contract import CONNECTION_STATE, OVERFLOWED_METRIC, REASON, VERSION, series
 
 UID = "gpuscope-exporter-health"

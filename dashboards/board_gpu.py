@@ -25,8 +25,8 @@ from dashboards.panels import (
     timeseries,
 )
 from dashboards.sharing import sharing_row
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.rows import MetricDef
 from pack.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, UUID, XID, series
 from pack.pcie import capacity_expr
 
@@ -192,7 +192,7 @@ def _fleet(board: Dashboard) -> None:
     board.with_panel(
         table_panel(
             "GPUs",
-            "Each GPU's model, driver, PCI bus and NUMA node (gpuscope_gpu_info), with its "
+            f"Each GPU's model, driver, PCI bus and NUMA node ({gpu_rows.INFO.name}), with its "
             "PCIe link's current generation and width.",
             [
                 query(

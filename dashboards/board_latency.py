@@ -28,11 +28,15 @@ from dashboards.panels import (
     thresholds,
     timeseries,
 )
-from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.rows import MetricDef
 from pack import contract, engines
-from pack.contract import series
+from pack.contract import (
+    WORKER_MAX_BATCH_SIZE,
+    WORKER_MAX_QUEUE_DELAY,
+    series,
+)
 from pack.engines import (
     DURATION_HISTOGRAM,
     GENERATION_TOKENS_HISTOGRAM,
@@ -44,8 +48,6 @@ from pack.engines import (
     STAGE_HISTOGRAM,
     TPOT_HISTOGRAM,
     TTFT_HISTOGRAM,
-    WORKER_MAX_BATCH_SIZE,
-    WORKER_MAX_QUEUE_DELAY,
     has_bound,
     lacking_note,
     not_reported,

@@ -35,7 +35,7 @@ from dashboards.panels import (
     timeseries,
 )
 from dashboards.sharing import Scope, sharing_row
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import GPU_INDEX, MODEL, PHASE, SERVICE, STAGE, UUID, series
 from pack.engines import (
     COMPUTE_SPLIT,

@@ -43,8 +43,8 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
 
-from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import GPU_INDEX, MODEL, ROUTE, SERVICE, series
 from pack.engines import NO_TRAFFIC, SCRAPED_ENGINE_SERIES
 from pack.recorded import SOURCE_SERIES

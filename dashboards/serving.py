@@ -16,11 +16,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from dashboards.panels import RATE, THIRD, query, row, selector, timeseries
-from pack.engines import (
-    VLLM_KV_USAGE,
-    VLLM_PREEMPTIONS,
-    VLLM_RUNNING,
-    VLLM_WAITING,
+from pack.contract import (
     WORKER_BATCH_ITERATIONS,
     WORKER_INFO,
     WORKER_KV_BLOCKS,
@@ -30,6 +26,12 @@ from pack.engines import (
     WORKER_REQUESTS,
     WORKER_RUNNING,
     WORKER_WAITING,
+)
+from pack.engines import (
+    VLLM_KV_USAGE,
+    VLLM_PREEMPTIONS,
+    VLLM_RUNNING,
+    VLLM_WAITING,
 )
 from pack.recorded import KV_USAGE, RUNNING, WAITING, WINDOW
 

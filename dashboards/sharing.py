@@ -25,8 +25,8 @@ from dashboards.panels import (
     table_panel,
     timeseries,
 )
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.rows import MetricDef
 from pack.contract import GPU_INDEX, series
 
 PER_GPU = f"instance, {GPU_INDEX}"

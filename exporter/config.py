@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Final
 
 from gpuscope import flags
+from gpuscope.contract.gpu import UP
+from gpuscope.contract.http import DEFAULT_LISTEN, LOOPBACK_LISTEN, METRICS_PATH, TRACES_PATH
 from gpuscope.exporter.gpu.source import GpuSourceKind
 from gpuscope.flags import (
     LOG_LEVELS,
@@ -56,12 +58,12 @@ def _listen(flag: str, listen: str) -> None:
 class ExporterConfig(
     Settings,
     prog="gpuscope exporter",
-    description="Prometheus scrape target: OTLP/HTTP spans in on /v1/traces, per-phase "
-    "histograms and GPU counters out on /metrics.",
+    description=f"Prometheus scrape target: OTLP/HTTP spans in on {TRACES_PATH}, per-phase "
+    f"histograms and GPU counters out on {METRICS_PATH}.",
 ):
     listen: str = option(
-        ":9420",
-        help="where to serve; ':9420' is every interface, '127.0.0.1:9420' loopback",
+        DEFAULT_LISTEN,
+        help=f"where to serve; '{DEFAULT_LISTEN}' is every interface, '{LOOPBACK_LISTEN}' loopback",
         metavar="HOST:PORT",
         check=_listen,
     )
@@ -133,7 +135,7 @@ class ExporterConfig(
     forward_otlp: str | None = option(
         None,
         help="also send every received export request, unchanged, to this OTLP/HTTP URL",
-        check=http_url("http://tempo:4318/v1/traces"),
+        check=http_url(f"http://tempo:4318{TRACES_PATH}"),
     )
     forward_queue: int = option(
         256,
@@ -179,7 +181,7 @@ class ExporterConfig(
     )
     gpu_poll_deadline_s: float | None = option(
         None,
-        help="how long a GPU poll may take before its GPUs read down (gpuscope_gpu_up 0, "
+        help=f"how long a GPU poll may take before its GPUs read down ({UP.name} 0, "
         "reason poll_overdue) and /readyz fails; default twice --gpu-interval-s, at least 2",
         check=positive,
     )

@@ -1,10 +1,10 @@
 """The exporter's own families on a scrape: request counters and self-monitoring.
 
 ``ExporterCollector`` builds fresh prometheus_client families on every scrape from the
-rows of ``definitions`` and plain counters that the event loop updates. The request
+rows of ``gpuscope.contract.exporter`` and plain counters that the event loop updates. The request
 histograms are not among them: ``render`` writes those itself, much faster. The GPU
 families and ``gpuscope_collector_*`` come from ``gpuscope.exporter.gpu.collector``,
-the connection families from ``connections.ConnectionCollector``.
+the connection families from ``gpuscope.families.ConnectionCollector``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpuscope import __version__
-from gpuscope.exporter import definitions as defs
-from gpuscope.exporter.definitions import MetricDef
+from gpuscope.contract import exporter as defs
+from gpuscope.contract.rows import MetricDef
 from gpuscope.exporter.ingest.aggregator import SPAN_REJECT_REASONS, SpanAggregator
 from gpuscope.exporter.ingest.forward import FORWARD_DROP_REASONS
 from gpuscope.exporter.ingest.otlp import REQUEST_REJECT_REASONS
 from gpuscope.exporter.ingest.pipeline import INGEST_REJECT_REASONS
 from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily
+from gpuscope.families import family as new_family
 
 # ``gpuscope_web_config_reloads_total{result}``: re-reads of the credential files.
 RELOAD_APPLIED, RELOAD_REFUSED = "applied", "refused"
@@ -66,7 +67,7 @@ class ExporterCollector(Collector):
         samples = self._samples()
         for row in (*defs.SPAN_COUNTERS, *defs.SELF_METRICS):
             if row in samples:
-                family = row.family()
+                family = new_family(row)
                 for labels, value in samples[row]:
                     family.add_metric(labels, value)
                 yield family

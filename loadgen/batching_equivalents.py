@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuscope.contract.http import TRACES_PATH
+
 if TYPE_CHECKING:
     from gpuscope.loadgen.tune import TuneOptions
 
@@ -92,6 +94,6 @@ def for_tune(options: TuneOptions, best: str | None) -> list[str]:
     if value is None:
         return []
     # the worker's own parser: the swept value over --worker-args over the defaults
-    argv = options.worker_argv(value, port=0, otlp="http://127.0.0.1:1/v1/traces")
+    argv = options.worker_argv(value, port=0, otlp=f"http://127.0.0.1:1{TRACES_PATH}")
     config = flags.parse(WorkerConfig, argv[1:], {}, exit_on_error=False)
     return lines(Batching(str(config.batching), config.max_batch_size, config.max_queue_delay_ms))

@@ -27,6 +27,7 @@ from gpuscope.children import (
     run_until_stopped,
     simulated_gpu_uuid,
 )
+from gpuscope.contract.http import DEFAULT_PORT, METRICS_PATH
 from gpuscope.flags import Settings, at_least, between, option, positive
 from gpuscope.loadgen import record
 from gpuscope.loadgen.output import table
@@ -51,7 +52,7 @@ class DemoOptions(
     concurrency: int = option(16, help="concurrent clients", unit="clients", check=at_least(1))
     batching: BatchingMode = option(BatchingMode.DYNAMIC, help="the worker's batching strategy")
     exporter_port: int = option(
-        9420, help="exporter port on 127.0.0.1 (0: any free port)", check=_PORT
+        DEFAULT_PORT, help="exporter port on 127.0.0.1 (0: any free port)", check=_PORT
     )
     worker_port: int = option(8000, help="worker port on 127.0.0.1 (0: any free port)", check=_PORT)
     exit: bool = option(False, help="stop both processes after the report instead of serving on")
@@ -98,7 +99,7 @@ async def _demo(options: DemoOptions, children: Children, stop: asyncio.Event) -
     )
     await exporter.wait_ready(stop)
     await worker.wait_ready(stop)
-    print(f"exporter: {exporter.url}/metrics   worker: {worker.url}/v1 (OpenAI-compatible)")
+    print(f"exporter: {exporter.url}{METRICS_PATH}   worker: {worker.url}/v1 (OpenAI-compatible)")
     print(
         f"load: {options.concurrency} clients for {options.duration_s:g} s, "
         f"batching={options.batching} ...",

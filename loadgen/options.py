@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from gpuscope.contract.http import DEFAULT_URL, METRICS_PATH
 from gpuscope.flags import (
     ConfigError,
     Settings,
@@ -40,7 +41,7 @@ from gpuscope.loadgen.workload import (
 
 DEFAULT_CONCURRENCY: Final = ("1", "4", "16")
 # Where the exporter of a local stack listens, as the examples of --exporter-url say.
-EXPORTER_URL_EXAMPLE: Final = "http://127.0.0.1:9420"
+EXPORTER_URL_EXAMPLE: Final = DEFAULT_URL
 LENGTHS: Final = "N, uniform:LO:HI, normal:MEAN:SD or exp:MEAN"
 
 
@@ -225,7 +226,7 @@ class LoadgenOptions(
     )
     exporter_url: str | None = option(
         None,
-        help=f"gpuscope exporter to read /metrics from around each step, e.g. "
+        help=f"gpuscope exporter to read {METRICS_PATH} from around each step, e.g. "
         f"{EXPORTER_URL_EXAMPLE}",
         check=http_url(EXPORTER_URL_EXAMPLE),
     )

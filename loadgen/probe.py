@@ -18,6 +18,7 @@ from typing import Final
 
 import aiohttp
 
+from gpuscope.contract.http import METRICS_PATH
 from gpuscope.loadgen.bounded import MIB, TooLarge, check_declared, lines
 from gpuscope.loadgen.engine_metrics import Builder
 from gpuscope.loadgen.server_view import (
@@ -50,7 +51,7 @@ class ExporterProbe:
     ) -> None:
         self._session = session
         self._builder = builder  # whose exposition: the exporter's, or an engine's own
-        self._url = exporter_url.rstrip("/") + "/metrics"
+        self._url = exporter_url.rstrip("/") + METRICS_PATH
         self._max_bytes = max_bytes
         self._during: list[Snapshot] = []
         self._keep_text = keep_text

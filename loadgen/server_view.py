@@ -24,8 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract import gpu as gpu_rows
 from gpuscope.loadgen.stats import histogram_quantile, mean
 from gpuscope.spans import PHASES
 

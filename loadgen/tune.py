@@ -211,7 +211,7 @@ class TuneOptions(
             )
         for value in self.values():
             if not self.command:
-                self.worker_argv(value, port=0, otlp="http://127.0.0.1:1/v1/traces")
+                self.worker_argv(value, port=0, otlp=f"http://127.0.0.1:1{TRACES_PATH}")
 
     def _check_command(self) -> None:
         if self.sweep == DEFAULT_SWEEP:

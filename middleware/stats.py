@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
+from gpuscope.contract.rows import MIDDLEWARE_PREFIX
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
@@ -47,7 +49,7 @@ STABLE_KEYS: Final = (
     SPANS_REJECTED_BY_RECEIVER,
     REQUESTS_SAMPLED_OUT,
 )
-METRIC_PREFIX: Final = "gpuscope_middleware_"
+METRIC_PREFIX: Final = MIDDLEWARE_PREFIX
 
 _lock = threading.Lock()
 _counts: Counter[str] = Counter()

@@ -20,10 +20,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from gpuscope.contract.http import DEFAULT_TRACES_URL, TRACES_PATH
+
 if TYPE_CHECKING:
     from gpuscope.middleware.span_pipeline import BoundedTracerProvider
 
-DEFAULT_ENDPOINT = "http://127.0.0.1:9420/v1/traces"
+DEFAULT_ENDPOINT = DEFAULT_TRACES_URL
 
 
 def resolve_endpoint(endpoint: str | None = None) -> str:
@@ -35,7 +37,7 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
         return traces
     base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if base:
-        return base.rstrip("/") + "/v1/traces"
+        return base.rstrip("/") + TRACES_PATH
     return DEFAULT_ENDPOINT
 
 

@@ -1,12 +1,13 @@
 """What the boards and the rules read of gpuscope: metric names, label names, phases.
 
-No metric name or phase is written in the builders as a string. Metric names are
-those of the rows the exporter serves from (``gpuscope.exporter.definitions`` and
-``gpuscope.exporter.gpu.definitions``, which the builders import as ``exporter_rows`` and
-``gpu_rows``), written into PromQL by ``series``; phases and compute stages are
-``gpuscope.spans``'. So a renamed metric or a new phase changes the generated boards
-and rules (and the tests that compare them with the committed files fail until
-``make rules dashboards``).
+No metric name, label name or phase is written in the builders as a string. Metric
+names are those of the rows of gpuscope's contract, the leaf modules the exporter and the
+worker serve from (``gpuscope.contract.exporter`` and ``gpuscope.contract.gpu``, which the
+builders import as ``exporter_rows`` and ``gpu_rows``, and ``gpuscope.contract.worker``),
+written into PromQL by ``series``; label names are ``gpuscope.contract.labels``'; phases
+and compute stages are ``gpuscope.spans``'. So a renamed metric or a new phase changes
+the generated boards and rules (and the tests that compare them with the committed files
+fail until ``make pack``).
 
 The label names the builders group and select by are declared once, each with the rows
 that must carry it; a row that loses one fails the build with a ``LookupError`` naming
@@ -16,9 +17,11 @@ the row, and so does a phase the builders name that the span contract no longer 
 from __future__ import annotations
 
 from gpuscope import spans
-from gpuscope.exporter import definitions as exporter_rows
-from gpuscope.exporter.definitions import MetricDef, MetricType
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract import labels as L
+from gpuscope.contract import worker as worker_rows
+from gpuscope.contract.rows import MetricDef, MetricType
 
 PHASES = spans.PHASES
 COMPUTE_STAGES = spans.COMPUTE_STAGES
@@ -78,27 +81,41 @@ _PER_GPU = (
     gpu_rows.ECC_ERRORS,
 )
 
-SERVICE = label("service", *_REQUEST, exporter_rows.TOKENS)
-MODEL = label("model", *_REQUEST, exporter_rows.TOKENS)
-ROUTE = label("route", exporter_rows.REQUEST_DURATION)
-CODE = label("code", exporter_rows.REQUEST_DURATION)
-DIRECTION = label("direction", exporter_rows.TOKENS)
-PHASE = label("phase", exporter_rows.REQUEST_PHASE)
-STAGE = label("stage", exporter_rows.REQUEST_COMPUTE_STAGE)
+SERVICE = label(L.SERVICE, *_REQUEST, exporter_rows.TOKENS)
+MODEL = label(L.MODEL, *_REQUEST, exporter_rows.TOKENS)
+ROUTE = label(L.ROUTE, exporter_rows.REQUEST_DURATION)
+CODE = label(L.CODE, exporter_rows.REQUEST_DURATION)
+DIRECTION = label(L.DIRECTION, exporter_rows.TOKENS)
+PHASE = label(L.PHASE, exporter_rows.REQUEST_PHASE)
+STAGE = label(L.STAGE, exporter_rows.REQUEST_COMPUTE_STAGE)
 # The NVML index and the UUID of a GPU: the UUID is the join of requests and GPUs.
-GPU_INDEX = label("gpu", *_REQUEST, *_PER_GPU)
-UUID = label("uuid", *_REQUEST, *_PER_GPU)
+GPU_INDEX = label(L.GPU, *_REQUEST, *_PER_GPU)
+UUID = label(L.UUID, *_REQUEST, *_PER_GPU)
 REASON = label(
-    "reason",
+    L.REASON,
     gpu_rows.CLOCK_EVENT_ACTIVE,
     exporter_rows.SPANS_REJECTED,
     exporter_rows.OTLP_REQUESTS_REJECTED,
     exporter_rows.FORWARD_SPANS_DROPPED,
     exporter_rows.HTTP_CONNECTIONS_CLOSED,
 )
-CONNECTION_STATE = label("state", exporter_rows.HTTP_CONNECTIONS)
-XID = label("xid", gpu_rows.XID_ERRORS)
-ECC_TYPE = label("type", gpu_rows.ECC_ERRORS)
-COLLECTOR = label("collector", gpu_rows.COLLECTOR_SUCCESS, gpu_rows.COLLECTOR_DURATION)
-OVERFLOWED_METRIC = label("metric", exporter_rows.SERIES_OVERFLOW)
-VERSION = label("version", exporter_rows.BUILD_INFO)
+CONNECTION_STATE = label(L.STATE, exporter_rows.HTTP_CONNECTIONS)
+XID = label(L.XID, gpu_rows.XID_ERRORS)
+ECC_TYPE = label(L.ECC_TYPE, gpu_rows.ECC_ERRORS)
+COLLECTOR = label(L.COLLECTOR, gpu_rows.COLLECTOR_SUCCESS, gpu_rows.COLLECTOR_DURATION)
+OVERFLOWED_METRIC = label(L.METRIC, exporter_rows.SERIES_OVERFLOW)
+VERSION = label(L.VERSION, exporter_rows.BUILD_INFO)
+
+# The reference worker's own /metrics (``gpuscope.contract.worker``): the sample names
+# the boards and rules read (``pack/engines.py`` maps vLLM's engine state onto them).
+WORKER_INFO = series(worker_rows.INFO)
+WORKER_RUNNING = series(worker_rows.REQUESTS_RUNNING)
+WORKER_WAITING = series(worker_rows.REQUESTS_WAITING)
+WORKER_REQUESTS = series(worker_rows.REQUESTS)
+WORKER_BATCH_ITERATIONS = series(worker_rows.BATCH_ITERATIONS)
+WORKER_KV_USAGE = series(worker_rows.KV_CACHE_USAGE)
+WORKER_KV_BLOCKS_USED = series(worker_rows.KV_CACHE_BLOCKS_USED)
+WORKER_KV_BLOCKS = series(worker_rows.KV_CACHE_BLOCKS)
+WORKER_PREEMPTIONS = series(worker_rows.PREEMPTIONS)
+WORKER_MAX_BATCH_SIZE = series(worker_rows.MAX_BATCH_SIZE)
+WORKER_MAX_QUEUE_DELAY = series(worker_rows.MAX_QUEUE_DELAY)

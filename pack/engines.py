@@ -26,8 +26,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuscope.exporter import definitions as exporter_rows
-from pack.contract import COMPUTE_STAGES, PHASE, PHASES, STAGE, phase, stage
+from gpuscope.contract import exporter as exporter_rows
+from pack.contract import (
+    COMPUTE_STAGES,
+    PHASE,
+    PHASES,
+    STAGE,
+    WORKER_INFO,
+    phase,
+    stage,
+)
 
 SPANS = "spans"
 VLLM = "vllm"
@@ -127,20 +135,6 @@ VLLM_TOKEN_HISTOGRAMS = (
         "vllm:request_generation_tokens", GENERATION_TOKENS_HISTOGRAM, "", _VLLM_TOKEN_BUCKETS
     ),
 )
-
-# The reference worker's own /metrics (``gpuscope.worker.metrics``, which has no table of
-# rows; a test checks every name here against what the worker serves).
-WORKER_INFO = "gpuscope_worker_info"
-WORKER_RUNNING = "gpuscope_worker_requests_running"
-WORKER_WAITING = "gpuscope_worker_requests_waiting"
-WORKER_REQUESTS = "gpuscope_worker_requests_total"
-WORKER_BATCH_ITERATIONS = "gpuscope_worker_batch_iterations_total"
-WORKER_KV_USAGE = "gpuscope_worker_kv_cache_usage_ratio"
-WORKER_KV_BLOCKS_USED = "gpuscope_worker_kv_cache_blocks_used"
-WORKER_KV_BLOCKS = "gpuscope_worker_kv_cache_blocks"
-WORKER_PREEMPTIONS = "gpuscope_worker_preemptions_total"
-WORKER_MAX_BATCH_SIZE = "gpuscope_worker_max_batch_size"
-WORKER_MAX_QUEUE_DELAY = "gpuscope_worker_max_queue_delay_seconds"
 
 # vLLM's engine state, mapped onto the worker's recorded series.
 VLLM_RUNNING = "vllm:num_requests_running"

@@ -11,7 +11,7 @@ Generation 5 x16 comes to 63.0 GB/s per direction, generation 6 x16 to 121 GB/s.
 
 from __future__ import annotations
 
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import series
 
 # generation -> (GT/s per lane, payload bits per line bit)

@@ -11,9 +11,16 @@ and ``WINDOW`` give the boards the same. Change the window there, then ``make pa
 
 from __future__ import annotations
 
-from gpuscope.exporter.gpu import definitions as gpu_rows
-from pack.contract import phase
-from pack.engines import PHASE_HISTOGRAM, WORKER_KV_USAGE, WORKER_RUNNING, WORKER_WAITING
+from gpuscope.contract import gpu as gpu_rows
+from pack.contract import (
+    WORKER_KV_USAGE,
+    WORKER_RUNNING,
+    WORKER_WAITING,
+    phase,
+)
+from pack.engines import (
+    PHASE_HISTOGRAM,
+)
 from pack.settings import Settings, Slo
 
 WINDOW = Settings().window

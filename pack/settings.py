@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuscope.exporter import definitions as exporter_rows
+from gpuscope.contract import exporter as exporter_rows
 from pack import engines
 from pack.contract import GPU_INDEX, MODEL, SERVICE, UUID
 

@@ -30,6 +30,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.contract.exporter import REQUEST_DURATION
+from gpuscope.contract.gpu import UP
+from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, TRACES_PATH
+
 if TYPE_CHECKING:
     from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -236,7 +240,7 @@ def check_middleware_exports() -> None:
     thread = threading.Thread(target=server.serve_forever)
     thread.start()
     try:
-        send_one_span(f"http://127.0.0.1:{server.server_address[1]}/v1/traces")
+        send_one_span(f"http://127.0.0.1:{server.server_address[1]}{TRACES_PATH}")
     finally:
         server.shutdown()
         thread.join()
@@ -263,9 +267,9 @@ def smoke_exporter() -> None:
     args = ["exporter", "--listen", "127.0.0.1:0", "--gpu-source", "simulated"]
     args += ["--gpu-scenario", str(scenario / "demo.yaml")]
     with serving(args, r"serving on (http://\S+)") as url:
-        send_one_span(url + "/v1/traces")
-        metrics = get(url + "/metrics")
-    for expected in ("gpuscope_gpu_up{", "gpuscope_request_duration_seconds_count{"):
+        send_one_span(url + TRACES_PATH)
+        metrics = get(url + METRICS_PATH)
+    for expected in (f"{UP.name}{{", f"{REQUEST_DURATION.name}_count{{"):
         if expected not in metrics:
             raise SmokeFailure(f"{expected} not in the exporter's /metrics:\n{metrics}")
     doctor = run("doctor", "--gpu-source", "simulated")
@@ -280,7 +284,7 @@ def smoke_worker() -> None:
     check_help("worker")
     args = ["worker", "--port", "0", "--device", "cpu", "--no-tracing", "--hidden-size", "32"]
     with serving(args, r"Uvicorn running on (http://\S+)") as url:
-        health = get(url + "/healthz")
+        health = get(url + HEALTHZ_PATH)
         models = get(url + "/v1/models")
     if "gpuscope-synthetic" not in models:
         raise SmokeFailure(f"/v1/models: {models} (healthz: {health})")
@@ -312,7 +316,7 @@ def smoke_torch() -> None:
     check_modules_import("gpuscope.worker")
     args = ["worker", "--port", "0", "--device", "auto", "--no-tracing", "--hidden-size", "32"]
     with serving(args, r"Uvicorn running on (http://\S+)") as url:
-        get(url + "/healthz")
+        get(url + HEALTHZ_PATH)
     check_absent(*LIBRARIES["exporter"], "aiohttp")
 
 

@@ -15,13 +15,20 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import flags
-from gpuscope.exporter.gpu.definitions import (
+from gpuscope.contract.gpu import (
     CLOCK_EVENT_ACTIVE,
     COMPUTE_MODE,
     ECC_ERRORS,
-    METRIC_GROUPS,
+    MEMORY_USED,
+    PCIE_RECEIVE,
+    PCIE_TRANSMIT,
     PER_GPU,
+    POWER,
+    SM_CLOCK,
+    SM_CLOCK_MAX,
+    SM_OCCUPANCY,
 )
+from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
 
 # GpuReading field -> the metric name it is served under
 FIELD_METRICS: dict[str, str] = {row.field: row.sample_name for row in PER_GPU} | {
@@ -87,9 +94,9 @@ def check_clock_power_memory(
     idle: Samples, loaded: Samples, allocated_bytes: int
 ) -> list[CheckResult]:
     results = []
-    sm_max = loaded.get("gpuscope_gpu_sm_clock_max_hertz", 0.0)
-    sm = loaded.get("gpuscope_gpu_sm_clock_hertz", 0.0)
-    sm_idle = idle.get("gpuscope_gpu_sm_clock_hertz", 0.0)
+    sm_max = loaded.get(SM_CLOCK_MAX.name, 0.0)
+    sm = loaded.get(SM_CLOCK.name, 0.0)
+    sm_idle = idle.get(SM_CLOCK.name, 0.0)
     results.append(
         CheckResult(
             "sm_clock_under_load",
@@ -98,8 +105,8 @@ def check_clock_power_memory(
         )
     )
     idle_w, load_w = (
-        idle.get("gpuscope_gpu_power_watts", 0.0),
-        loaded.get("gpuscope_gpu_power_watts", 0.0),
+        idle.get(POWER.name, 0.0),
+        loaded.get(POWER.name, 0.0),
     )
     results.append(
         CheckResult(
@@ -108,9 +115,7 @@ def check_clock_power_memory(
             f"{idle_w:.0f} W idle -> {load_w:.0f} W loaded",
         )
     )
-    grown = loaded.get("gpuscope_gpu_memory_used_bytes", 0.0) - idle.get(
-        "gpuscope_gpu_memory_used_bytes", 0.0
-    )
+    grown = loaded.get(MEMORY_USED.name, 0.0) - idle.get(MEMORY_USED.name, 0.0)
     results.append(
         CheckResult(
             "memory_used_grows",
@@ -118,8 +123,8 @@ def check_clock_power_memory(
             f"+{grown / 2**30:.2f} GiB for {allocated_bytes / 2**30:.2f} GiB allocated",
         )
     )
-    idle_occ = idle.get("gpuscope_gpu_sm_occupancy_ratio")
-    load_occ = loaded.get("gpuscope_gpu_sm_occupancy_ratio")
+    idle_occ = idle.get(SM_OCCUPANCY.name)
+    load_occ = loaded.get(SM_OCCUPANCY.name)
     occupancy_ok = load_occ is not None and load_occ > 0.05 and load_occ > (idle_occ or 0.0)
     results.append(
         CheckResult(
@@ -132,8 +137,8 @@ def check_clock_power_memory(
 
 
 PCIE_METRICS = {
-    "receive": "gpuscope_gpu_pcie_receive_bytes_total",  # host -> device copies
-    "transmit": "gpuscope_gpu_pcie_transmit_bytes_total",  # device -> host copies
+    "receive": PCIE_RECEIVE.sample_name,  # host -> device copies
+    "transmit": PCIE_TRANSMIT.sample_name,  # device -> host copies
 }
 
 

@@ -24,11 +24,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuscope import __version__
+from gpuscope.contract import worker as rows
+from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from gpuscope.families import ConnectionCollector
 from gpuscope.middleware import GpuscopeMiddleware, RequestTimeline
 from gpuscope.middleware import current_timeline as _current_timeline
 from gpuscope.worker import chat, protocol, responses
 from gpuscope.worker.config import WorkerConfig
-from gpuscope.worker.connections import ConnectionCollector, ConnectionTracking, Listener
+from gpuscope.worker.connections import ConnectionTracking, Listener
 from gpuscope.worker.errors import EXCEPTION_HANDLERS
 from gpuscope.worker.metrics import WorkerCollector, metrics_endpoint
 from gpuscope.worker.model_api import EmbeddingModel, Generator
@@ -40,7 +43,7 @@ from gpuscope.worker.streaming import unless_disconnected
 from gpuscope.worker.text_generation import Bodies, GenerationRun
 
 # Operational endpoints are not traced: probes and scrapes would drown the requests.
-UNTRACED_PATHS: Final = ("/health", "/healthz", "/readyz", "/version", "/metrics")
+UNTRACED_PATHS: Final = ("/health", HEALTHZ_PATH, READYZ_PATH, "/version", METRICS_PATH)
 
 
 def _timeline() -> RequestTimeline:
@@ -180,7 +183,7 @@ class Handlers:
 
 def _registry(worker: Worker, listener: Listener) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ConnectionCollector(listener.guard))
+    registry.register(ConnectionCollector(listener.guard, rows.CONNECTION_METRICS))
     schedulers = {
         name: scheduler
         for name, scheduler in (
@@ -206,10 +209,10 @@ def _routes(handlers: Handlers, worker: Worker, listener: Listener) -> list[Rout
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
-        Route("/healthz", handlers.healthz, methods=["GET"]),
-        Route("/readyz", handlers.readyz, methods=["GET"]),
+        Route(HEALTHZ_PATH, handlers.healthz, methods=["GET"]),
+        Route(READYZ_PATH, handlers.readyz, methods=["GET"]),
         Route("/version", handlers.version, methods=["GET"]),
-        Route("/metrics", metrics_endpoint(_registry(worker, listener)), methods=["GET"]),
+        Route(METRICS_PATH, metrics_endpoint(_registry(worker, listener)), methods=["GET"]),
     ]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from gpuscope.contract.http import DEFAULT_TRACES_URL
 from gpuscope.flags import (
     LOG_LEVELS,
     ConfigError,
@@ -139,7 +140,7 @@ class WorkerConfig(
     otlp_endpoint: str | None = option(
         None,
         help="OTLP/HTTP traces URL (default: the local gpuscope exporter)",
-        check=http_url("http://127.0.0.1:9420/v1/traces"),
+        check=http_url(DEFAULT_TRACES_URL),
     )
     service_name: str = option("gpuscope-worker", help="service.name of the worker's spans")
     no_tracing: bool = option(False, help="do not export spans")

@@ -16,12 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
 from typing import Any, Final
 
 import uvicorn
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuscope.connections import (
@@ -133,34 +130,3 @@ def uvicorn_protocol(http: str) -> type[asyncio.Protocol]:
 
 async def _unused_app(scope: Scope, receive: Receive, send: Send) -> None:
     """The app of the ``Config`` that only names a protocol class; never called."""
-
-
-class ConnectionCollector(Collector):
-    """``gpuscope_worker_http_connections`` (open, by state), the cap, closes by reason."""
-
-    def __init__(self, guard: ConnectionGuard) -> None:
-        self.guard = guard
-
-    def collect(self) -> Iterator[Any]:
-        guard = self.guard
-        open_now = GaugeMetricFamily(
-            "gpuscope_worker_http_connections",
-            "Client connections open now, by state (busy: a request is being handled).",
-            labels=["state"],
-        )
-        open_now.add_metric(["busy"], guard.busy)
-        open_now.add_metric(["waiting"], len(guard) - guard.busy)
-        yield open_now
-        yield GaugeMetricFamily(
-            "gpuscope_worker_http_connections_max",
-            "Cap on open client connections (--max-connections, fitted to the fd limit).",
-            value=guard.max_connections,
-        )
-        closed = CounterMetricFamily(
-            "gpuscope_worker_http_connections_closed",
-            "Client connections closed by the worker's limits, by reason.",
-            labels=["reason"],
-        )
-        for reason, count in sorted(guard.closed_by_reason.items()):
-            closed.add_metric([reason], count)
-        yield closed

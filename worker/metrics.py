@@ -14,17 +14,18 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gpuscope.contract import labels as L
+from gpuscope.contract import worker as rows
+from gpuscope.contract.rows import label_values
+from gpuscope.families import family, one_value
 from gpuscope.middleware import stats
 from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.scheduler import BatchPolicy, Counters
-
-PREFIX = "gpuscope_worker_"
 
 
 class SchedulerView(Protocol):
@@ -42,7 +43,7 @@ class SchedulerView(Protocol):
 class WorkerCollector(Collector):
     """``schedulers`` by endpoint name; ``kv_stats`` reads the generation scheduler's
     cache and batch (its running/waiting counts replace that endpoint's, since they
-    include preempted sequences)."""
+    include preempted sequences). Its families are the rows of ``gpuscope.contract.worker``."""
 
     def __init__(
         self,
@@ -65,57 +66,27 @@ class WorkerCollector(Collector):
         yield from self._requests(kv)
         if kv is not None:
             yield from _kv_cache(kv[1])
-        telemetry = CounterMetricFamily(
-            PREFIX + "telemetry_events",
-            "The gpuscope middleware's own counters (spans exported, dropped, failed, …).",
-            labels=["kind"],
-        )
+        telemetry = family(rows.TELEMETRY_EVENTS)
         for kind, value in sorted(self._telemetry().items()):
             telemetry.add_metric([kind], value)
         yield telemetry
 
     def _configuration(self) -> Iterator[Any]:
-        info = GaugeMetricFamily(
-            PREFIX + "info", "The worker's model and batching mode.", labels=["model", "batching"]
+        info = family(rows.INFO)
+        info.add_metric(
+            label_values(rows.INFO, {L.MODEL: self._model_name, L.BATCHING: self._policy.mode}),
+            1,
         )
-        info.add_metric([self._model_name, self._policy.mode], 1)
         yield info
-        yield GaugeMetricFamily(
-            PREFIX + "max_batch_size",
-            "Configured requests per batch (sequences per iteration under continuous).",
-            value=self._policy.max_batch_size,
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "max_queue_delay_seconds",
-            "Configured window a forming batch waits to fill (dynamic batching).",
-            value=self._policy.max_queue_delay_s,
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "max_queue_requests",
-            "Configured queue length beyond which requests get 429.",
-            value=self._policy.max_queue,
-        )
+        yield one_value(rows.MAX_BATCH_SIZE, self._policy.max_batch_size)
+        yield one_value(rows.MAX_QUEUE_DELAY, self._policy.max_queue_delay_s)
+        yield one_value(rows.MAX_QUEUE_REQUESTS, self._policy.max_queue)
 
     def _requests(self, kv: tuple[str, KvStats] | None) -> Iterator[Any]:
-        labels = ["endpoint"]
-        running = GaugeMetricFamily(
-            PREFIX + "requests_running", "Requests in the batch on the device.", labels=labels
-        )
-        waiting = GaugeMetricFamily(
-            PREFIX + "requests_waiting",
-            "Requests waiting for a batch (queued, or preempted).",
-            labels=labels,
-        )
-        iterations = CounterMetricFamily(
-            PREFIX + "batch_iterations",
-            "Model calls: one per batch (embeddings), one per step (generation).",
-            labels=labels,
-        )
-        outcomes = CounterMetricFamily(
-            PREFIX + "requests",
-            "Requests by outcome: completed, rejected_queue_full, timed_out, cancelled, failed.",
-            labels=["endpoint", "outcome"],
-        )
+        running = family(rows.REQUESTS_RUNNING)
+        waiting = family(rows.REQUESTS_WAITING)
+        iterations = family(rows.BATCH_ITERATIONS)
+        outcomes = family(rows.REQUESTS)
         for endpoint, scheduler in self._schedulers.items():
             counts = scheduler.counters.as_dict()
             calls = counts.pop("batches")
@@ -129,29 +100,16 @@ class WorkerCollector(Collector):
                 waiting.add_metric([endpoint], scheduler.queued)
                 iterations.add_metric([endpoint], calls)
             for outcome, value in counts.items():
-                outcomes.add_metric([endpoint, outcome], value)
+                by_name = {L.ENDPOINT: endpoint, L.OUTCOME: outcome}
+                outcomes.add_metric(label_values(rows.REQUESTS, by_name), value)
         yield from (running, waiting, iterations, outcomes)
 
 
 def _kv_cache(kv: KvStats) -> Iterator[Any]:
-    yield GaugeMetricFamily(
-        PREFIX + "kv_cache_blocks_used", "KV-cache blocks held by sequences.", value=kv.blocks_used
-    )
-    yield GaugeMetricFamily(
-        PREFIX + "kv_cache_blocks",
-        "KV-cache blocks in the pool, used or free.",
-        value=kv.blocks_total,
-    )
-    yield GaugeMetricFamily(
-        PREFIX + "kv_cache_usage_ratio",
-        "Share of the KV-cache pool's blocks in use (0-1).",
-        value=kv.usage_ratio,
-    )
-    yield CounterMetricFamily(
-        PREFIX + "preemptions",
-        "Running sequences evicted (to be recomputed) because the KV cache ran out.",
-        value=kv.preemptions_total,
-    )
+    yield one_value(rows.KV_CACHE_BLOCKS_USED, kv.blocks_used)
+    yield one_value(rows.KV_CACHE_BLOCKS, kv.blocks_total)
+    yield one_value(rows.KV_CACHE_USAGE, kv.usage_ratio)
+    yield one_value(rows.PREEMPTIONS, kv.preemptions_total)
 
 
 def metrics_endpoint(

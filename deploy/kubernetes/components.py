@@ -56,6 +56,7 @@ from deploy.kubernetes.objects import (
     web_config_secret,
 )
 from deploy.kubernetes.settings import KubeSettings
+from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TRACES_PATH
 from gpuscope.exporter.gpu.simulated import simulated_uuid
 
 
@@ -162,8 +163,8 @@ def secure_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                     "containers": [
                         {
                             "name": "exporter",
-                            "livenessProbe": probe("/healthz", 10, "HTTPS"),
-                            "readinessProbe": probe("/readyz", 5, "HTTPS"),
+                            "livenessProbe": probe(HEALTHZ_PATH, 10, "HTTPS"),
+                            "readinessProbe": probe(READYZ_PATH, 5, "HTTPS"),
                         }
                     ],
                     "volumes": [volume, tmp],
@@ -346,7 +347,7 @@ def collector_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
         "kind": "ConfigMap",
         "metadata": {"name": FLAGS_CONFIGMAP},
         "data": {
-            "GPUSCOPE_FORWARD_OTLP": f"http://{s.service_host(COLLECTOR)}:{COLLECTOR_PORT}/v1/traces"
+            "GPUSCOPE_FORWARD_OTLP": f"http://{s.service_host(COLLECTOR)}:{COLLECTOR_PORT}{TRACES_PATH}"
         },
     }
     # the Collector takes spans from the exporters only
@@ -411,7 +412,7 @@ def simulated_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
 def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
     """The reference worker (NumPy) as a Deployment, its Service and ServiceMonitor."""
     tmp, tmp_mount = tmp_volume()
-    exporter_url = f"http://{s.service_host(s.exporter_job)}:{s.port}/v1/traces"
+    exporter_url = f"http://{s.service_host(s.exporter_job)}:{s.port}{TRACES_PATH}"
     sender_key, sender_value = s.span_sender_label
     deployment = {
         "apiVersion": "apps/v1",
@@ -444,8 +445,8 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                             "ports": [
                                 {"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}
                             ],
-                            "livenessProbe": probe("/healthz", 10),
-                            "readinessProbe": probe("/readyz", 5),
+                            "livenessProbe": probe(HEALTHZ_PATH, 10),
+                            "readinessProbe": probe(READYZ_PATH, 5),
                             "resources": {
                                 "requests": {"cpu": "500m", "memory": "256Mi"},
                                 "limits": {"cpu": "2", "memory": "1Gi"},
@@ -526,7 +527,7 @@ def dcgm_exporter_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
             "endpoints": [
                 {
                     "port": s.dcgm_exporter_port,
-                    "path": "/metrics",
+                    "path": METRICS_PATH,
                     "interval": s.scrape_interval,
                     "relabelings": [
                         *relabelings(job),
@@ -560,7 +561,7 @@ def vllm_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
             "podMetricsEndpoints": [
                 {
                     "port": s.vllm_port,
-                    "path": "/metrics",
+                    "path": METRICS_PATH,
                     "interval": s.scrape_interval,
                     "relabelings": [
                         *relabelings(s.vllm_job),

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from alerts.build import dump, prometheus_rule
 from deploy.kubernetes.settings import REPO, KubeSettings, dashboard_folder, exporter_defaults
+from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from gpuscope.exporter.http import placeholders
 
 Obj = dict[str, Any]
@@ -184,8 +185,8 @@ def daemonset(s: KubeSettings) -> Obj:
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
-        "livenessProbe": probe("/healthz", 10),
-        "readinessProbe": probe("/readyz", 5),
+        "livenessProbe": probe(HEALTHZ_PATH, 10),
+        "readinessProbe": probe(READYZ_PATH, 5),
         "resources": {
             "requests": {"cpu": s.cpu_request, "memory": f"{s.memory_request_mib}Mi"},
             "limits": {"cpu": s.cpu_limit, "memory": f"{s.memory_limit_mib}Mi"},
@@ -304,7 +305,7 @@ def relabelings(job: str) -> list[Obj]:
 def endpoint(s: KubeSettings, job: str, **extra: Any) -> Obj:
     return {
         "port": "http",
-        "path": "/metrics",
+        "path": METRICS_PATH,
         "interval": s.scrape_interval,
         **extra,
         "relabelings": relabelings(job),

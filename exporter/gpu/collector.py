@@ -1,6 +1,6 @@
 """The prometheus_client collector for GPU metrics, built fresh from the poller's snapshot.
 
-The families are the rows of ``gpu.definitions``, in its order; the plain per-GPU rows (those
+The families are the rows of ``gpuscope.contract.gpu``, in its order; the plain per-GPU rows (those
 with a ``field``) need no code here.
 
 Every scrape builds new metric families, so a GPU that went away (lost, MIG
@@ -19,11 +19,13 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuscope.exporter.definitions import MetricDef
-from gpuscope.exporter.gpu import definitions as rows
+from gpuscope.contract import gpu as rows
+from gpuscope.contract import labels as L
+from gpuscope.contract.rows import MetricDef, label_values
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.processes import ProcessJoin
 from gpuscope.exporter.gpu.source import DownReason, GpuDevice, GpuReading
+from gpuscope.families import family as new_family
 
 # (label values, value) of one sample
 Sample = tuple[Sequence[str], float]
@@ -32,7 +34,7 @@ Sample = tuple[Sequence[str], float]
 class GpuCollector(Collector):
     """Register with a ``CollectorRegistry``; reads only the poller's cached snapshot.
 
-    Yields one family per row of ``gpu.definitions.GPU_METRICS``, in that order.
+    Yields one family per row of ``gpuscope.contract.gpu.GPU_METRICS``, in that order.
     """
 
     def __init__(self, poller: GpuPoller, *, max_process_series: int = 2000) -> None:
@@ -67,7 +69,7 @@ class GpuCollector(Collector):
             rows.COLLECTOR_DURATION: [([run.collector], run.duration_s) for run in snapshot.runs],
         }
         for row in rows.GPU_METRICS:
-            family = row.family()
+            family = new_family(row)
             for labels, value in _per_gpu(row, live) if row.field else samples[row]:
                 family.add_metric(labels, value)
             yield family
@@ -177,30 +179,63 @@ def _per_gpu(row: MetricDef, live: list[GpuReading]) -> list[Sample]:
     return [(_labels(reading), float(value)) for reading, value in values if value is not None]
 
 
-def _info_labels(device: GpuDevice) -> list[str]:
-    return [
-        device.label,
-        device.uuid,
-        device.name,
-        device.pci_bus_id,
-        "" if device.numa_node is None else str(device.numa_node),
-        device.driver_version or "",
-    ]
+def _info_labels(device: GpuDevice) -> tuple[str, ...]:
+    return label_values(
+        rows.INFO,
+        {
+            L.GPU: device.label,
+            L.UUID: device.uuid,
+            L.NAME: device.name,
+            L.PCI_BUS_ID: device.pci_bus_id,
+            L.NUMA_NODE: "" if device.numa_node is None else str(device.numa_node),
+            L.DRIVER_VERSION: device.driver_version or "",
+        },
+    )
 
 
-def _mig_labels(device: GpuDevice) -> list[str]:
+def _mig_labels(device: GpuDevice) -> tuple[str, ...]:
     mig = device.mig
     assert mig is not None
-    return [
-        device.label,
-        device.uuid,
-        str(device.index),
-        mig.parent_uuid,
-        mig.profile,
-        "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id),
-        "" if mig.compute_instance_id is None else str(mig.compute_instance_id),
-    ]
+    return label_values(
+        rows.MIG_INFO,
+        {
+            L.GPU: device.label,
+            L.UUID: device.uuid,
+            L.PARENT_GPU: str(device.index),
+            L.PARENT_UUID: mig.parent_uuid,
+            L.PROFILE: mig.profile,
+            L.GPU_INSTANCE_ID: "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id),
+            L.COMPUTE_INSTANCE_ID: (
+                "" if mig.compute_instance_id is None else str(mig.compute_instance_id)
+            ),
+        },
+    )
 
 
 def _labels(reading: GpuReading) -> list[str]:
+    """A GPU's values of ``GPU_LABELS``, which every per-GPU row starts with (the samples
+    above append the row's own labels to them: ``_GPU_FIRST`` holds that order)."""
     return [reading.label, reading.uuid]
+
+
+# The rows whose samples are written as ``[*_labels(reading), ...]``: the GPU labels first.
+_GPU_FIRST = (
+    rows.SM_CLOCK_CHANGES,
+    rows.UP,
+    rows.DOWN_REASON,
+    *rows.PER_GPU,
+    rows.CLOCK_EVENT_ACTIVE,
+    rows.XID_EVENTS,
+    rows.XID_ERRORS,
+    rows.ECC_ERRORS,
+    rows.COMPUTE_MODE,
+    rows.COMPUTE_PROCESSES,
+    rows.MPS_PROCESSES,
+    rows.CONTENDED,
+    rows.PROCESS_MEMORY_USED,
+    rows.PROCESS_SM_UTILIZATION,
+    rows.PROCESS_NUMA_LOCALITY,
+)
+for _row in _GPU_FIRST:
+    if _row.labels[: len(rows.GPU_LABELS)] != rows.GPU_LABELS:
+        raise LookupError(f"{_row.name}: its labels {_row.labels} must start with GPU_LABELS")

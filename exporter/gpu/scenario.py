@@ -37,8 +37,8 @@ from typing import Any
 
 import yaml
 
+from gpuscope.contract.gpu import PER_GPU
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASONS
-from gpuscope.exporter.gpu.definitions import PER_GPU
 
 FAULTS = frozenset(
     {

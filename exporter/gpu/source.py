@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from gpuscope.exporter.gpu import definitions as metrics
+from gpuscope.contract import gpu as metrics
 from gpuscope.exporter.gpu.numa import Affinity
 
 
@@ -93,7 +93,7 @@ class GpuReading:
     """One device's readings at one instant. ``up=False``: the GPU is lost.
 
     ``values`` holds the plain per-GPU metrics, keyed by the ``field`` of their row in
-    ``gpu.definitions.PER_GPU`` (``"power_watts"``, ``"sm_clock_hz"``, ...), in base units;
+    ``gpuscope.contract.gpu.PER_GPU`` (``"power_watts"``, ``"sm_clock_hz"``, ...), in base units;
     a metric the source cannot give has no key. The other attributes feed the
     labelled families. A key that names no row is a programmer error: ``ValueError``.
     """
@@ -131,7 +131,7 @@ class GpuReading:
         unknown = self.values.keys() - {row.field for row in metrics.PER_GPU}
         if unknown:
             raise ValueError(
-                f"GPU reading values {sorted(unknown)} name no row of gpu.definitions.PER_GPU"
+                f"GPU reading values {sorted(unknown)} name no row of gpuscope.contract.gpu.PER_GPU"
             )
 
     @property

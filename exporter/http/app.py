@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import hdrs, web
 
+from gpuscope.contract import exporter as rows
+from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TRACES_PATH
 from gpuscope.exporter.http.auth import AUTH, AuthState, auth_middleware
-from gpuscope.exporter.http.connections import ConnectionCollector, request_middleware
+from gpuscope.exporter.http.connections import request_middleware
 from gpuscope.exporter.http.handlers import (
     expect_traces_body,
     healthz,
@@ -23,14 +25,14 @@ from gpuscope.exporter.http.handlers import (
     receive_traces,
     serve_metrics,
 )
-from gpuscope.exporter.http.routes import TRACES_PATH
 from gpuscope.exporter.state import STATE, ExporterState
+from gpuscope.families import ConnectionCollector
 
 
 def web_app(state: ExporterState, auth: AuthState) -> web.Application:
     """The app serving ``state``, checking requests against ``auth``; the password
     check pool closes with the app."""
-    state.registry.register(ConnectionCollector(state.guard))
+    state.registry.register(ConnectionCollector(state.guard, rows.CONNECTION_METRICS))
     # Connection tracking first, so that refused requests count as in flight too. The
     # auth middleware is there even without credentials: a reload may bring some.
     middlewares = [request_middleware(state.guard), auth_middleware(state, auth)]
@@ -39,9 +41,9 @@ def web_app(state: ExporterState, auth: AuthState) -> web.Application:
     app[AUTH] = auth
     app.on_response_prepare.append(_server_header)
     app.router.add_post(TRACES_PATH, receive_traces, expect_handler=expect_traces_body)
-    app.router.add_get("/metrics", serve_metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get(METRICS_PATH, serve_metrics)
+    app.router.add_get(HEALTHZ_PATH, healthz)
+    app.router.add_get(READYZ_PATH, readyz)
     app.cleanup_ctx.append(_password_checks)
     return app
 

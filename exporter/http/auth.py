@@ -27,7 +27,9 @@ from typing import Final
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from gpuscope.exporter.http.routes import TRACES_PATH, otlp_error
+from gpuscope.contract import http as http_paths
+from gpuscope.contract.http import TRACES_PATH
+from gpuscope.exporter.http.routes import otlp_error
 from gpuscope.exporter.http.security import Authenticator
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.state import ExporterState
@@ -39,7 +41,7 @@ PASSWORD_CHECK_THREADS: Final = 2
 # running checks, with the wait bounded to about a second.
 PASSWORD_CHECKS_PENDING: Final = 16
 RETRY_AFTER_S: Final = "1"
-PROBE_PATHS: Final = frozenset(("/healthz", "/readyz"))
+PROBE_PATHS: Final = frozenset(http_paths.PROBE_PATHS)
 _AUTHENTICATED: Final = web.RequestKey("gpuscope_authenticated", bool)  # credentials checked
 
 

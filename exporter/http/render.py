@@ -20,7 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.exporter.definitions import unit_of
+from gpuscope.contract.rows import unit_of
 from gpuscope.exporter.ingest.series import HistogramFamily, HistogramSeries
 
 OPENMETRICS_EOF = b"# EOF\n"

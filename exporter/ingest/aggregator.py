@@ -43,17 +43,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope import engine_spans, spans
-from gpuscope.exporter import definitions as defs
+from gpuscope.contract import exporter as defs
+from gpuscope.contract import labels as L
+from gpuscope.contract.rows import label_order
 from gpuscope.exporter.gpu.pid_namespaces import PidClaim
 from gpuscope.exporter.gpu.source import ComputeObserver, GpuDevice
 from gpuscope.exporter.ingest.pid_claims import read_pid_claim
 from gpuscope.exporter.ingest.recent_spans import RecentSpans
-from gpuscope.exporter.ingest.series import ModelCap, SpanRef
+from gpuscope.exporter.ingest.series import (
+    ModelCap,
+    SpanRef,
+    counter_family,
+    histogram_family,
+)
 from gpuscope.exporter.ingest.stock_spans import StatusUnreadable, StockSpanMetrics
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 SERVICE_NAME_RESOURCE = "service.name"
 UuidsForPid = Callable[[PidClaim], tuple[str, ...]]
+
+# The order in which the code below writes each family's label values; ``label_order``
+# puts them in the row's order by name, so a row may reorder its labels freely.
+_BASE = (L.SERVICE, L.MODEL, L.UUID, L.GPU)
+_WITH_OPERATION = (L.SERVICE, L.MODEL, L.OPERATION, L.UUID, L.GPU)
+_DURATION = (L.SERVICE, L.MODEL, L.OPERATION, L.ROUTE, L.CODE, L.UUID, L.GPU)
+_TOKENS = (L.DIRECTION, L.SERVICE, L.MODEL, L.OPERATION)
 
 # Reasons for ``gpuscope_spans_rejected_total{reason}``.
 INVALID_ID = "invalid_id"
@@ -167,9 +181,11 @@ class SpanAggregator:
         # One model cap for every family, so a model is folded in all of them or none.
         self.model_cap = ModelCap(max_models_per_service)
         histograms = {
-            row: row.histogram(max_series, self.model_cap) for row in defs.SPAN_HISTOGRAMS
+            row: histogram_family(row, max_series, self.model_cap) for row in defs.SPAN_HISTOGRAMS
         }
-        counters = {row: row.counter(max_series, self.model_cap) for row in defs.SPAN_COUNTERS}
+        counters = {
+            row: counter_family(row, max_series, self.model_cap) for row in defs.SPAN_COUNTERS
+        }
         self.histograms = tuple(histograms.values())
         self.counters = counters  # row -> family, for the collector
         self.duration = histograms[defs.REQUEST_DURATION]
@@ -180,6 +196,13 @@ class SpanAggregator:
         self.batch_size = histograms[defs.BATCH_SIZE]
         self.tokens = counters[defs.TOKENS]
         self.stock = StockSpanMetrics(counters[defs.SPAN_CALLS], histograms[defs.SPAN_DURATION])
+        self._duration_key = label_order(defs.REQUEST_DURATION, _DURATION)
+        self._phase_key = label_order(defs.REQUEST_PHASE, (L.PHASE, *_BASE))
+        self._stage_key = label_order(defs.REQUEST_COMPUTE_STAGE, (L.STAGE, *_BASE))
+        self._ttft_key = label_order(defs.TIME_TO_FIRST_TOKEN, _WITH_OPERATION)
+        self._tpot_key = label_order(defs.TIME_PER_OUTPUT_TOKEN, _WITH_OPERATION)
+        self._tokens_key = label_order(defs.TOKENS, _TOKENS)
+        self._batch_key = label_order(defs.BATCH_SIZE, _BASE)
         self.uuids_for_pid = uuids_for_pid
         self.max_label_length = max_label_length
         self.compute_observers = tuple(compute_observers)
@@ -306,20 +329,25 @@ class SpanAggregator:
         ref: SpanRef,
     ) -> None:
         service, model, uuid, gpu = base
-        self.duration.observe((service, model, "", "", "", uuid, gpu), seconds, ref)
+        duration_key = self._duration_key((service, model, "", "", "", uuid, gpu))
+        self.duration.observe(duration_key, seconds, ref)
         for phase, seconds in report.phases.items():
-            self.phase.observe((phase, *base), seconds, ref)
+            self.phase.observe(self._phase_key((phase, *base)), seconds, ref)
         for stage, seconds in report.stages.items():
-            self.compute_stage.observe((stage, *base), seconds, ref)
+            self.compute_stage.observe(self._stage_key((stage, *base)), seconds, ref)
         with_operation = (service, model, "", uuid, gpu)
         if report.time_to_first_token is not None:
-            self.ttft.observe(with_operation, report.time_to_first_token, ref)
+            ttft_key = self._ttft_key(with_operation)
+            self.ttft.observe(ttft_key, report.time_to_first_token, ref)
         if report.time_per_output_token is not None:
-            self.tpot.observe(with_operation, report.time_per_output_token, ref)
+            tpot_key = self._tpot_key(with_operation)
+            self.tpot.observe(tpot_key, report.time_per_output_token, ref)
         if report.input_tokens is not None:
-            self.tokens.inc(("input", service, model, ""), report.input_tokens)
+            input_key = self._tokens_key((L.INPUT, service, model, ""))
+            self.tokens.inc(input_key, report.input_tokens)
         if report.output_tokens is not None:
-            self.tokens.inc(("output", service, model, ""), report.output_tokens)
+            output_key = self._tokens_key((L.OUTPUT, service, model, ""))
+            self.tokens.inc(output_key, report.output_tokens)
 
     def _server_span(self, span: Any, resource_service: str, process_uuid: str = "") -> None:
         ref = _span_ref(span)
@@ -357,7 +385,9 @@ class SpanAggregator:
         # Validated in full: from here on nothing can reject the span half-counted.
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
         self.duration.observe(
-            (service, model, operation, route, code_label, uuid, gpu), duration, ref
+            self._duration_key((service, model, operation, route, code_label, uuid, gpu)),
+            duration,
+            ref,
         )
         base = (service, model, uuid, gpu)
         with_operation = (service, model, operation, uuid, gpu)
@@ -370,20 +400,20 @@ class SpanAggregator:
                 observe_phase(labels, seconds, ref)
         for stage, seconds in zip(spans.COMPUTE_STAGES, stages, strict=True):
             if seconds is not None:
-                self.compute_stage.observe((stage, *base), seconds, ref)
+                self.compute_stage.observe(self._stage_key((stage, *base)), seconds, ref)
         if ttft is not None:
-            self.ttft.observe(with_operation, ttft, ref)
+            self.ttft.observe(self._ttft_key(with_operation), ttft, ref)
         if tpot is not None:
-            self.tpot.observe(with_operation, tpot, ref)
+            self.tpot.observe(self._tpot_key(with_operation), tpot, ref)
         if tokens_in is not None:
-            self.tokens.inc(("input", service, model, operation), tokens_in)
+            self.tokens.inc(self._tokens_key((L.INPUT, service, model, operation)), tokens_in)
         if tokens_out is not None:
-            self.tokens.inc(("output", service, model, operation), tokens_out)
+            self.tokens.inc(self._tokens_key((L.OUTPUT, service, model, operation)), tokens_out)
 
     def _new_phase_keys(self, base: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
         if len(self._phase_keys) >= self._cache_limit:  # bounded, whatever senders do
             self._phase_keys.clear()
-        keys = tuple((phase, *base) for phase in spans.PHASES)
+        keys = tuple(self._phase_key((phase, *base)) for phase in spans.PHASES)
         self._phase_keys[base] = keys
         return keys
 
@@ -402,7 +432,7 @@ class SpanAggregator:
         model = label(values[_B_MODEL], spans.GEN_AI_REQUEST_MODEL)
         uuid = label(values[_B_UUID], spans.GPU_UUID)
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
-        self.batch_size.observe((service, model, uuid, gpu), size, ref)
+        self.batch_size.observe(self._batch_key((service, model, uuid, gpu)), size, ref)
         if uuid:
             seconds, most = (end - start) / 1e9, max(size, max_size or size)
             for observer in self.compute_observers:

@@ -29,24 +29,19 @@ import math
 from bisect import bisect_left
 from collections.abc import Collection, Iterator, Sequence
 
+from gpuscope.contract import labels
+from gpuscope.contract.rows import MetricDef, MetricType
+
 OVERFLOW = "__overflow__"
 # Labels whose values come from the exporter (phase names, input/output, NVML indices),
 # never from a sender: kept on overflow series.
-BOUNDED_LABELS: frozenset[str] = frozenset({"phase", "direction", "gpu"})
-
-# Batch waits live in the 100 µs range; long generations take over a minute, and the
-# GenAI semantic conventions' duration buckets end at 81.92 s.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 81.92,
-)  # fmt: skip
-BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BOUNDED_LABELS: frozenset[str] = frozenset({labels.PHASE, labels.DIRECTION, labels.GPU})
 
 # (trace_id, span_id, end time in epoch ns) of the span an exemplar points to.
 SpanRef = tuple[bytes, bytes, int]
 
 # The labels ``ModelCap`` reads: the sender's service and the model it names.
-SERVICE_LABEL, MODEL_LABEL = "service", "model"
+SERVICE_LABEL, MODEL_LABEL = labels.SERVICE, labels.MODEL
 
 
 class ModelCap:
@@ -271,3 +266,22 @@ class CounterFamily:
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+def histogram_family(
+    row: MetricDef, max_series: int, model_cap: ModelCap | None = None
+) -> HistogramFamily:
+    """The capped hot-path histogram of ``row`` (its models capped per service by
+    ``model_cap`` when it has ``service`` and ``model`` labels)."""
+    assert row.type is MetricType.HISTOGRAM, row.name
+    return HistogramFamily(
+        row.name, row.help, row.labels, row.buckets, max_series, model_cap=model_cap
+    )
+
+
+def counter_family(
+    row: MetricDef, max_series: int, model_cap: ModelCap | None = None
+) -> CounterFamily:
+    """The capped hot-path counter of ``row`` (``model_cap`` as for histograms)."""
+    assert row.type is MetricType.COUNTER, row.name
+    return CounterFamily(row.name, row.help, row.labels, max_series, model_cap=model_cap)

@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from gpuscope.contract import exporter as rows
+from gpuscope.contract import labels as L
+from gpuscope.contract.rows import label_order
 from gpuscope.exporter.ingest.series import CounterFamily, HistogramFamily, SpanRef
 
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
@@ -24,6 +27,15 @@ HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # HTTP semantic conventions be
 RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
 SPAN_KIND_SERVER: Final = "SPAN_KIND_SERVER"
 # opentelemetry.proto.trace.v1.Status.StatusCode, as spanmetrics names them.
+# The order ``observe`` writes the label values in.
+_WRITTEN: Final = (
+    L.SERVICE_NAME,
+    L.SPAN_NAME,
+    L.SPAN_KIND,
+    L.STATUS_CODE,
+    L.HTTP_STATUS_CODE,
+    L.RPC_GRPC_STATUS_CODE,
+)
 STATUS_CODES: Final = ("STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR")
 _WANTED: Final = {HTTP_RESPONSE_STATUS_CODE: 0, HTTP_STATUS_CODE_OLD: 1, RPC_GRPC_STATUS_CODE: 2}
 
@@ -38,6 +50,9 @@ class StockSpanMetrics:
     def __init__(self, calls: CounterFamily, duration: HistogramFamily) -> None:
         self.calls = calls  # of the SPAN_CALLS row
         self.duration = duration  # of the SPAN_DURATION row
+        # The two rows share their labels: one key, in their order, serves both.
+        assert rows.SPAN_CALLS.labels == rows.SPAN_DURATION.labels
+        self._key = label_order(rows.SPAN_CALLS, _WRITTEN)
 
     def observe(
         self, span: Any, service: str, ref: SpanRef, label: Callable[[str | None, str], str]
@@ -46,13 +61,15 @@ class StockSpanMetrics:
         http_new, http_old, grpc = _status_attributes(span.attributes)
         http_status = http_new if http_new is not None else http_old
         code = span.status.code
-        labels = (
-            service,
-            label(span.name, "span name"),
-            SPAN_KIND_SERVER,
-            STATUS_CODES[code] if 0 <= code < len(STATUS_CODES) else STATUS_CODES[0],
-            "" if http_status is None else str(http_status),
-            "" if grpc is None else str(grpc),
+        labels = self._key(
+            (
+                service,
+                label(span.name, "span name"),
+                SPAN_KIND_SERVER,
+                STATUS_CODES[code] if 0 <= code < len(STATUS_CODES) else STATUS_CODES[0],
+                "" if http_status is None else str(http_status),
+                "" if grpc is None else str(grpc),
+            )
         )
         seconds = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
         self.calls.inc(labels, 1)

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gpuscope.exporter.definitions import EXPORTER_METRICS
+from gpuscope.contract.exporter import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
 from pack.engines import ROW_RULED
 from support.pack_stack import WORKER_CONFIG, PackStack, run_pack_stack

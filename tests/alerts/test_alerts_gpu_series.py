@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuscope.exporter.gpu import definitions as gpu_rows
+from gpuscope.contract import gpu as gpu_rows
 from pack.contract import series
 from support.dashboards_json import load_dashboards, substitute, targets
 

@@ -17,10 +17,10 @@ from gpuscope.children import (
     simulated_gpu_uuid,
     worker_args,
 )
+from gpuscope.contract import http as http_paths
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.exporter.gpu.simulated import simulated_uuid
 from gpuscope.exporter.gpu.source import GpuSourceKind
-from gpuscope.exporter.http import routes
 from gpuscope.flags import ConfigError
 from gpuscope.worker.config import BatchingMode, WorkerConfig
 
@@ -58,7 +58,7 @@ def test_a_value_the_child_would_refuse_fails_in_the_parent() -> None:
 
 
 def test_the_paths_and_uuids_are_the_exporters_own() -> None:
-    assert TRACES_PATH == routes.TRACES_PATH
+    assert TRACES_PATH == http_paths.TRACES_PATH
     assert simulated_gpu_uuid(1) == simulated_uuid(1)
 
 

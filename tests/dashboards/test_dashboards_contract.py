@@ -11,8 +11,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
-from gpuscope.exporter.gpu.definitions import GPU_METRICS
+from gpuscope.contract.exporter import EXPORTER_METRICS
+from gpuscope.contract.gpu import GPU_METRICS
+from gpuscope.contract.rows import MetricDef, MetricType
 from gpuscope.worker.config import BatchingMode
 from gpuscope.worker.kv_cache import KvStats
 from gpuscope.worker.metrics import WorkerCollector

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pack import engines
+from pack import contract, engines
 from pack.recorded import SOURCE_SERIES, WINDOW
 from pack.settings import Settings
 from support.binaries import require_binary
@@ -145,7 +145,7 @@ def test_the_job_and_instance_of_the_latency_board_list_every_engines_targets() 
         names = set(listed.group(1).split("|"))
         for engine in engines.ENGINES:
             assert engine.scraped and set(engine.scraped) <= names, (name, engine.source)
-        assert {engines.WORKER_INFO, engines.VLLM_RUNNING} <= names
+        assert {contract.WORKER_INFO, engines.VLLM_RUNNING} <= names
 
 
 # --- drawn ----------------------------------------------------------------------------

@@ -18,19 +18,19 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope import engine_spans, flags
-from gpuscope.exporter import definitions as defs
+from gpuscope.contract import exporter as defs
+from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.rows import LATENCY_BUCKETS, MetricDef, MetricType
 from gpuscope.exporter import doctor
-from gpuscope.exporter.definitions import MetricDef, MetricType
-from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.exporter.gpu import factory
 from gpuscope.exporter.gpu.collector import GpuCollector
+from gpuscope.exporter.gpu.definitions import METRIC_GROUPS
 from gpuscope.exporter.gpu.factory import open_gpu_source
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSource, GpuSourceKind
 from gpuscope.exporter.http.render import render_histograms
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
-from gpuscope.exporter.ingest.series import LATENCY_BUCKETS
 from gpuscope.exporter.self_metrics import ExporterCollector, SelfMetrics
 from gpuscope.flags import ConfigError, option, positive
 from gpuscope.spans import COMPUTE_STAGES, PHASES
@@ -110,7 +110,7 @@ found["timeline"] = sorted(timeline.phase_seconds())
 
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.exporter.http.render import render_histograms
-from gpuscope.exporter.ingest.series import LATENCY_BUCKETS
+from gpuscope.contract.rows import LATENCY_BUCKETS
 from support.exporter_fixtures import SpanFactory, encode
 aggregator = SpanAggregator()
 span = SpanFactory().server(0.05, phases={"detokenize": 0.002, "compute": 0.01})
@@ -286,7 +286,7 @@ def test_a_new_gpu_field_metric_is_one_row_plus_the_value_a_source_fills(
 
 def test_every_gpu_field_is_in_one_doctor_group() -> None:
     """The doctor reports on groups; a field row outside every group would go unreported."""
-    grouped = [name for names in gpu_rows.METRIC_GROUPS.values() for name in names]
+    grouped = [name for names in METRIC_GROUPS.values() for name in names]
     fields = [row.field for row in gpu_rows.PER_GPU]
     assert sorted(set(grouped) & set(fields)) == sorted(fields)
     assert len(grouped) == len(set(grouped))

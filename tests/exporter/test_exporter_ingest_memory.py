@@ -10,7 +10,7 @@ import re
 
 import aiohttp
 
-from gpuscope.exporter.http.routes import TRACES_PATH
+from gpuscope.contract.http import TRACES_PATH
 from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config
 

@@ -16,8 +16,9 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gpuscope import spans as contract
-from gpuscope.exporter.definitions import EXPORTER_METRICS, MetricDef, MetricType
-from gpuscope.exporter.gpu.definitions import GPU_METRICS
+from gpuscope.contract.exporter import EXPORTER_METRICS
+from gpuscope.contract.gpu import GPU_METRICS
+from gpuscope.contract.rows import MetricDef, MetricType
 from gpuscope.exporter.gpu.scenario import parse_scenario
 from gpuscope.exporter.gpu.simulated import SimulatedSource
 from gpuscope.exporter.service import start_exporter

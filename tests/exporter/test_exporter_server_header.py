@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.exporter.http.routes import TRACES_PATH
+from gpuscope.contract.http import TRACES_PATH
 from gpuscope.exporter.service import RunningExporter
 from support.raw_http import get_request, post_request, raw_exchange
 

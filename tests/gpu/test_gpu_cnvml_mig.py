@@ -160,7 +160,7 @@ os.environ["FAKE_NVML_SET"] = f"gpu.0.mig.3.processes.compute={worker.pid}:10485
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
-from gpuscope.exporter.definitions import REQUEST_DURATION
+from gpuscope.contract.exporter import REQUEST_DURATION
 sys.path[:0] = ["tests", "tests/gpu"]
 from support.exporter_fixtures import encode
 from test_gpu_process_join import server_span

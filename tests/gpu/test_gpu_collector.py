@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
+from gpuscope.contract.gpu import PER_GPU
 from gpuscope.exporter.gpu.collector import GpuCollector
-from gpuscope.exporter.gpu.definitions import PER_GPU
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.gpu.scenario import parse_scenario

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from gpuscope import spans as contract
-from gpuscope.exporter.definitions import REQUEST_DURATION
+from gpuscope.contract.exporter import REQUEST_DURATION
 from gpuscope.exporter.doctor import DoctorConfig, diagnose, no_source_report, run
 from gpuscope.exporter.gpu.collector import GpuCollector
 from gpuscope.exporter.gpu.nvml.source import NvmlSource
