@@ -26,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpuscope.contract.gpu import SM_CLOCK_CHANGES
 from gpuscope.exporter.gpu import numa
 from gpuscope.exporter.gpu.capabilities import ExplainsSupport
 from gpuscope.exporter.gpu.processes import PROC, ProcessGpuMap, ProcessJoin, read_parent
@@ -320,7 +321,7 @@ def _clocks(gpu: _Gpu) -> Check:
         "clocks",
         Status.OK,
         read + ": steady over the samples (under load a locked clock stays so; "
-        "gpuscope_gpu_sm_clock_changes_total counts the swings over minutes)",
+        f"{SM_CLOCK_CHANGES.name}_total counts the swings over minutes)",
     )
 
 
