@@ -153,6 +153,63 @@ def test_each_mig_instance_is_served_as_a_gpu_with_its_parent(tmp_path: Path, re
     assert _line(lines, "gpuscope_gpu_mig_info", uuid=PARENT) is None
 
 
+# NVML_GPM_METRIC_SM_OCCUPANCY; the parent's and two MIG devices' own values (percent)
+OCCUPANCY = profiles.GPM_SM_OCCUPANCY
+PER_INSTANCE = ";".join(
+    f"{key}.gpm.{OCCUPANCY}={percent}"
+    for key, percent in (("gpu.0", 30), ("gpu.0.mig.1", 80), ("gpu.0.mig.3", 12))
+)
+
+
+def _ratio(lines: list[str], name: str, uuid: str) -> float | None:
+    line = _line(lines, name, uuid=uuid)
+    return None if line is None else float(line.rpartition(" ")[2])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_each_mig_instance_has_its_gpu_instances_gpm(tmp_path: Path, release: str) -> None:
+    # nvmlGpmMigSampleGet per GPU instance: MIG devices 0 and 1 are GPU instance 2's two
+    # compute instances (both read GI 2's 80 %), device 3 is GI 9 (12 %); GIs 3 and 10 have
+    # no values of their own and read the parent's (30 %)
+    lines = scraped(_environment(_profile(tmp_path), release, SET=PER_INSTANCE))
+    occupancy = "gpuscope_gpu_sm_occupancy_ratio"
+    assert _ratio(lines, occupancy, PARENT) == 0.3
+    got = {uuid: _ratio(lines, occupancy, uuid) for _, uuid, *_ in INSTANCES}
+    assert got == dict(zip([i[1] for i in INSTANCES], [0.8, 0.8, 0.3, 0.12, 0.3], strict=True))
+    for _, uuid, *_ in INSTANCES:
+        for name in ("sm_active", "tensor_active", "dram_active"):
+            assert _ratio(lines, f"gpuscope_gpu_{name}_ratio", uuid) is not None, (name, uuid)
+
+
+def _doctor(env: dict[str, str]) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuscope.cli", "doctor", "--gpu-source", "nvml", "--json"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gpus: list[dict[str, object]] = json.loads(done.stdout)["gpus"]
+    return gpus
+
+
+@pytest.mark.parametrize("error", ["FUNCTION_NOT_FOUND", "NOT_SUPPORTED"])
+def test_without_per_instance_gpm_the_parent_keeps_it_and_doctor_says_why(
+    tmp_path: Path, error: str
+) -> None:
+    # a driver without nvmlGpmMigSampleGet (the symbol missing: pynvml raises
+    # FunctionNotFound) or refusing it: the instances carry no GPM series, the parent does
+    env = _environment(
+        _profile(tmp_path), library.PYNVML_NEWEST, ERRORS=f"nvmlGpmMigSampleGet:{error}"
+    )
+    lines = scraped(env)
+    assert _ratio(lines, "gpuscope_gpu_sm_occupancy_ratio", PARENT) == 0.0
+    for _, uuid, *_ in INSTANCES:
+        assert _ratio(lines, "gpuscope_gpu_sm_occupancy_ratio", uuid) is None, uuid
+        assert _ratio(lines, "gpuscope_gpu_memory_total_bytes", uuid) is not None, uuid
+    gpm = _doctor(env)[1]["metrics"]["gpm"]  # type: ignore[index]
+    assert gpm["supported"] is False
+    assert "nvmlGpmMigSampleGet" in gpm["why"] and f"({PARENT}) hold it" in gpm["why"], gpm
+
+
 JOIN = """
 import os, subprocess, sys, json
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -206,6 +263,8 @@ def test_doctor_lists_each_instance_with_its_parent(tmp_path: Path) -> None:
     assert "mig" not in parent and parent["metrics"]["power"]["supported"]
     assert first["mig"]["parent_uuid"] == PARENT and first["mig"]["profile"] == "1c.3g.71gb"
     assert first["metrics"]["memory"]["supported"]
+    assert first["metrics"]["gpm"]["supported"]
+    assert "GPU instance 2's counters (nvmlGpmMigSampleGet)" in first["metrics"]["gpm"]["note"]
     assert "parent GPU" in first["metrics"]["pcie_bytes"]["why"]
     assert re.search(r"Not Supported|not supported", first["metrics"]["power"]["why"])
 
