@@ -8,13 +8,22 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from test_gpu_cnvml_defects import value, wait_for
 from test_gpu_cnvml_exporter import exporter, scraped
 
+from gpuscope import spans as contract
+from gpuscope.contract.exporter import REQUEST_DURATION
 from support.cnvml import library, profiles
+from support.exporter_fixtures import T0, encode
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -219,7 +228,7 @@ from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.contract.exporter import REQUEST_DURATION
 sys.path[:0] = ["tests", "tests/gpu"]
-from support.exporter_fixtures import encode
+from support.exporter_fixtures import T0, encode
 from test_gpu_process_join import server_span
 source = NvmlSource()
 poller = GpuPoller(source, 1.0, process_interval_s=0.0)
@@ -248,6 +257,52 @@ def test_a_request_whose_process_runs_on_an_instance_joins_that_instance(
     out = json.loads(done.stdout)
     assert out["status"] == "ok", out["why"]
     assert out["joined"] == [["MIG-00000003-0000-0000-0000-000000000003", "0:3"]]
+
+
+def _span_on(uuid: str) -> bytes:
+    """An OTLP body: one gpuscope server span naming GPU ``uuid`` (gpuscope.gpu.uuid),
+    as a worker started with CUDA_VISIBLE_DEVICES=<that MIG UUID> reports it."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "mig-service"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    span = provider.get_tracer(contract.INSTRUMENTATION_NAME).start_span(
+        "POST /v1/completions",
+        kind=SpanKind.SERVER,
+        attributes={
+            contract.HTTP_ROUTE: "/v1/completions",
+            contract.HTTP_RESPONSE_STATUS_CODE: 200,
+            contract.GPU_UUID: uuid,
+        },
+        start_time=T0,
+    )
+    span.end(end_time=T0 + 50_000_000)
+    body: bytes = encode(memory.get_finished_spans()).SerializeToString()
+    return body
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_span_naming_a_mig_uuid_is_recorded_against_that_instance(
+    tmp_path: Path, release: str
+) -> None:
+    uuid = INSTANCES[3][1]
+    with exporter(_environment(_profile(tmp_path), release)) as url:
+        request = urllib.request.Request(
+            f"{url}/v1/traces",
+            data=_span_on(uuid),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    counts = [
+        line
+        for line in text.splitlines()
+        if line.startswith(f"{REQUEST_DURATION.name}_count{{") and 'service="mig-service"' in line
+    ]
+    assert len(counts) == 1, counts
+    assert 'gpu="0:3"' in counts[0] and f'uuid="{uuid}"' in counts[0], counts
+    assert float(counts[0].rpartition(" ")[2]) == 1, counts
 
 
 def test_doctor_lists_each_instance_with_its_parent(tmp_path: Path) -> None:
