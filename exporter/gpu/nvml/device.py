@@ -14,6 +14,9 @@ Where a driver or pynvml release lacks the preferred call, an older one stands i
 * clock event reasons: ``nvmlDeviceGetCurrentClocksEventReasons`` (R535+), else
   ``nvmlDeviceGetCurrentClocksThrottleReasons``, its older name with the same bits.
 * PCIe bytes: see ``pcie``.
+* a MIG instance's GPM: ``nvmlGpmMigSampleGet`` on the parent's handle with its GPU
+  instance id; without it (pynvml or driver), or where the parent has no GPM, absent
+  with the reason (the parent's series hold it).
 """
 
 from __future__ import annotations
