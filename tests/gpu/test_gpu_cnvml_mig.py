@@ -8,13 +8,22 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from test_gpu_cnvml_defects import value, wait_for
 from test_gpu_cnvml_exporter import exporter, scraped
 
+from gpuscope import spans as contract
+from gpuscope.contract.exporter import REQUEST_DURATION
 from support.cnvml import library, profiles
+from support.exporter_fixtures import T0, encode
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -153,6 +162,63 @@ def test_each_mig_instance_is_served_as_a_gpu_with_its_parent(tmp_path: Path, re
     assert _line(lines, "gpuscope_gpu_mig_info", uuid=PARENT) is None
 
 
+# NVML_GPM_METRIC_SM_OCCUPANCY; the parent's and two MIG devices' own values (percent)
+OCCUPANCY = profiles.GPM_SM_OCCUPANCY
+PER_INSTANCE = ";".join(
+    f"{key}.gpm.{OCCUPANCY}={percent}"
+    for key, percent in (("gpu.0", 30), ("gpu.0.mig.1", 80), ("gpu.0.mig.3", 12))
+)
+
+
+def _ratio(lines: list[str], name: str, uuid: str) -> float | None:
+    line = _line(lines, name, uuid=uuid)
+    return None if line is None else float(line.rpartition(" ")[2])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_each_mig_instance_has_its_gpu_instances_gpm(tmp_path: Path, release: str) -> None:
+    # nvmlGpmMigSampleGet per GPU instance: MIG devices 0 and 1 are GPU instance 2's two
+    # compute instances (both read GI 2's 80 %), device 3 is GI 9 (12 %); GIs 3 and 10 have
+    # no values of their own and read the parent's (30 %)
+    lines = scraped(_environment(_profile(tmp_path), release, SET=PER_INSTANCE))
+    occupancy = "gpuscope_gpu_sm_occupancy_ratio"
+    assert _ratio(lines, occupancy, PARENT) == 0.3
+    got = {uuid: _ratio(lines, occupancy, uuid) for _, uuid, *_ in INSTANCES}
+    assert got == dict(zip([i[1] for i in INSTANCES], [0.8, 0.8, 0.3, 0.12, 0.3], strict=True))
+    for _, uuid, *_ in INSTANCES:
+        for name in ("sm_active", "tensor_active", "dram_active"):
+            assert _ratio(lines, f"gpuscope_gpu_{name}_ratio", uuid) is not None, (name, uuid)
+
+
+def _doctor(env: dict[str, str]) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuscope.cli", "doctor", "--gpu-source", "nvml", "--json"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gpus: list[dict[str, object]] = json.loads(done.stdout)["gpus"]
+    return gpus
+
+
+@pytest.mark.parametrize("error", ["FUNCTION_NOT_FOUND", "NOT_SUPPORTED"])
+def test_without_per_instance_gpm_the_parent_keeps_it_and_doctor_says_why(
+    tmp_path: Path, error: str
+) -> None:
+    # a driver without nvmlGpmMigSampleGet (the symbol missing: pynvml raises
+    # FunctionNotFound) or refusing it: the instances carry no GPM series, the parent does
+    env = _environment(
+        _profile(tmp_path), library.PYNVML_NEWEST, ERRORS=f"nvmlGpmMigSampleGet:{error}"
+    )
+    lines = scraped(env)
+    assert _ratio(lines, "gpuscope_gpu_sm_occupancy_ratio", PARENT) == 0.0
+    for _, uuid, *_ in INSTANCES:
+        assert _ratio(lines, "gpuscope_gpu_sm_occupancy_ratio", uuid) is None, uuid
+        assert _ratio(lines, "gpuscope_gpu_memory_total_bytes", uuid) is not None, uuid
+    gpm = _doctor(env)[1]["metrics"]["gpm"]  # type: ignore[index]
+    assert gpm["supported"] is False
+    assert "nvmlGpmMigSampleGet" in gpm["why"] and f"({PARENT}) hold it" in gpm["why"], gpm
+
+
 JOIN = """
 import os, subprocess, sys, json
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -162,7 +228,7 @@ from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.contract.exporter import REQUEST_DURATION
 sys.path[:0] = ["tests", "tests/gpu"]
-from support.exporter_fixtures import encode
+from support.exporter_fixtures import T0, encode
 from test_gpu_process_join import server_span
 source = NvmlSource()
 poller = GpuPoller(source, 1.0, process_interval_s=0.0)
@@ -193,6 +259,52 @@ def test_a_request_whose_process_runs_on_an_instance_joins_that_instance(
     assert out["joined"] == [["MIG-00000003-0000-0000-0000-000000000003", "0:3"]]
 
 
+def _span_on(uuid: str) -> bytes:
+    """An OTLP body: one gpuscope server span naming GPU ``uuid`` (gpuscope.gpu.uuid),
+    as a worker started with CUDA_VISIBLE_DEVICES=<that MIG UUID> reports it."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "mig-service"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    span = provider.get_tracer(contract.INSTRUMENTATION_NAME).start_span(
+        "POST /v1/completions",
+        kind=SpanKind.SERVER,
+        attributes={
+            contract.HTTP_ROUTE: "/v1/completions",
+            contract.HTTP_RESPONSE_STATUS_CODE: 200,
+            contract.GPU_UUID: uuid,
+        },
+        start_time=T0,
+    )
+    span.end(end_time=T0 + 50_000_000)
+    body: bytes = encode(memory.get_finished_spans()).SerializeToString()
+    return body
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_span_naming_a_mig_uuid_is_recorded_against_that_instance(
+    tmp_path: Path, release: str
+) -> None:
+    uuid = INSTANCES[3][1]
+    with exporter(_environment(_profile(tmp_path), release)) as url:
+        request = urllib.request.Request(
+            f"{url}/v1/traces",
+            data=_span_on(uuid),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    counts = [
+        line
+        for line in text.splitlines()
+        if line.startswith(f"{REQUEST_DURATION.name}_count{{") and 'service="mig-service"' in line
+    ]
+    assert len(counts) == 1, counts
+    assert 'gpu="0:3"' in counts[0] and f'uuid="{uuid}"' in counts[0], counts
+    assert float(counts[0].rpartition(" ")[2]) == 1, counts
+
+
 def test_doctor_lists_each_instance_with_its_parent(tmp_path: Path) -> None:
     env = library.environment(_profile(tmp_path))
     done = subprocess.run(
@@ -206,6 +318,8 @@ def test_doctor_lists_each_instance_with_its_parent(tmp_path: Path) -> None:
     assert "mig" not in parent and parent["metrics"]["power"]["supported"]
     assert first["mig"]["parent_uuid"] == PARENT and first["mig"]["profile"] == "1c.3g.71gb"
     assert first["metrics"]["memory"]["supported"]
+    assert first["metrics"]["gpm"]["supported"]
+    assert "GPU instance 2's counters (nvmlGpmMigSampleGet)" in first["metrics"]["gpm"]["note"]
     assert "parent GPU" in first["metrics"]["pcie_bytes"]["why"]
     assert re.search(r"Not Supported|not supported", first["metrics"]["power"]["why"])
 

@@ -14,6 +14,9 @@ Where a driver or pynvml release lacks the preferred call, an older one stands i
 * clock event reasons: ``nvmlDeviceGetCurrentClocksEventReasons`` (R535+), else
   ``nvmlDeviceGetCurrentClocksThrottleReasons``, its older name with the same bits.
 * PCIe bytes: see ``pcie``.
+* a MIG instance's GPM: ``nvmlGpmMigSampleGet`` on the parent's handle with its GPU
+  instance id; without it (pynvml or driver), or where the parent has no GPM, absent
+  with the reason (the parent's series hold it).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def _ecc(nvml: Any, h: Any) -> dict[str, Any]:
 
 CLOCK_EVENTS = "nvmlDeviceGetCurrentClocksEventReasons"
 CLOCK_THROTTLE = "nvmlDeviceGetCurrentClocksThrottleReasons"  # before R535; same bits
+MIG_GPM = "nvmlGpmMigSampleGet"  # a GPU instance's GPM sample, on the parent's handle
 
 
 # group -> reader(nvml, handle); units converted to base units here
@@ -132,18 +136,20 @@ class NvmlDeviceReader:
         self.handle = handle
         self.unsupported: dict[str, str] = {}  # metric group -> why it is absent
         self.notes: dict[str, str] = {}  # metric group -> how it is obtained, when unusual
+        self._parent_uuid = None if parent is None else parent.device.uuid
+        self._gpm_note: str | None = None  # how GPM is read, when not the device's own
         if parent is None:
             self.architecture = self._architecture()
             self._gpm = self._open_gpm()
         else:
-            # a MIG instance: the link and GPM's device-wide counters are its parent's
+            # a MIG instance: the PCIe link is its parent's; GPM is its GPU instance's
+            # where the driver samples one (nvmlGpmMigSampleGet), else the parent's
             self.architecture = parent.architecture
-            self._gpm = None
-            for group in ("gpm", "pcie_bytes"):
-                self.unsupported[group] = (
-                    f"a MIG instance: the parent GPU's series ({parent.device.uuid}) hold it"
-                )
-        self._pcie = PcieByteCounter(nvml, handle, self._gpm)
+            self.unsupported["pcie_bytes"] = (
+                f"a MIG instance: the parent GPU's series ({parent.device.uuid}) hold it"
+            )
+            self._gpm = self._open_mig_gpm(parent)
+        self._pcie = PcieByteCounter(nvml, handle, self._gpm if parent is None else None)
         self._utilization_seen = 0  # µs timestamp of the last per-process sample read
         self._placed_listing: object = None  # the listing _locality was read for
         self._locality: dict[int, str] = {}  # pid -> numa.Locality of that listing
@@ -316,8 +322,11 @@ class NvmlDeviceReader:
 
     def _gpm_values(self, gpm: GpmSampler, now: float) -> dict[str, float]:
         values = gpm.read(now)
+        notes = [] if self._gpm_note is None else [self._gpm_note]
         if gpm.nan:
-            self.notes["gpm"] = f"GPM answered NaN for {', '.join(sorted(gpm.nan))}: left out"
+            notes.append(f"GPM answered NaN for {', '.join(sorted(gpm.nan))}: left out")
+        if notes:
+            self.notes["gpm"] = "; ".join(notes)
         else:
             self.notes.pop("gpm", None)
         return values
@@ -347,6 +356,9 @@ class NvmlDeviceReader:
                 device=f"{self.device.name} ({self.architecture})",
                 driver=self.device.driver_version or "unknown",
             )
+            if group == "gpm" and self._parent_uuid is not None:
+                self.unsupported[group] += f" ({MIG_GPM}); {self._parents(self._parent_uuid)}"
+                self.notes.pop("gpm", None)
         elif kind is NvmlErrorKind.GPU_LOST:
             raise GpuLostError(f"GPU {self.device.label} ({self.device.uuid}) is lost") from exc
         elif kind is NvmlErrorKind.DRIVER:
@@ -359,6 +371,38 @@ class NvmlDeviceReader:
         except self._nvml.NVMLError:
             return "unknown architecture"
         return ARCHITECTURES.get(code, f"architecture {code}")
+
+    @staticmethod
+    def _parents(uuid: str) -> str:
+        return f"the parent GPU's series ({uuid}) hold it"
+
+    def _open_mig_gpm(self, parent: NvmlDeviceReader) -> GpmSampler | None:
+        """A MIG instance's GPM: its GPU instance's samples on the parent's handle, where
+        the parent has GPM, pynvml has the call and NVML gave the GPU instance id."""
+        nvml = self._nvml
+        mig = self.device.mig
+        gpu_instance = None if mig is None else mig.gpu_instance_id
+        parents = self._parents(parent.device.uuid)
+        if parent._gpm is None:
+            why = parent.unsupported.get("gpm", "the parent GPU has no GPM")
+            self.unsupported["gpm"] = f"the parent GPU has no GPM ({why})"
+            return None
+        if not hasattr(nvml, MIG_GPM):
+            self.unsupported["gpm"] = f"this pynvml has no {MIG_GPM}; {parents}"
+            return None
+        if gpu_instance is None:
+            self.unsupported["gpm"] = f"NVML gave no GPU instance id for it; {parents}"
+            return None
+        try:
+            sampler = GpmSampler(nvml, parent.handle, gpu_instance_id=gpu_instance)
+        except nvml.NVMLError as exc:
+            self._handle_error("gpm", exc)
+            return None
+        self._gpm_note = (
+            f"GPU instance {gpu_instance}'s counters ({MIG_GPM}), the same for every "
+            "compute instance in it"
+        )
+        return sampler
 
     def _open_gpm(self) -> GpmSampler | None:
         nvml = self._nvml

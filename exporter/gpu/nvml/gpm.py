@@ -10,6 +10,10 @@ of that interval, never turned into 0, and ``nan`` names it for ``gpuscope docto
 Where the PCIe byte-count fields are missing, ``pcie.PcieByteCounter`` asks for GPM's
 PCIe rates too (``track_pcie``): MiB/s averaged over the interval between the two
 samples, so rate x interval is the bytes of that interval, added to ``pcie_totals``.
+
+A MIG instance's sampler takes its samples with ``nvmlGpmMigSampleGet(parent,
+gpuInstanceId, sample)`` on the parent's handle (``gpu_instance_id``): the counters of
+that GPU instance, which every compute instance in it shares.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ def gpm_supported(nvml: Any, handle: Any) -> bool:
 
 
 class GpmSampler:
-    def __init__(self, nvml: Any, handle: Any) -> None:
+    def __init__(self, nvml: Any, handle: Any, *, gpu_instance_id: int | None = None) -> None:
         self._nvml = nvml
-        self._handle = handle
+        self._handle = handle  # a MIG instance's: its parent's (nvmlGpmMigSampleGet)
+        self._gpu_instance_id = gpu_instance_id
         self._previous = nvml.nvmlGpmSampleAlloc()
         self._spare = nvml.nvmlGpmSampleAlloc()
         self._previous_at: float | None = None
@@ -63,7 +68,10 @@ class GpmSampler:
         if self._previous_at is not None and now - self._previous_at < MIN_SAMPLE_GAP_S:
             return self._last
         nvml = self._nvml
-        nvml.nvmlGpmSampleGet(self._handle, self._spare)
+        if self._gpu_instance_id is None:
+            nvml.nvmlGpmSampleGet(self._handle, self._spare)
+        else:
+            nvml.nvmlGpmMigSampleGet(self._handle, self._gpu_instance_id, self._spare)
         if self._previous_at is not None:
             self._last = self._metrics(self._previous, self._spare, now - self._previous_at)
         self._previous, self._spare = self._spare, self._previous

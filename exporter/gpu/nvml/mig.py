@@ -4,8 +4,9 @@ In MIG mode NVML hands out a device handle per MIG device under the parent
 (``nvmlDeviceGetMaxMigDeviceCount``, then ``nvmlDeviceGetMigDeviceHandleByIndex`` for
 each slot, NotFound for an empty one). Such a handle has its own ``MIG-...`` UUID, a
 name ending in its profile (``NVIDIA H200 MIG 3g.71gb``), its GPU and compute
-instance ids, its own memory and its own processes; clocks, power, temperature, the
-PCIe link and XIDs stay the parent's.
+instance ids, its own memory and its own processes; GPM is sampled per GPU instance on
+the parent's handle (``nvmlGpmMigSampleGet``, see ``device``); clocks, power,
+temperature, the PCIe link and XIDs stay the parent's.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ fails liveness. ``release()`` / ``acquire()`` let go of NVML and take it again.
 
 A GPU in MIG mode is served with each of its MIG instances as a GPU of its own
 (``mig``): an instance's reader asks its MIG handle for what NVML gives per instance
-(memory, processes) and leaves the rest to the parent's series. Its processes are
+(memory, processes), the parent's handle for its GPU instance's GPM
+(``nvmlGpmMigSampleGet``, where the driver has it), and leaves the rest to the parent's
+series. Its processes are
 listed on the instance's handle (which NVML answers without root, where the parent's
 aggregate list needs it), and the parent's list is then not used, so that a process
 joins the one instance it runs on.

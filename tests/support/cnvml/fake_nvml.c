@@ -1155,6 +1155,7 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
 struct nvmlGpmSample_st {
     int taken;
     int gpu;
+    int mig;  /* -1: the device's sample; else the MIG device of the sampled GPU instance */
     double at_s;
 };
 
@@ -1188,8 +1189,47 @@ EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSam
     SUPPORTED(dev_uint(device, "gpm.supported", &supported) && supported);
     gpmSample->taken = 1;
     gpmSample->gpu = device->gpu;
+    gpmSample->mig = -1;
     gpmSample->at_s = elapsed_s();
     return NVML_SUCCESS;
+}
+
+/* A GPU instance's sample, on the parent's handle (every branch the fake builds has it:
+ * GPM came with it in R525). INVALID_ARGUMENT on a MIG handle, NOT_SUPPORTED without GPM
+ * or MIG mode, NOT_FOUND for a GPU instance id no MIG device has. */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample) {
+    ENTER_DEVICE("nvmlGpmMigSampleGet", device);
+    if (!gpmSample || device->mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int supported = 0, mode = 0;
+    SUPPORTED(dev_uint(device, "gpm.supported", &supported) && supported);
+    SUPPORTED(dev_uint(device, "mig.mode", &mode) && mode);
+    for (int n = 0; n < MAX_MIG; n++) {
+        unsigned int id;
+        if (dev_uint(&migs[device->gpu][n], "gpu_instance_id", &id) && id == gpuInstanceId) {
+            gpmSample->taken = 1;
+            gpmSample->gpu = device->gpu;
+            gpmSample->mig = n;
+            gpmSample->at_s = elapsed_s();
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* A GPU instance's value of metric `key`: one of its MIG devices' own
+ * (gpu.<i>.mig.<n>.gpm.<id>, the first of the instance's that has it), else the parent's
+ * (an even load: every instance as busy as the GPU's average). PCIe is the parent's link:
+ * NOT_SUPPORTED per instance. */
+static int instance_value(int gpu, int mig, unsigned int metric, const char *key, double *out) {
+    if (metric == NVML_GPM_METRIC_PCIE_TX_PER_SEC || metric == NVML_GPM_METRIC_PCIE_RX_PER_SEC)
+        return 0;
+    unsigned int gi = 0, id;
+    dev_uint(&migs[gpu][mig], "gpu_instance_id", &gi);
+    for (int n = 0; n < MAX_MIG; n++) {
+        if (dev_uint(&migs[gpu][n], "gpu_instance_id", &id) && id == gi && dev_double(&migs[gpu][n], key, out))
+            return 1;
+    }
+    return dev_double(&gpus[gpu], key, out);
 }
 
 EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
@@ -1197,7 +1237,8 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
     if (!metricsGet) return NVML_ERROR_INVALID_ARGUMENT;
     if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlGpmSample_t a = metricsGet->sample1, b = metricsGet->sample2;
-    if (!a || !b || !a->taken || !b->taken || a->gpu != b->gpu || b->at_s <= a->at_s || metricsGet->numMetrics > NVML_GPM_METRIC_MAX)
+    if (!a || !b || !a->taken || !b->taken || a->gpu != b->gpu || a->mig != b->mig || b->at_s <= a->at_s ||
+        metricsGet->numMetrics > NVML_GPM_METRIC_MAX)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (gpu_is_lost(a->gpu)) return NVML_ERROR_GPU_IS_LOST;
     const char *nan = knob("GPM_NAN");
@@ -1206,7 +1247,9 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
         char key[48];
         snprintf(key, sizeof key, "gpm.%u", m->metricId);
         double percent;
-        if (dev_double(&gpus[a->gpu], key, &percent)) {
+        int found = a->mig < 0 ? dev_double(&gpus[a->gpu], key, &percent)
+                               : instance_value(a->gpu, a->mig, m->metricId, key, &percent);
+        if (found) {
             m->nvmlReturn = NVML_SUCCESS;
             m->value = (nan && atoi(nan)) ? NAN : percent;
         } else {
