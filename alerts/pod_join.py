@@ -1,0 +1,76 @@
+"""The join by pod: requests that name no GPU, joined to the GPU their pod holds.
+
+vLLM's ``/metrics`` never names a GPU (its recorded request series have ``uuid=""``),
+so without this join their verdict meets the GPU conditions of their whole ``host``
+(``recording.host_conditions``), where a host is underfed only when every one of its
+GPUs is: a pod on an underfed GPU next to a busy one never read ``underfed``, and two
+pods of one model on one node were one series.
+
+In Kubernetes both sides know the pod. dcgm-exporter labels each GPU's series with
+the ``pod`` / ``namespace`` of the pod the kubelet gave the GPU to (its holder; the
+rules of ``dcgm_rules.py`` keep them, from ``exported_pod`` / ``exported_namespace``
+where the scrape renamed them); the engine's scrape target carries its own ``pod`` /
+``namespace`` (the Kubernetes service discovery relabelling of the deploy's PodMonitor).
+So the engine's request series are joined on ``(namespace, pod)`` to the one GPU their
+pod holds and take that GPU's ``host``, ``gpu`` and ``uuid``: the verdict then meets
+that GPU's conditions through the UUID join, and names it.
+
+- Only a pod that holds exactly one GPU is joined (``POD_ONE_GPU``): the requests of a
+  pod holding several (tensor parallelism) run on all of them, and a series cannot
+  carry several UUIDs; they keep ``uuid=""`` and their host's conditions.
+- A MIG instance is left out of the join: dcgm-exporter labels an instance with its
+  parent's ``gpu`` and ``UUID`` (and ``GPU_I_ID``), and the per-GPU conditions average a
+  GPU's instances, so the join would judge a pod by its neighbours' instances too. Its
+  requests keep their host's conditions (docs/gpu.md, "The join by pod").
+- Requests whose target has no pod, or whose pod holds no GPU dcgm-exporter names (a
+  plain Prometheus, gpuscope's own NVML source, which writes no pod), are left as they
+  are: the UUID join where they name a GPU, their host's conditions where not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscope.exporter.gpu import definitions as gpu_rows
+from pack.contract import series
+from pack.settings import GPU, Settings
+
+POD = "namespace, pod"
+# 1 per (namespace, pod) and the GPU it holds, with the GPU's host (its exporter's
+# instance without the port, as ``recording.with_host`` writes it)
+POD_GPU = "pod_host_gpu:gpuscope_gpu_info:max"
+# the same for the pods that hold exactly one GPU: the join's right-hand side, one series
+# per (namespace, pod)
+POD_ONE_GPU = "pod_host_gpu:gpuscope_gpu_info:one"
+# what the join copies onto the request series
+JOINED = f"host, {GPU}"
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")
+
+
+def map_rules(settings: Settings) -> list[dict[str, Any]]:
+    """The GPUs each pod holds, from the GPU series that carry their holder's pod (the
+    framebuffer used: a default dcgm-exporter field, one series per GPU and holder)."""
+    held = series(gpu_rows.MEMORY_USED) + settings.gpu_sel('pod!="", GPU_I_ID=""')
+    host = (
+        f'label_replace(\n  {held},\n  "host", "$1", "instance", "{settings.host_from_instance}"\n)'
+    )
+    return [
+        {"record": POD_GPU, "expr": f"max by ({POD}, {JOINED}) (\n  {_indent(host)} * 0 + 1\n)"},
+        {
+            "record": POD_ONE_GPU,
+            "expr": f"{POD_GPU}\nand on ({POD})\n(count by ({POD}) ({POD_GPU}) == 1)",
+        },
+    ]
+
+
+def by_pod(expr: str) -> str:
+    """``expr`` (request series with ``host``, and ``namespace`` / ``pod`` where the target
+    has them) with the ``host``, ``gpu`` and ``uuid`` of the one GPU its pod holds, and as
+    it is where its pod holds none or several: aggregate it ``by`` those labels."""
+    return (
+        f"(\n  {_indent(expr)}\n  * on ({POD}) group_left ({JOINED})\n  {POD_ONE_GPU}\n)\n"
+        f"or on ({POD})\n{expr}"
+    )
