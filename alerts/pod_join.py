@@ -51,9 +51,11 @@ def _indent(text: str) -> str:
 
 
 def map_rules(settings: Settings) -> list[dict[str, Any]]:
-    """The GPUs each pod holds, from the GPU series that carry their holder's pod (the
-    framebuffer used: a default dcgm-exporter field, one series per GPU and holder)."""
-    held = series(gpu_rows.MEMORY_USED) + settings.gpu_sel('pod!="", GPU_I_ID=""')
+    """The GPUs each pod holds, from the GPU series recorded from dcgm-exporter's (the
+    framebuffer used: a default field, one series per GPU and holder). Only
+    dcgm-exporter's: a ``pod`` on gpuscope's own GPU series is its exporter's, which a
+    scrape's target labels put on every GPU of the node."""
+    held = series(gpu_rows.MEMORY_USED) + settings.dcgm_sel('pod!="", GPU_I_ID=""')
     host = (
         f'label_replace(\n  {held},\n  "host", "$1", "instance", "{settings.host_from_instance}"\n)'
     )
