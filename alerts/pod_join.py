@@ -18,10 +18,11 @@ that GPU's conditions through the UUID join, and names it.
 - Only a pod that holds exactly one GPU is joined (``POD_ONE_GPU``): the requests of a
   pod holding several (tensor parallelism) run on all of them, and a series cannot
   carry several UUIDs; they keep ``uuid=""`` and their host's conditions.
-- A MIG instance is left out of the join: dcgm-exporter labels an instance with its
-  parent's ``gpu`` and ``UUID`` (and ``GPU_I_ID``), and the per-GPU conditions average a
-  GPU's instances, so the join would judge a pod by its neighbours' instances too. Its
-  requests keep their host's conditions (docs/gpu.md, "The join by pod").
+- A MIG instance is kept per instance: dcgm-exporter labels it with its parent's
+  ``gpu`` and ``UUID`` and its own ``GPU_I_ID``, and the per-GPU conditions average a
+  GPU's instances. A pod holding one instance takes ``gpu="<gpu>/<GPU_I_ID>"`` and the
+  parent's UUID, and meets that instance's conditions (``mig_conditions``: its own SM
+  occupancy; its GPU's clocks and PCIe link).
 - Requests whose target has no pod, or whose pod holds no GPU dcgm-exporter names (a
   plain Prometheus, gpuscope's own NVML source, which writes no pod), are left as they
   are: the UUID join where they name a GPU, their host's conditions where not.
@@ -44,10 +45,41 @@ POD_GPU = "pod_host_gpu:gpuscope_gpu_info:max"
 POD_ONE_GPU = "pod_host_gpu:gpuscope_gpu_info:one"
 # what the join copies onto the request series
 JOINED = f"host, {GPU}"
+# A MIG instance of dcgm-exporter's (its gpu and UUID its parent's, GPU_I_ID its own) as
+# the request series and the verdict name it: gpu "<gpu>/<GPU_I_ID>" ("0/1"), the UUID
+# the parent's. (gpuscope's NVML source names an instance "0:1", the MIG device index,
+# with a MIG-… UUID of its own.)
+MIG_SEPARATOR = "/"
+INSTANCE_GPU = f"job, instance, {GPU}"
+MIG_INSTANCE = f"{INSTANCE_GPU}, GPU_I_ID"
 
 
 def _indent(text: str) -> str:
     return text.replace("\n", "\n  ")
+
+
+def mig_gpu(expr: str) -> str:
+    """``expr`` (MIG instances' series) with ``gpu`` as ``<gpu>/<GPU_I_ID>``: the instance
+    as the request series and the verdict name it."""
+    return f'label_join(\n  {_indent(expr)},\n  "gpu", "{MIG_SEPARATOR}", "gpu", "GPU_I_ID"\n)'
+
+
+def mig_conditions(settings: Settings, conditions: dict[str, str]) -> dict[str, str]:
+    """The GPU ``conditions`` (per job, instance, gpu and uuid) per MIG instance of
+    dcgm-exporter's (``gpu`` as ``mig_gpu`` writes it): ``underfed`` by the instance's
+    own SM occupancy; ``throttled`` and ``pcie`` by its GPU's (clocks and the PCIe link
+    are the whole GPU's)."""
+    w, mig = settings.window, settings.dcgm_sel('GPU_I_ID!=""')
+    occupancy = (
+        f"avg by ({MIG_INSTANCE}) (\n  avg_over_time({series(gpu_rows.SM_OCCUPANCY)}{mig}[{w}])\n)"
+        f"\n< {settings.underfed_occupancy:g}"
+    )
+    instances = f"group by ({MIG_INSTANCE}) ({series(gpu_rows.MEMORY_USED)}{mig})"
+    per_gpu = f"{instances}\n* on ({INSTANCE_GPU}) group_left ()"
+    whole = {
+        cause: f"{per_gpu}\n(\n  {_indent(conditions[cause])}\n)" for cause in ("throttled", "pcie")
+    }
+    return {"underfed": mig_gpu(occupancy), **{c: mig_gpu(e) for c, e in whole.items()}}
 
 
 def map_rules(settings: Settings) -> list[dict[str, Any]]:
@@ -55,9 +87,13 @@ def map_rules(settings: Settings) -> list[dict[str, Any]]:
     framebuffer used: a default field, one series per GPU and holder). Only
     dcgm-exporter's: a ``pod`` on gpuscope's own GPU series is its exporter's, which a
     scrape's target labels put on every GPU of the node."""
-    held = series(gpu_rows.MEMORY_USED) + settings.dcgm_sel('pod!="", GPU_I_ID=""')
+    used = series(gpu_rows.MEMORY_USED)
+    whole = used + settings.dcgm_sel('pod!="", GPU_I_ID=""')
+    instances = mig_gpu(used + settings.dcgm_sel('pod!="", GPU_I_ID!=""'))
+    held = f"{whole}\nor\n{instances}"
     host = (
-        f'label_replace(\n  {held},\n  "host", "$1", "instance", "{settings.host_from_instance}"\n)'
+        f"label_replace(\n  (\n    {_indent(_indent(held))}\n  ),\n"
+        f'  "host", "$1", "instance", "{settings.host_from_instance}"\n)'
     )
     return [
         {"record": POD_GPU, "expr": f"max by ({POD}, {JOINED}) (\n  {_indent(host)} * 0 + 1\n)"},

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.pod_join import by_pod, map_rules
+from alerts.pod_join import by_pod, map_rules, mig_conditions
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
 
@@ -443,7 +443,10 @@ def on_request_gpu(settings: Settings, cause: str) -> str:
     # the host of the exporter (or engine) that counted them: one exporter per host
     # reads its GPUs and receives its spans, so a GPU index or UUID that repeats on
     # another host never meets these requests.
-    gpu = with_host(settings, gpu_conditions(settings)[cause])
+    # (and dcgm-exporter's MIG instances, each as the join by pod names it)
+    conditions = gpu_conditions(settings)
+    mig = mig_conditions(settings, conditions)[cause]
+    gpu = with_host(settings, f"{conditions[cause]}\nor\n{mig}")
     host = host_conditions(settings)[cause]
     return (
         f"{base}\n  and on ({HOST_GPU}) ({indent(indent(gpu))})\nor\n"

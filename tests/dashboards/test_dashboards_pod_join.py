@@ -15,6 +15,10 @@ GPU 0's SM occupancy is set to 0.875 (the fixture's 0.5625 would make both GPUs,
 the node, underfed): one pod's GPU is busy, the other's (0.0625) underfed, on one node,
 and both pods serve the same model. Judged by their host, as before the join by pod,
 the two pods were one series, and not underfed (the node's best-fed GPU is busy).
+
+The same with tests/fixtures/dcgm-exporter-4.5.3-4.8.2/mig.prom: two pods on two MIG
+instances of one GPU (SM occupancy 0.75 and 0.125), each judged by its own instance,
+named ``<gpu>/<GPU_I_ID>`` with the parent's UUID.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from support.vllm_replay import run_vllm_replay
 pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[2]
-DCGM = REPO / "tests" / "fixtures" / "dcgm-exporter-4.5.3-4.8.2" / "counters.prom"
+FIXTURES = REPO / "tests" / "fixtures" / "dcgm-exporter-4.5.3-4.8.2"
 COMPONENTS = REPO / "deploy" / "kubernetes" / "components"
 PROMETHEUS_RULE = REPO / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
 NODE = "gpu-node-1"
@@ -50,6 +54,13 @@ DCGM_POD = ("gpu-operator", "nvidia-dcgm-exporter-x7k2p", "nvidia-dcgm-exporter"
 PODS = {
     "vllm-llama-0": ("0", "GPU-6f1c4e0a-2b7d-4c39-9a51-0d3e8b7f2a11", "queue"),
     "vllm-mistral-0": ("1", "GPU-b8ea3855-276c-c9cb-b366-c6fa655957c5", "underfed"),
+}
+# mig.prom: one H100 in MIG mode, instance 1 (SM occupancy 0.75) held by vllm-small-0,
+# instance 2 (0.125) by vllm-small-1; each instance is "<gpu>/<GPU_I_ID>" of its parent
+MIG_UUID = "GPU-1d5a6f2e-93c4-4b8e-a0f7-5c2e9d4b1a30"
+MIG_PODS = {
+    "vllm-small-0": ("0/1", MIG_UUID, "queue"),
+    "vllm-small-1": ("0/2", MIG_UUID, "underfed"),
 }
 BUSY_OCCUPANCY = "0.875000"
 WHERE, GPU_BOARD = "where-did-the-time-go.json", "gpu.json"
@@ -66,7 +77,7 @@ SNAKE = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
 
 def dcgm_exposition() -> str:
     """counters.prom with GPU 0's SM occupancy at ``BUSY_OCCUPANCY``."""
-    text = DCGM.read_text(encoding="utf-8")
+    text = (FIXTURES / "counters.prom").read_text(encoding="utf-8")
     lines = text.splitlines()
     found = [
         i
@@ -182,49 +193,63 @@ async def results(
     ]
 
 
-async def verdicts(session: aiohttp.ClientSession, base: str, **chosen: str) -> dict[str, str]:
-    """The verdict panel's causes by GPU UUID."""
+async def verdicts(
+    session: aiohttp.ClientSession, base: str, **chosen: str
+) -> dict[tuple[str, str], str]:
+    """The verdict panel's causes by GPU (index and UUID)."""
     (found,) = await results(session, base, WHERE, VERDICT_PANEL, **chosen)
-    return {s["metric"].get("uuid", ""): s["metric"]["cause"] for s in found}
+    return {(s["metric"]["gpu"], s["metric"].get("uuid", "")): s["metric"]["cause"] for s in found}
+
+
+async def check_verdicts(
+    session: aiohttp.ClientSession, base: str, pods: dict[str, tuple[str, str, str]]
+) -> None:
+    """Each pod's verdict on the board reads its own GPU: one series per pod's GPU,
+    named by it, under "All" and under each choice of the gpu variable."""
+    want = {(index, uuid): cause for index, uuid, cause in pods.values()}
+    # once the rates and the GPU averages hold
+    got: dict[tuple[str, str], str] = {}
+    for _ in range(150):
+        got = await verdicts(session, base)
+        if got == want:
+            break
+        await asyncio.sleep(0.2)
+    assert got == want
+    # the targets as the monitors label them: the pod's own pod and namespace on
+    # vLLM's, the holder's (dcgm-exporter's own dropped) on the GPUs'
+    targets = await instant_query(session, base, "up")
+    labels = {(s["metric"]["job"], s["metric"].get("pod", "")) for s in targets}
+    assert labels == {("nvidia-dcgm-exporter", ""), *(("vllm", pod) for pod in pods)}
+    holders = await wait_for_result(session, base, "pod_host_gpu:gpuscope_gpu_info:one")
+    assert {(s["metric"]["pod"], s["metric"]["gpu"], s["metric"]["uuid"]) for s in holders} == {
+        (pod, index, uuid) for pod, (index, uuid, _) in pods.items()
+    }
+    (now,) = await results(session, base, WHERE, VERDICT_PANEL)
+    assert {s["metric"]["host"] for s in now} == {NODE}
+    for index, uuid, cause in pods.values():
+        assert await verdicts(session, base, gpu=index) == {(index, uuid): cause}
+
+
+@asynccontextmanager
+async def recipe(
+    workdir: Path, dcgm_text: str, pods: dict[str, tuple[str, str, str]]
+) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """dcgm-exporter's replay, one vLLM replay per pod, Prometheus with the shipped
+    rules; yields a session and Prometheus' base URL."""
+    async with AsyncExitStack() as stack:
+        dcgm = await stack.enter_async_context(serve_exposition(dcgm_text))
+        vllm = {
+            pod: (await stack.enter_async_context(run_vllm_replay())).removeprefix("http://")
+            for pod in pods
+        }
+        base = await stack.enter_async_context(prometheus(workdir, scrape_config(dcgm, vllm)))
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        yield session, base
 
 
 async def test_each_vllm_pods_verdict_reads_the_gpu_its_pod_holds(tmp_path: Path) -> None:
-    async with AsyncExitStack() as stack:
-        dcgm = await stack.enter_async_context(serve_exposition(dcgm_exposition()))
-        vllm = {
-            pod: (await stack.enter_async_context(run_vllm_replay())).removeprefix("http://")
-            for pod in PODS
-        }
-        base = await stack.enter_async_context(prometheus(tmp_path, scrape_config(dcgm, vllm)))
-        session = await stack.enter_async_context(aiohttp.ClientSession())
-        want = {uuid: cause for _, uuid, cause in PODS.values()}
-        # both pods' verdicts, once the rates and the GPU averages hold
-        got: dict[str, str] = {}
-        for _ in range(150):
-            got = await verdicts(session, base)
-            if got == want:
-                break
-            await asyncio.sleep(0.2)
-        assert got == want
-
-        # the targets as the monitors label them: the pod's own pod and namespace on
-        # vLLM's, the holder's (dcgm-exporter's own dropped) on the GPUs'
-        targets = await instant_query(session, base, "up")
-        labels = {(s["metric"]["job"], s["metric"].get("pod", "")) for s in targets}
-        assert labels == {("nvidia-dcgm-exporter", ""), *(("vllm", pod) for pod in PODS)}
-        holders = await wait_for_result(session, base, "pod_host_gpu:gpuscope_gpu_info:one")
-        assert {(s["metric"]["pod"], s["metric"]["uuid"]) for s in holders} == {
-            (pod, uuid) for pod, (_, uuid, _) in PODS.items()
-        }
-
-        # the verdict panel names each pod's GPU, under each choice of the gpu variable
-        (now,) = await results(session, base, WHERE, VERDICT_PANEL)
-        assert {(s["metric"]["gpu"], s["metric"]["host"]) for s in now} == {
-            (index, NODE) for index, _, _ in PODS.values()
-        }
-        for index, uuid, cause in PODS.values():
-            assert await verdicts(session, base, gpu=index) == {uuid: cause}
-
+    async with recipe(tmp_path, dcgm_exposition(), PODS) as (session, base):
+        await check_verdicts(session, base, PODS)
         # the GPU board's panels fill from dcgm-exporter's series alone
         await wait_for_result(
             session,
@@ -241,3 +266,11 @@ async def test_each_vllm_pods_verdict_reads_the_gpu_its_pod_holds(tmp_path: Path
                 assert got_series, (title, expr)
         (occupancy,) = await results(session, base, GPU_BOARD, "SM occupancy")
         assert sorted(float(s["value"][1]) for s in occupancy) == [0.0625, 0.875]
+
+
+async def test_each_mig_instances_pod_reads_its_own_instance(tmp_path: Path) -> None:
+    """Two pods on two MIG instances of one GPU: each reads its own instance's SM
+    occupancy (averaged into the GPU, 0.4375, both would read underfed)."""
+    text = (FIXTURES / "mig.prom").read_text(encoding="utf-8")
+    async with recipe(tmp_path, text, MIG_PODS) as (session, base):
+        await check_verdicts(session, base, MIG_PODS)
