@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from alerts import pod_join
 from gpuscope.exporter.definitions import MetricDef
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASON_BITS
@@ -65,6 +66,8 @@ XID_LAST = "instance_gpu:DCGM_FI_DEV_XID_ERRORS:last"
 # GPU no pod holds then keeps the target's own pod, dcgm-exporter's: no engine's
 # requests come from that pod, so the join by pod never meets it.)
 HOLDER = ("pod", "namespace", "container")
+# A MIG GPU instance's labels (its gpu and UUID are its parent's).
+MIG = ("GPU_I_ID", "GPU_I_PROFILE")
 MIB = 1024 * 1024
 
 
@@ -299,6 +302,8 @@ def dcgm_groups(settings: Settings) -> list[dict[str, Any]]:
         ),
     ]
     rules += xid_rules(settings)
+    # the pods holding each GPU, for the join by pod (after the fields they read)
+    rules += pod_join.map_rules(settings)
     return [{"name": "gpuscope-dcgm-exporter", "interval": settings.interval, "rules": rules}]
 
 

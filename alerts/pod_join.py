@@ -37,6 +37,10 @@ from pack.contract import series
 from pack.settings import GPU, Settings
 
 POD = "namespace, pod"
+# The labels the join reads beyond gpuscope's rows: the pod's (Kubernetes service
+# discovery's on an engine's target, dcgm-exporter's holder on a GPU's series) and
+# dcgm-exporter's MIG instance.
+LABELS = ("namespace", "pod", "GPU_I_ID")
 # 1 per (namespace, pod) and the GPU it holds, with the GPU's host (its exporter's
 # instance without the port, as ``recording.with_host`` writes it)
 POD_GPU = "pod_host_gpu:gpuscope_gpu_info:max"
@@ -83,7 +87,8 @@ def mig_conditions(settings: Settings, conditions: dict[str, str]) -> dict[str, 
 
 
 def map_rules(settings: Settings) -> list[dict[str, Any]]:
-    """The GPUs each pod holds, from the GPU series recorded from dcgm-exporter's (the
+    """The GPUs each pod holds, recorded at the end of dcgm-exporter's group (``dcgm_rules``)
+    from the GPU series recorded from dcgm-exporter's (the
     framebuffer used: a default field, one series per GPU and holder). Only
     dcgm-exporter's: a ``pod`` on gpuscope's own GPU series is its exporter's, which a
     scrape's target labels put on every GPU of the node."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.pod_join import by_pod, map_rules, mig_conditions
+from alerts.pod_join import by_pod, mig_conditions
 from gpuscope.exporter.gpu import definitions as gpu_rows
 from pack.contract import CODE, MODEL, PHASE, REASON, SERVICE, phase, series
 
@@ -556,8 +556,6 @@ def recording_groups(settings: Settings) -> list[dict[str, Any]]:
     # so that it judges this evaluation's numbers (in a group of its own it lagged them).
     groups = {
         "gpuscope-bottleneck": [
-            # the pods' GPUs, before the engines' request series join them
-            *map_rules(settings),
             *phase_rules(settings),
             *request_rules(settings),
             *(rule for hist in TOKEN_HISTOGRAMS for rule in engine_histogram_rules(settings, hist)),

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import yaml
 
+from alerts import pod_join
 from gpuscope.exporter.definitions import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
 from pack.engines import ENGINES
@@ -56,6 +57,9 @@ ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
 # case and tests/gpu/test_gpu_cnvml_numa.py show it served)
 PER_GPU_PROCESS = {"gpuscope_gpu_process_numa_locality"}
 PER_GPU_PROCESS_LABELS = {"locality"}
+# The join by pod reads the pod's labels (a Kubernetes target's, dcgm-exporter's holder)
+# and dcgm-exporter's MIG instance, none of which this stack serves
+# (alerts/tests/pod_join_test.yml, tests/dashboards/test_dashboards_pod_join.py).
 # Labels of the engines no real one serves here (their series are in promtool's cases).
 ENGINE_LABELS = {
     label
@@ -192,6 +196,7 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             - served_label_names(scrape)
             - ENGINE_LABELS
             - PER_GPU_PROCESS_LABELS
+            - set(pod_join.LABELS)
         )
         assert missing == set(), "rules use labels no exporter, worker or vLLM serves"
         for record in recorded_names(rules_dir):
