@@ -226,6 +226,13 @@ async def check_verdicts(
     }
     (now,) = await results(session, base, WHERE, VERDICT_PANEL)
     assert {s["metric"]["host"] for s in now} == {NODE}
+    # no rule failed (a join matching many to many fails its whole rule)
+    async with session.get(base + "/api/v1/rules") as response:
+        groups = (await response.json())["data"]["groups"]
+    failed = [
+        (r["name"], r["lastError"]) for g in groups for r in g["rules"] if r["health"] == "err"
+    ]
+    assert failed == []
     for index, uuid, cause in pods.values():
         assert await verdicts(session, base, gpu=index) == {(index, uuid): cause}
 
