@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from alerts import pod_join
 from gpuscope.contract import gpu as gpu_rows
 from gpuscope.contract.rows import MetricDef
 from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASON_BITS
@@ -56,6 +57,17 @@ KEYS = "job, instance, gpu, uuid, GPU_I_ID, GPU_I_PROFILE, hostname"
 # multiply them one-to-one per GPU (the PCIe link's capacity).
 GPU_KEYS = "job, instance, gpu, uuid, hostname"
 XID_LAST = "instance_gpu:DCGM_FI_DEV_XID_ERRORS:last"
+# The labels dcgm-exporter names a GPU's holder pod with (the join by pod reads pod and
+# namespace, alerts/pod_join.py). A scrape that gives its target labels of these names
+# (the Prometheus Operator's pod, namespace and container of dcgm-exporter's own pod,
+# unless dropped as the deploy's ServiceMonitor does; a plain Kubernetes SD config that
+# maps them) renames dcgm-exporter's to exported_pod, exported_namespace and
+# exported_container (honor_labels off): those are the holder's, and are taken back. (A
+# GPU no pod holds then keeps the target's own pod, dcgm-exporter's: no engine's
+# requests come from that pod, so the join by pod never meets it.)
+HOLDER = ("pod", "namespace", "container")
+# A MIG GPU instance's labels (its gpu and UUID are its parent's).
+MIG = ("GPU_I_ID", "GPU_I_PROFILE")
 MIB = 1024 * 1024
 
 
@@ -176,11 +188,17 @@ def normalized(settings: Settings, name: str, extra: str = "") -> str:
     """dcgm-exporter's series ``name`` with gpuscope's label names: ``uuid`` from ``UUID``
     and ``hostname`` from ``Hostname`` where the release writes those (their regex
     matches only a value, so a series that already has ``uuid`` or ``hostname`` keeps
-    it); the metric name goes, as any aggregation drops it."""
+    it); the holder's ``pod``, ``namespace`` and ``container`` from ``exported_*`` where
+    the scrape renamed them (``HOLDER``); the metric name goes, as any aggregation
+    drops it."""
     selector = name + settings.dcgm_sel(extra)
     uuid = f'label_replace({selector}, "uuid", "$1", "UUID", "(.+)")'
-    host = f'label_replace({uuid}, "hostname", "$1", "Hostname", "(.+)")'
-    return f"max without (UUID, Hostname) (\n  {host}\n)"
+    labelled = f'label_replace({uuid}, "hostname", "$1", "Hostname", "(.+)")'
+    for holder in HOLDER:
+        renamed = f'"{holder}", "$1", "exported_{holder}", "(.+)"'
+        labelled = f"label_replace(\n  {_indent(labelled)},\n  {renamed}\n)"
+    exported = ", ".join(f"exported_{holder}" for holder in HOLDER)
+    return f"max without (UUID, Hostname, {exported}) (\n  {_indent(labelled)}\n)"
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -284,6 +302,8 @@ def dcgm_groups(settings: Settings) -> list[dict[str, Any]]:
         ),
     ]
     rules += xid_rules(settings)
+    # the pods holding each GPU, for the join by pod (after the fields they read)
+    rules += pod_join.map_rules(settings)
     return [{"name": "gpuscope-dcgm-exporter", "interval": settings.interval, "rules": rules}]
 
 

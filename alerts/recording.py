@@ -9,9 +9,11 @@ keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
 ``source`` says which path the numbers came through (``pack/engines.py``):
 ``spans`` from gpuscope's exporter, ``vllm`` from vLLM's own ``/metrics`` mapped onto
 the same names. Every statistic is computed within one source, so requests seen
-through both paths are never added up. Requests that name no GPU (vLLM's ``/metrics``
-never does; spans without a join have ``uuid=""``) meet the GPU conditions of their
-``host`` instead of their GPU's.
+through both paths are never added up. vLLM's ``/metrics`` names no GPU: its series
+take the GPU their scrape target's pod holds (``pod_join``: dcgm-exporter's holder
+``pod`` / ``namespace``). Requests that still name no GPU (a pod holding several GPUs or
+none dcgm-exporter names, a target without a pod; spans without a join have
+``uuid=""``) meet the GPU conditions of their ``host`` instead of their GPU's.
 
 The serving engine's series (``gpuscope_worker_*``, the worker's own ``/metrics``, or
 vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from alerts.pod_join import by_pod, mig_conditions
 from gpuscope.contract import gpu as gpu_rows
 from pack.contract import (
     CODE,
@@ -112,11 +115,15 @@ def with_host(settings: Settings, expr: str) -> str:
 
 def _vllm(settings: Settings, expr: str, by: str) -> str:
     """``sum by (by)`` of ``expr`` over vLLM's series with gpuscope's label names: model
-    from ``model_name``, service from the scrape's ``job`` (and host from ``instance``
-    when ``by`` keeps it); vLLM's ``engine`` ranks are added up."""
+    from ``model_name``, service from the scrape's ``job``; vLLM's ``engine`` ranks are
+    added up. When ``by`` keeps the host, also ``host`` from ``instance``, and the
+    ``host``, ``gpu`` and ``uuid`` of the one GPU the target's pod holds (``pod_join``)."""
     if "host" in by:
         expr = with_host(settings, expr)
     relabelled = _copy_label(_copy_label(expr, MODEL, "model_name"), SERVICE, "job")
+    if "host" in by:
+        relabelled = by_pod(relabelled)
+        by = by.replace("host", f"host, {GPU}", 1)
     return f"sum by ({by}) (\n  {indent(relabelled)}\n)"
 
 
@@ -444,7 +451,10 @@ def on_request_gpu(settings: Settings, cause: str) -> str:
     # the host of the exporter (or engine) that counted them: one exporter per host
     # reads its GPUs and receives its spans, so a GPU index or UUID that repeats on
     # another host never meets these requests.
-    gpu = with_host(settings, gpu_conditions(settings)[cause])
+    # (and dcgm-exporter's MIG instances, each as the join by pod names it)
+    conditions = gpu_conditions(settings)
+    mig = mig_conditions(settings, conditions)[cause]
+    gpu = with_host(settings, f"{conditions[cause]}\nor\n{mig}")
     host = host_conditions(settings)[cause]
     return (
         f"{base}\n  and on ({HOST_GPU}) ({indent(indent(gpu))})\nor\n"

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import yaml
 
+from alerts import pod_join
 from gpuscope.contract.exporter import EXPORTER_METRICS
 from gpuscope.worker.config import BatchingMode
 from pack.engines import ROW_RULED
@@ -59,6 +60,9 @@ PER_GPU_PROCESS = {"gpuscope_gpu_process_numa_locality"}
 # it for a MIG instance's parent; its promtool case and tests/gpu/test_gpu_cnvml_mig.py)
 MIG_ONLY = {"gpuscope_gpu_mig_info"}
 PER_GPU_PROCESS_LABELS = {"locality"}
+# The join by pod reads the pod's labels (a Kubernetes target's, dcgm-exporter's holder)
+# and dcgm-exporter's MIG instance, none of which this stack serves
+# (alerts/tests/pod_join_test.yml, tests/dashboards/test_dashboards_pod_join.py).
 # Labels of the engines no real one serves here (their series are in promtool's cases;
 # vLLM's capture is replayed).
 ENGINE_LABELS = {
@@ -197,6 +201,7 @@ async def test_demo_every_recording_rule_has_data_and_no_gpu_alert_fires(
             - served_label_names(scrape)
             - ENGINE_LABELS
             - PER_GPU_PROCESS_LABELS
+            - set(pod_join.LABELS)
         )
         assert missing == set(), "rules use labels no exporter, worker or vLLM serves"
         for record in recorded_names(rules_dir):

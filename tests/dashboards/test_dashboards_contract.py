@@ -11,6 +11,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from alerts import dcgm_rules
 from gpuscope.contract.exporter import EXPORTER_METRICS
 from gpuscope.contract.gpu import GPU_METRICS
 from gpuscope.contract.rows import MetricDef, MetricType
@@ -111,6 +112,10 @@ def test_selectors_use_labels_of_the_rows() -> None:
             if row is None:
                 continue
             extra = {"le"} if metric.endswith("_bucket") else set()
+            if row in GPU_METRICS:
+                # recorded from dcgm-exporter's series, a GPU row keeps its holder pod's
+                # and its MIG instance's labels (the join by pod selects by them)
+                extra |= {*dcgm_rules.HOLDER, *dcgm_rules.MIG}
             missing = set(labels) - {*row.labels, *TARGET_LABELS, *extra}
             if missing:
                 wrong.append(f"{where}: {metric} has no {sorted(missing)}")
