@@ -33,6 +33,7 @@ CAPTURES = {
     "h200": "nvidia-h200__590",
     "h200-mig": "nvidia-h200-mig__590",
     "h100": "nvidia-h100-80gb-hbm3__590",
+    "h100-mig": "nvidia-h100-mig__590",
     "l40s": "nvidia-l40s__595",
 }
 # values that move with time: kept by name and labels, value masked
