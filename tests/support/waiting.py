@@ -22,7 +22,7 @@ def _timed_out(what: str, timeout_s: float, last: object) -> AssertionError:
 
 
 def wait_until(
-    condition: Callable[[], T], what: str, timeout_s: float = 10.0, interval_s: float = 0.05
+    condition: Callable[[], T | None], what: str, timeout_s: float = 10.0, interval_s: float = 0.05
 ) -> T:
     """Call ``condition`` until it returns something truthy; return that value."""
     deadline = time.monotonic() + timeout_s
@@ -37,7 +37,7 @@ def wait_until(
 
 @overload
 async def await_until(
-    condition: Callable[[], Awaitable[T]],
+    condition: Callable[[], Awaitable[T | None]],
     what: str,
     timeout_s: float = ...,
     interval_s: float = ...,
@@ -46,7 +46,7 @@ async def await_until(
 
 @overload
 async def await_until(
-    condition: Callable[[], T], what: str, timeout_s: float = ..., interval_s: float = ...
+    condition: Callable[[], T | None], what: str, timeout_s: float = ..., interval_s: float = ...
 ) -> T: ...
 
 
