@@ -125,7 +125,7 @@ async def run(triton: TritonServer, work: Path, capture: Path | None) -> None:
             )
         )
         loaded = time.monotonic()
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # timed: an exposition three seconds into the load
         expositions.append(await metrics_text(session, triton.metrics_port))
         replies = [reply for replies in await load for reply in replies]
         print(f"load: {len(replies)} requests in {time.monotonic() - loaded:.1f} s")

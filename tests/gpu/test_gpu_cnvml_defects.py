@@ -125,7 +125,7 @@ def test_a_library_and_driver_mismatch_fails_liveness(tmp_path: Path) -> None:
 def test_gpm_nan_is_left_out_not_zero(tmp_path: Path, nan: str) -> None:
     env = library.environment(two_h200s(tmp_path), knobs={"GPM_NAN": nan})
     with exporter(env) as url:
-        time.sleep(0.8)
+        time.sleep(0.8)  # timed: poll rounds for GPM's two samples (NaN shows none)
         text = wait_for(url, lambda t: value(t, up(UUID0, 0)) == 1)
     occupancy = value(text, f'gpuscope_gpu_sm_occupancy_ratio{{gpu="0",uuid="{UUID0}"}}')
     assert (occupancy is None) if nan == "1" else (occupancy == 0.0)

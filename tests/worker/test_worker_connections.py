@@ -125,7 +125,7 @@ async def test_a_stream_outlasting_both_timeouts_is_not_cut() -> None:
 
         answer = asyncio.create_task(stream())
         assert await asyncio.to_thread(gate.entered.wait, 10)
-        await asyncio.sleep(1.0)  # held on the device past both timeouts
+        await asyncio.sleep(1.0)  # timed: held on the device past both timeouts
         gate.open()
         status, lines = await answer
         metrics = await metrics_of(url)
@@ -251,7 +251,7 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
         resource.prlimit(worker.process.pid, resource.RLIMIT_NOFILE, (3, 256))
         for _ in range(5):  # fewer than the backlog (12): the kernel takes each at once
             held.append(await asyncio.wait_for(asyncio.open_connection(host, port), 10))
-        await asyncio.sleep(2.5)  # asyncio retries a failed accept() once a second
+        await asyncio.sleep(2.5)  # timed: asyncio retries a failed accept() once a second
         for _, writer in held:
             writer.close()
         log = worker.lines[started:]
