@@ -27,6 +27,7 @@ import yaml
 from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config
 from support.pack_stack import PackStack, run_pack_stack
+from support.waiting import await_until
 
 REPO = Path(__file__).parents[2]
 RULES = REPO / "alerts" / "rules"
@@ -130,11 +131,21 @@ async def test_every_gpu_alert_fires_with_the_shipped_rules(tmp_path: Path) -> N
             await asyncio.sleep(2)
         # GPU 4's XID alert is held back by its GpuLost (alertmanager.yml inhibits the
         # other alerts of a lost GPU); the rest are sent to their receivers
-        await asyncio.sleep(3)
-        states = {
-            (a["labels"]["alertname"], where(a["labels"], gpu_less)): a["status"]["state"]
-            for a in await gpu_alerts(session, stack)
-        }
+
+        async def inhibited() -> dict[tuple[str, str], str] | None:
+            states = {
+                (a["labels"]["alertname"], where(a["labels"], gpu_less)): a["status"]["state"]
+                for a in await gpu_alerts(session, stack)
+            }
+            settled = (
+                states.get(("GpuscopeGpuXidErrors", "4")) == "suppressed"
+                and states.get(("GpuscopeGpuClockThrottled", "0")) == "active"
+            )
+            return states if settled else None
+
+        states = await await_until(
+            inhibited, "GPU 4's XID alert suppressed, GPU 0's clock alert active", 60, 0.5
+        )
     report = ["alert, where: firing s after its fault began; in Alertmanager s after the start"]
     for key, fault_at in sorted(EXPECTED.items(), key=lambda item: arrived_after[item[0]]):
         firing = epoch(seen[key]["startsAt"]) - origin - fault_at

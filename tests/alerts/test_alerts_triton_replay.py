@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from pack import engines
-from support.prometheus_server import run_prometheus, wait_for_scrapes
+from support.prometheus_server import run_prometheus, wait_for_evaluations, wait_for_scrapes
 from support.triton_engine import MODELS, REPO, check_recorded, recorded, scalar
 from support.triton_replay import captures, run_triton_replay, truth
 
@@ -77,7 +77,7 @@ async def test_every_recorded_triton_series_matches_the_live_runs_truth(tmp_path
         while (await scalar(session, base, query) or 0) < successes:
             assert time.monotonic() < deadline, "the replay never reached its last capture"
             await asyncio.sleep(0.2)
-        await asyncio.sleep(2.5)  # two evaluations of the rules over the last capture
+        await wait_for_evaluations(session, base, time.time())  # over the last capture
         problems = []
         for model in MODELS:
             problems += check_recorded(model, await recorded(session, base, model), expected[model])

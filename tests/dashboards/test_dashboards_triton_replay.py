@@ -20,7 +20,12 @@ from pack import engines
 from pack.recorded import WINDOW
 from support.dashboard_queries import TIME_VALUES
 from support.dashboards_json import load_dashboards, panels, query_variables, substitute
-from support.prometheus_server import instant_query, run_prometheus, wait_for_scrapes
+from support.prometheus_server import (
+    instant_query,
+    run_prometheus,
+    wait_for_evaluations,
+    wait_for_scrapes,
+)
 from support.triton_engine import MODELS, REPO, scalar
 from support.triton_replay import run_triton_replay, truth
 
@@ -73,7 +78,7 @@ async def test_the_phase_share_panel_reads_the_verdicts_share_for_each_triton_mo
         while (await scalar(session, base, query) or 0) < successes:
             assert time.monotonic() < deadline, "the replay never reached its last capture"
             await asyncio.sleep(0.2)
-        await asyncio.sleep(2.5)  # two evaluations of the rules over the last capture
+        await wait_for_evaluations(session, base, time.time())  # over the last capture
         got = {}
         for model in MODELS:
             panel = by_phase(await instant_query(session, base, panel_query(model)))

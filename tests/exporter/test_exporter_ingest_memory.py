@@ -12,7 +12,9 @@ import aiohttp
 
 from gpuscope.contract.http import TRACES_PATH
 from gpuscope.exporter.service import start_exporter
+from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config
+from support.waiting import await_until
 
 MIB = 2**20
 
@@ -37,7 +39,8 @@ async def test_bodies_past_the_ingest_budget_are_answered_429_and_counted() -> N
     try:
         # two slow uploads of 2 MiB each take the whole 4 MiB budget
         held = [await _slow_upload(exporter.host, exporter.port, 2 * MIB) for _ in range(2)]
-        await asyncio.sleep(0.3)
+        memory = exporter.app[STATE].ingest.memory
+        await await_until(lambda: memory.held == 4 * MIB, "both slow uploads holding 2 MiB")
         async with aiohttp.ClientSession() as session:
             async with session.post(
                 f"{exporter.url}{TRACES_PATH}",
@@ -57,7 +60,7 @@ async def test_bodies_past_the_ingest_budget_are_answered_429_and_counted() -> N
         for writer in held:  # the budget comes back when the slow uploads go away
             writer.close()
         held = []
-        await asyncio.sleep(0.3)
+        await await_until(lambda: memory.held == 0, "the slow uploads' budget given back")
         async with (
             aiohttp.ClientSession() as session,
             session.post(

@@ -165,7 +165,7 @@ async def test_a_file_written_in_place_slowly_is_read_once_settled(
             file.flush()
             await asyncio.sleep(0.05)
     await asyncio.wait_for(until_reloaded(guarded, 1), 10)
-    await asyncio.sleep(0.5)  # ten more checks: nothing more to read
+    await asyncio.sleep(0.5)  # timed: ten more checks, in which nothing more may be read
     assert (guarded.credentials.reloads, guarded.credentials.refusals) == (1, 0)
     assert await metrics_status(guarded, basic("carol", "c-pass")) == 200
 

@@ -40,6 +40,15 @@ class ExporterProcess:
         await writer.drain()
         return reader, writer
 
+    async def logged(self, text: str) -> None:
+        """Read the exporter's log until a line holds ``text``."""
+        assert self.process.stderr is not None
+        while True:
+            line = (await asyncio.wait_for(self.process.stderr.readline(), 30)).decode()
+            assert line, f"the exporter exited before it logged {text!r}"
+            if text in line:
+                return
+
     async def terminate_and_time(self) -> float:
         started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
@@ -92,7 +101,7 @@ async def test_sigterm_lets_an_upload_finish_and_answers_a_stalled_one_503(
     stalled = await exporter_process.upload_head()
     await wait_in_flight(exporter_process, 2)
     exporter_process.process.send_signal(signal.SIGTERM)
-    await asyncio.sleep(0.2)  # the shutdown has begun; the rest of one body arrives now
+    await exporter_process.logged("shutting down")  # the rest of one body arrives now
     finishing[1].write(BODY[len(BODY) // 2 :])
     answers = [await asyncio.wait_for(reader.read(), 30) for reader, _ in (finishing, stalled)]
     for _, writer in (finishing, stalled):

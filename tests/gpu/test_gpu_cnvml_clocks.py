@@ -42,7 +42,7 @@ def test_a_swinging_clock_counts_its_changes_and_a_steady_one_none(
     assert value(text, f"gpuscope_gpu_sm_clock_hertz{{{GPU}}}") in (1.98e9, 1.41e9)
     with exporter(_environment(tmp_path, release)) as url:
         text = wait_for(url, lambda t: value(t, CHANGES) is not None)
-        time.sleep(1.0)  # five polls at 0.2 s
+        time.sleep(1.0)  # timed: five polls at 0.2 s, in which the clock must not change
         text = wait_for(url, lambda t: value(t, CHANGES) is not None)
     assert value(text, CHANGES) == 0
 

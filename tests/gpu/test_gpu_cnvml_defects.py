@@ -68,9 +68,9 @@ def test_a_hung_call_is_not_served_as_live_data(tmp_path: Path) -> None:
         text = wait_for(url, lambda t: value(t, up(UUID0, 0)) == 0, timeout_s=6)
         assert value(text, 'gpuscope_collector_success{collector="nvml"}') == 0
         first_age = value(text, "gpuscope_gpu_sample_age_seconds")
-        time.sleep(0.5)
-        later = _get(f"{url}/metrics")[1]
-        assert first_age is not None and value(later, "gpuscope_gpu_sample_age_seconds") > first_age  # type: ignore[operator]
+        assert first_age is not None
+        # the age keeps growing: the hung call's reading is not served as a fresh one
+        wait_for(url, lambda t: (value(t, "gpuscope_gpu_sample_age_seconds") or 0) > first_age)
         assert _get(f"{url}/readyz")[0] == 503
 
 
@@ -125,7 +125,7 @@ def test_a_library_and_driver_mismatch_fails_liveness(tmp_path: Path) -> None:
 def test_gpm_nan_is_left_out_not_zero(tmp_path: Path, nan: str) -> None:
     env = library.environment(two_h200s(tmp_path), knobs={"GPM_NAN": nan})
     with exporter(env) as url:
-        time.sleep(0.8)
+        time.sleep(0.8)  # timed: poll rounds for GPM's two samples (NaN shows none)
         text = wait_for(url, lambda t: value(t, up(UUID0, 0)) == 1)
     occupancy = value(text, f'gpuscope_gpu_sm_occupancy_ratio{{gpu="0",uuid="{UUID0}"}}')
     assert (occupancy is None) if nan == "1" else (occupancy == 0.0)

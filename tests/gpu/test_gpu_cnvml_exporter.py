@@ -99,7 +99,7 @@ def gpu_series(metrics: str) -> list[str]:
 
 def scraped(env: dict[str, str]) -> list[str]:
     with exporter(env) as url:
-        time.sleep(0.6)  # a few poll rounds: GPM needs two samples
+        time.sleep(0.6)  # timed: a few poll rounds: GPM needs two samples
         status, text = _get(f"{url}/metrics")
     assert status == 200
     return gpu_series(text)

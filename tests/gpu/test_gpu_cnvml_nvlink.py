@@ -34,7 +34,7 @@ def test_the_nvlink_counters_follow_the_traffic(tmp_path: Path, release: str) ->
     env = library.environment(_profile(tmp_path, "nvidia-h200__590"), pynvml=release, knobs=knobs)
     with exporter(env) as url:
         first = wait_for(url, lambda t: value(t, TX) is not None)
-        time.sleep(1.0)
+        time.sleep(1.0)  # timed: about a second of traffic
         second = wait_for(url, lambda t: (value(t, TX) or 0) > (value(first, TX) or 0))
     assert value(first, LINKS) == 18
     assert value(second, RX) == 0

@@ -25,6 +25,7 @@ from gpuscope.exporter.gpu.poller import GpuPoller, default_deadline
 from gpuscope.exporter.service import start_exporter
 from support.exporter_fixtures import loopback_config
 from support.gpu_fake_nvml import FakeNvml, fake_gpu
+from support.waiting import await_until
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -212,12 +213,16 @@ async def test_a_hung_call_reads_failed_within_two_intervals_and_sigterm_exits_i
         ages = [
             float(m) for m in re.findall(r"^gpuscope_gpu_sample_age_seconds (\S+)$", text, re.M)
         ]
-        await asyncio.sleep(0.3)
-        async with session.get(url + "/metrics") as response:
-            later = re.findall(
-                r"^gpuscope_gpu_sample_age_seconds (\S+)$", await response.text(), re.M
-            )
-        assert float(later[0]) > ages[0] >= 0.4
+
+        async def older() -> float | None:
+            async with session.get(url + "/metrics") as response:
+                later = re.findall(
+                    r"^gpuscope_gpu_sample_age_seconds (\S+)$", await response.text(), re.M
+                )
+            return float(later[0]) if later and float(later[0]) > ages[0] else None
+
+        await await_until(older, "the sample's age growing while the call hangs", 10)
+        assert ages[0] >= 0.4
         await wait_status(session, url + "/readyz", 503, "stuck")
         await wait_status(session, url + "/healthz", 200)
     started = time.monotonic()

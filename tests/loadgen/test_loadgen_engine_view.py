@@ -59,7 +59,7 @@ async def engine() -> AsyncIterator[Engine]:
     async def completions(request: web.Request) -> web.StreamResponse:
         await request.read()
         state.queued.append(WARM_QUEUE_S if state.warm else QUEUE_S)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # timed: the engine's compute
         return web.json_response(
             {"choices": [{"text": "ab", "index": 0}], "usage": {"completion_tokens": 2}}
         )

@@ -224,7 +224,7 @@ def test_ctrl_c_during_the_ladder_leaves_no_server_no_grandchild_and_no_exporter
         while not state.exists():  # the server writes it once started
             assert time.monotonic() < deadline, "the server never started"
             time.sleep(0.2)  # another process's progress gives no event to wait on
-        time.sleep(2.0)  # past the second of warm-up, into the ladder
+        time.sleep(2.0)  # timed: past the tuner's second of warm-up, into the ladder
         pids = json.loads(state.read_text())
         started = gpuscope_processes() - before
         assert tuner.pid in started and len(started) >= 2  # the tuner and its exporter

@@ -215,7 +215,7 @@ async def test_background_tasks_after_the_response_are_not_counted(
 
     async def slow_cleanup() -> None:
         background_started_ns.append(time.time_ns())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # timed: cleanup after the response
 
     async def endpoint(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True}, background=BackgroundTask(slow_cleanup))

@@ -38,7 +38,7 @@ async def test_a_batch_links_every_member_and_shares_its_instants(
             batch.admit(timeline)
             waiters.append(done)
         with batch.compute(trigger="timeout"):
-            await asyncio.sleep(0.003)
+            await asyncio.sleep(0.003)  # timed: the batch's compute
         for done in waiters:
             done.set_result(None)
 
@@ -92,7 +92,7 @@ def test_dispatched_ns_dates_the_launch_before_the_block_runs(
     batch = recorder.batch()
     batch.admit(member)
     handed_over_ns = time.perf_counter_ns()
-    time.sleep(0.02)  # the device finishes earlier work
+    time.sleep(0.02)  # timed: the device finishes earlier work
     with batch.compute(trigger="timeout", dispatched_ns=handed_over_ns):
         pass
     assert member.mark_ns(DISPATCHED) == handed_over_ns

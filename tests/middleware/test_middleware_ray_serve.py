@@ -208,7 +208,7 @@ def deployment(
         @fake_batch(provider, **options)
         async def embed(self, texts: list[str]) -> list[int]:
             self.batches.append(list(texts))
-            await asyncio.sleep(compute_s)
+            await asyncio.sleep(compute_s)  # timed: the batch's compute
             if fail:
                 raise RuntimeError("model failed")
             return [len(text) for text in texts]

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuscope.middleware import setup_tracing, stats
 from gpuscope.middleware.span_pipeline import SHUTDOWN_RETRY_S, BoundedTracerProvider
+from support.closing_endpoint import ClosingEndpoint, closing_endpoint
+from support.waiting import wait_until
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -87,14 +89,21 @@ def test_shutdown_keeps_to_its_deadline_while_retries_would_take_longer(refusing
     assert sum(counts[fate] for fate in FATES) == 10, counts
 
 
-def test_retries_stop_soon_after_shutdown_begins_whatever_the_deadline(refusing_url: str) -> None:
+def test_retries_stop_soon_after_shutdown_begins_whatever_the_deadline() -> None:
     """Before, a receiver gone with the process (a SIGKILLed demo's exporter) held the
     shutdown for its whole deadline (one batch's backoff alone is 7.75 s; 10 s here).
     Now failed exports are retried for ``SHUTDOWN_RETRY_S`` after shutdown begins, then
     each batch left gets one attempt."""
+    with closing_endpoint() as endpoint:
+        counts, elapsed = _shut_down_while_retrying(endpoint)
+    assert elapsed < SHUTDOWN_RETRY_S + 1.5, f"shutdown took {elapsed:.1f} s"
+    assert counts[stats.SPANS_EXPORT_FAILED] == 44, counts  # every batch was tried
+
+
+def _shut_down_while_retrying(endpoint: ClosingEndpoint) -> tuple[dict[str, int], float]:
     stats.reset()
     provider = setup_tracing(
-        refusing_url,
+        endpoint.url,
         "svc",
         timeout_s=30.0,
         max_export_batch_size=4,
@@ -104,16 +113,14 @@ def test_retries_stop_soon_after_shutdown_begins_whatever_the_deadline(refusing_
     tracer = provider.get_tracer("t")
     for i in range(4):  # one batch, being retried when shutdown begins
         tracer.start_span(f"span-{i}").end()
-    time.sleep(0.3)  # past the 10 ms export delay: that batch is in its backoff now
+    wait_until(lambda: endpoint.attempts >= 2, "the first batch's export tried again")
     for i in range(40):  # ten batches queued behind it
         tracer.start_span(f"later-{i}").end()
     started = time.monotonic()
     provider.shutdown(timeout_s=10.0)
     elapsed = time.monotonic() - started
     wait_idle(provider)
-    counts = stats.snapshot()
-    assert elapsed < SHUTDOWN_RETRY_S + 1.5, f"shutdown took {elapsed:.1f} s"
-    assert counts[stats.SPANS_EXPORT_FAILED] == 44, counts  # every batch was tried
+    return stats.snapshot(), elapsed
 
 
 def test_the_counters_are_stable_and_scrapeable() -> None:

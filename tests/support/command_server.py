@@ -91,7 +91,7 @@ def main() -> int:
             if args.behave == "dies" and len(served) >= 20:
                 print("fatal: the engine died", flush=True)
                 os._exit(5)
-            time.sleep(delay_ms / 1000)
+            time.sleep(delay_ms / 1000)  # timed: the server's answer delay
             usage = {"prompt_tokens": 1, "total_tokens": 1}
             self._json(200, {"data": [{"embedding": [0.0]}], "usage": usage})
 

@@ -416,7 +416,7 @@ class FakeNvml:
     def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
         gpu = self._device("nvmlDeviceGetPcieThroughput", device)
         self.throughput_threads.add(threading.get_ident())
-        time.sleep(self.throughput_delay_s)  # the driver samples for 20 ms per call
+        time.sleep(self.throughput_delay_s)  # timed: the driver samples for 20 ms per call
         tx, rx = gpu.pcie_throughput_kib_s
         return tx if counter == self._pynvml.NVML_PCIE_UTIL_TX_BYTES else rx
 

@@ -12,12 +12,14 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from support.binaries import require_binary
+from support.waiting import await_until
 
 START_TRIES = 5
 READY_TIMEOUT_S = 20.0
@@ -223,3 +225,29 @@ async def wait_for_scrapes(
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"Prometheus did not complete {count} scrapes in {timeout_s} s")
+
+
+async def rules_evaluated_since(session: aiohttp.ClientSession, base: str, since: float) -> bool:
+    """Whether every rule group has been evaluated twice at or after the Unix time
+    ``since``: its last evaluation is one interval or more past it (so the one before
+    it is past it too)."""
+    async with session.get(base + "/api/v1/rules") as response:
+        body = await response.json()
+    groups = body["data"]["groups"]
+    return bool(groups) and all(
+        datetime.fromisoformat(group["lastEvaluation"]).timestamp() >= since + group["interval"]
+        for group in groups
+    )
+
+
+async def wait_for_evaluations(
+    session: aiohttp.ClientSession, base: str, since: float, timeout_s: float = 30
+) -> None:
+    """Until every rule group has evaluated twice over what was scraped by ``since``
+    (a Unix time), polling Prometheus' rules API."""
+    await await_until(
+        lambda: rules_evaluated_since(session, base, since),
+        f"two evaluations of every rule group after {since:.1f}",
+        timeout_s,
+        0.1,
+    )

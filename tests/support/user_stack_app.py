@@ -58,7 +58,7 @@ async def stream() -> StreamingResponse:
 @app.get("/background")
 async def background(tasks: BackgroundTasks) -> dict[str, bool]:
     async def slow() -> None:
-        await asyncio.sleep(BACKGROUND_S)
+        await asyncio.sleep(BACKGROUND_S)  # timed: background work after the response
         finished_background.append(BACKGROUND_S)
 
     tasks.add_task(slow)

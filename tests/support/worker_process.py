@@ -119,7 +119,7 @@ class SlowGenerator(WrappedGenerator):
         self.step_s = step_s
 
     def before_step(self) -> None:
-        time.sleep(self.step_s)  # another process: there is no test event to wait on
+        time.sleep(self.step_s)  # timed: a slow device step
 
 
 def _slow_worker(argv: list[str]) -> int:

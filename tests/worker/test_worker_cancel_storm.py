@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.worker.backends import numpy_models
+from support.waiting import await_until
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_worker
 
 MODEL = SMALL.model_name
@@ -29,11 +30,17 @@ def _gauges(text: str) -> dict[str, float]:
         "gpuscope_worker_requests_waiting",
         "gpuscope_worker_preemptions_total",
     }
-    found: dict[str, float] = {}
+    found: dict[str, float] = {"gave_up": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in wanted and sample.labels.get("endpoint") != "embeddings":
+            if sample.labels.get("endpoint") == "embeddings":
+                continue
+            if sample.name in wanted:
                 found[sample.name] = sample.value
+            elif sample.name == "gpuscope_worker_requests_total" and sample.labels.get(
+                "outcome"
+            ) in ("cancelled", "timed_out"):
+                found["gave_up"] += sample.value
     return found
 
 
@@ -67,9 +74,11 @@ async def test_worker_cancel_storm_during_preemption_frees_every_block() -> None
             held = asyncio.create_task(client.post("/v1/completions", json=first))
             await asyncio.to_thread(gate.entered.wait, 10)
             work: list[Coroutine[Any, Any, object]] = []
+            sequences = {"stay": 0, "leave": 0}  # by whether the client may leave early
             for i in range(48):
                 prompts = [[65 + i % 20] * rng.randint(20, 50) for _ in range(1 + i % 3)]
                 body = {"model": MODEL, "prompt": prompts, "max_tokens": 60}
+                sequences["leave" if i % 3 == 1 else "stay"] += len(prompts)
                 if i % 3 == 0:
                     work.append(_stream_then_leave(client, {**body, "stream": True}))
                 elif i % 3 == 1:
@@ -77,14 +86,27 @@ async def test_worker_cancel_storm_during_preemption_frees_every_block() -> None
                 else:
                     work.append(client.post("/v1/completions", json=body))
             tasks = [asyncio.ensure_future(w) for w in work]
-            await asyncio.sleep(0.2)  # let them reach the queue
+            leavers = tasks[1::3]
+
+            async def all_queued() -> bool:
+                # Every sequence waits for the gate or has left; a leaver that gave up before
+                # it was queued is counted nowhere, so once they all left, the others suffice.
+                now = _gauges((await client.get("/metrics")).text)
+                waiting = now["gpuscope_worker_requests_waiting"]
+                if waiting + now["gave_up"] >= sequences["stay"] + sequences["leave"]:
+                    return True
+                return all(t.done() for t in leavers) and waiting >= sequences["stay"]
+
+            await await_until(all_queued, "the storm's requests queued behind the gate", 30)
             gate.open()
             results = await asyncio.wait_for(asyncio.gather(held, *tasks), 120)
-            for _ in range(200):  # the last leavers are noticed at the next iteration
-                after = _gauges((await client.get("/metrics")).text)
-                if after["gpuscope_worker_kv_cache_blocks_used"] == 0:
-                    break
-                await asyncio.sleep(0.05)
+
+            async def blocks_freed() -> dict[str, float]:
+                # the last leavers are noticed at the next iteration
+                now = _gauges((await client.get("/metrics")).text)
+                return now if now["gpuscope_worker_kv_cache_blocks_used"] == 0 else {}
+
+            after = await await_until(blocks_freed, "every key/value block back", 10)
             follow = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     answered = [r for r in results if isinstance(r, httpx.Response)]
     assert answered and all(r.status_code == 200 for r in answered)

@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from gpuscope.connections import ConnectionGuard
 from gpuscope.worker.backends import numpy_models
+from support.waiting import await_until
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_guarded_worker
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
@@ -123,7 +125,7 @@ async def test_a_stream_outlasting_both_timeouts_is_not_cut() -> None:
 
         answer = asyncio.create_task(stream())
         assert await asyncio.to_thread(gate.entered.wait, 10)
-        await asyncio.sleep(1.0)  # held on the device past both timeouts
+        await asyncio.sleep(1.0)  # timed: held on the device past both timeouts
         gate.open()
         status, lines = await answer
         metrics = await metrics_of(url)
@@ -249,7 +251,7 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
         resource.prlimit(worker.process.pid, resource.RLIMIT_NOFILE, (3, 256))
         for _ in range(5):  # fewer than the backlog (12): the kernel takes each at once
             held.append(await asyncio.wait_for(asyncio.open_connection(host, port), 10))
-        await asyncio.sleep(2.5)  # asyncio retries a failed accept() once a second
+        await asyncio.sleep(2.5)  # timed: asyncio retries a failed accept() once a second
         for _, writer in held:
             writer.close()
         log = worker.lines[started:]
@@ -267,6 +269,15 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
     assert len(log) < 20, log  # the three answers' access lines and the one failure line
 
 
+def uploading(guard: ConnectionGuard) -> int:
+    """Connections whose handler is reading a body (the ones the cap may cut), read from
+    the test's thread: a change of the books meanwhile reads as none."""
+    try:
+        return sum(c.uploading_since is not None for c in list(guard._open.values()))
+    except RuntimeError:  # the dict changed size while it was copied
+        return 0
+
+
 async def healthz_metrics(host: str, port: int) -> bytes:
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -282,7 +293,7 @@ async def test_trickled_bodies_at_the_cap_are_cut_for_new_clients() -> None:
     cap, clients = 4, 6
     with serve_guarded_worker(
         max_connections=cap, idle_timeout_s=60, header_timeout_s=60, request_timeout_s=60
-    ) as (url, _):
+    ) as (url, guard):
         host, port = address(url)
         trickling = []
         for _ in range(cap):
@@ -292,7 +303,9 @@ async def test_trickled_bodies_at_the_cap_are_cut_for_new_clients() -> None:
                 b'Content-Length: 1000\r\n\r\n{"model": '
             )
             trickling.append(connection)
-        await asyncio.sleep(0.3)  # each request in the app, reading its body
+        await await_until(
+            lambda: uploading(guard) == cap, "each request in the app, reading its body"
+        )
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
         answers = []
         for _ in range(clients):  # one at a time: each needs one connection of the cap

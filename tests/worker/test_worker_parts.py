@@ -180,7 +180,7 @@ async def test_worker_batch_wait_ends_when_the_batch_is_handed_to_a_busy_device(
     timeline = RequestTimeline()
     request = asyncio.ensure_future(scheduler.embed([[1, 2]], timeline, timeout_s=10))
     await device.batch_handed_over.wait()  # the batch closed, its window over
-    await asyncio.sleep(0.1)  # the device stays busy with the other work meanwhile
+    await asyncio.sleep(0.1)  # timed: the device stays busy with the other work meanwhile
     released_ns = time.perf_counter_ns()
     release.set()
     await asyncio.gather(held, request)
@@ -219,7 +219,7 @@ async def test_worker_continuous_iteration_handed_to_a_busy_device_is_compute(
 
     request = asyncio.ensure_future(tokens())
     await device.batch_handed_over.wait()  # the first iteration is launched
-    await asyncio.sleep(0.1)  # behind the other work
+    await asyncio.sleep(0.1)  # timed: behind the other work
     released_ns = time.perf_counter_ns()
     release.set()
     _, got = await asyncio.gather(held, request)

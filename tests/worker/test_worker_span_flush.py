@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
+
+from support.closing_endpoint import ClosingEndpoint, closing_endpoint
+from support.waiting import wait_until
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
 GPUSCOPE = [sys.executable, "-m", "gpuscope.cli"]
 SHUTDOWN_TIMEOUT_S = 1.0
-
-
-@pytest.fixture
-def refusing_url() -> Iterator[str]:
-    """A loopback port that is bound but never listens: every connection is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1/traces"
 
 
 def wait_for_port(worker: subprocess.Popen[str]) -> int:
@@ -44,13 +37,19 @@ def wait_for_port(worker: subprocess.Popen[str]) -> int:
 
 
 @pytest.mark.slow
-def test_sigterm_exit_keeps_to_the_shutdown_timeout_with_the_exporter_unreachable(
-    refusing_url: str,
-) -> None:
+def test_sigterm_exit_keeps_to_the_shutdown_timeout_with_the_exporter_unreachable() -> None:
+    with closing_endpoint() as endpoint:
+        code, elapsed = _sigterm_while_retrying(endpoint)
+    assert code == 0
+    # The exporter's own retries would take 10 s, the SDK's default flush 30 s.
+    assert elapsed < SHUTDOWN_TIMEOUT_S + 6, f"exit took {elapsed:.1f} s"
+
+
+def _sigterm_while_retrying(endpoint: ClosingEndpoint) -> tuple[int, float]:
     worker = subprocess.Popen(
         [
             *GPUSCOPE, "worker", "--port", "0", "--device", "cpu", "--batching", "none",
-            "--otlp-endpoint", refusing_url,
+            "--otlp-endpoint", endpoint.url,
             "--shutdown-timeout-s", str(SHUTDOWN_TIMEOUT_S),
         ],
         stderr=subprocess.PIPE,
@@ -63,7 +62,7 @@ def test_sigterm_exit_keeps_to_the_shutdown_timeout_with_the_exporter_unreachabl
             for _ in range(3):  # spans that the flush will try and fail to deliver
                 body = {"model": "gpuscope-synthetic", "input": "hello"}
                 assert client.post("/v1/embeddings", json=body).status_code == 200
-        time.sleep(0.7)  # past the export delay: the exporter is retrying a batch now
+        wait_until(lambda: endpoint.attempts >= 2, "the worker's span export tried again", 30)
         started = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=60)
@@ -74,9 +73,7 @@ def test_sigterm_exit_keeps_to_the_shutdown_timeout_with_the_exporter_unreachabl
             worker.wait()
         assert worker.stderr is not None
         worker.stderr.close()
-    assert code == 0
-    # The exporter's own retries would take 10 s, the SDK's default flush 30 s.
-    assert elapsed < SHUTDOWN_TIMEOUT_S + 6, f"exit took {elapsed:.1f} s"
+    return code, elapsed
 
 
 @pytest.mark.parametrize("endpoint", ["notaurl", "ftp://collector/v1/traces", "http://"])
