@@ -12,6 +12,7 @@ the whole.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,10 +42,32 @@ def pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "-qq", *args]
 
 
-def build_wheel(into: Path) -> Path:
-    subprocess.run(pip("wheel", "--no-deps", "-w", str(into), str(ROOT)), check=True)
+def build_wheel(into: Path, source: Path) -> Path:
+    subprocess.run(pip("wheel", "--no-deps", "-w", str(into), str(source)), check=True)
     (wheel,) = into.glob("gpuscope-*.whl")
     return wheel
+
+
+def checkout_copy(into: Path) -> Path:
+    """The files git would commit (tracked, and new ones not ignored), copied to
+    ``into``: a build in the checkout itself reuses setuptools' ``build/lib``, which
+    keeps a module deleted since and would ship it; a fresh clone has none. Without
+    git (an unpacked sdist), the checkout as it is."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ROOT
+    for name in filter(None, listed.decode().split("\0")):
+        path = ROOT / name
+        if path.is_file():  # a file deleted but not yet committed is listed too
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, into / name)
+    return into
 
 
 def step(command: list[str], cwd: Path) -> str:
@@ -88,7 +111,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuscope-extras-") as tmp:
         workdir = Path(tmp)
-        wheel = build_wheel(workdir / "dist")
+        wheel = build_wheel(workdir / "dist", checkout_copy(workdir / "source"))
         with ThreadPoolExecutor(PARALLEL) as pool:
             outcomes = list(pool.map(lambda extra: check(extra, wheel, workdir), extras))
     for outcome in outcomes:
