@@ -16,10 +16,12 @@ import yaml
 
 from alerts import build as alerts_build
 from deploy.kubernetes import build, components
-from deploy.kubernetes import settings as build_settings
-from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
+from gpuscope import __version__, flags
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.worker.config import WorkerConfig
 from pack import engines
-from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
+from pack import settings as pack_settings
+from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, KubeSettings, Settings, job_name
 from support.binaries import require_binary
 from support.kubernetes_manifests import (
     KUBERNETES,
@@ -37,6 +39,30 @@ from support.kubernetes_manifests import (
 pytestmark = pytest.mark.processes
 
 FOLDERS = kustomization_dirs()
+
+
+def exporter_defaults() -> ExporterConfig:
+    """The exporter's defaults, as its parser gives them without flags or environment."""
+    return flags.parse(ExporterConfig, [], {}, exit_on_error=False)
+
+
+def test_the_tables_runtime_values_are_the_exporters_and_workers_defaults() -> None:
+    """The Kubernetes section of the pack's table writes the flags the manifests pass as
+    values of its own (the builder imports the pack and the contract only): they are
+    the parsers' defaults, and the image tag the version."""
+    s = KubeSettings()
+    exporter = exporter_defaults()
+    worker = flags.parse(WorkerConfig, [], {}, exit_on_error=False)
+    assert s.port == exporter.listen_address()[1]
+    assert s.shutdown_timeout_s == exporter.shutdown_timeout_s
+    assert s.gpu_source == exporter.gpu_source.value
+    assert s.gpu_interval_s == exporter.gpu_interval_s
+    assert s.max_series == exporter.max_series
+    assert s.max_decompressed_bytes == exporter.max_decompressed_bytes
+    assert s.max_ingest_bytes == exporter.max_ingest_bytes
+    assert s.log_level == exporter.log_level
+    assert s.worker_shutdown_timeout_s == worker.shutdown_timeout_s
+    assert s.image_tag == __version__
 
 
 def test_committed_manifests_are_what_the_builder_writes(tmp_path: Path) -> None:
@@ -291,7 +317,7 @@ def test_the_readme_states_the_figures_the_table_gives() -> None:
     s = KubeSettings()
     readme = " ".join((KUBERNETES / "README.md").read_text(encoding="utf-8").split())
     assert (
-        f"twice the timeout plus {build_settings.SHUTDOWN_MARGIN_S} s ({s.grace_period_s} s)"
+        f"twice the timeout plus {pack_settings.SHUTDOWN_MARGIN_S} s ({s.grace_period_s} s)"
         in readme
     )
     assert f"the limit ({s.memory_limit_mib} Mi)" in readme
