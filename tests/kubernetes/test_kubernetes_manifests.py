@@ -4,6 +4,7 @@ kubectl's kustomize, valid for Kubernetes and the Prometheus Operator, rules pro
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from alerts import build as alerts_build
-from deploy.kubernetes import build, components
+from deploy.kubernetes import build, components, objects
 from gpuscope import __version__, flags
 from gpuscope.exporter.config import ExporterConfig
 from gpuscope.worker.config import WorkerConfig
@@ -135,6 +136,30 @@ def test_the_prometheus_rule_holds_the_groups_alerts_build_writes() -> None:
         shipped += yaml.safe_load((REPO / "alerts" / "rules" / name).read_text())["groups"]
     assert [g["name"] for g in groups] == [g["name"] for g in shipped]
     assert [len(g["rules"]) for g in groups] == [len(g["rules"]) for g in shipped]
+
+
+def test_the_prometheus_rule_follows_every_rule_setting_alerts_build_has_a_flag_for() -> None:
+    """The builder takes its groups by running alerts/build.py with the flags of its
+    table's ``rules``: one flag forgotten, and a table that changes that setting ships
+    rules that ignore it."""
+    jobs = {engine.source: f'job="my-{engine.source}"' for engine in engines.ENGINES}
+    rules = dataclasses.replace(
+        KubeSettings().rules,
+        job_selector='job="my-gpuscope"',
+        worker_job_selector='job="my-worker"',
+        gpu_job_selector='job="my-gpus"',
+        dcgm_job_selector='job="my-dcgm"',
+        engine_jobs=KubeSettings().rules.engine_jobs.replace(**jobs),
+        runbook="https://git.example.com/runbook.md",
+        interval="10s",
+        window="2m",
+        for_override="1m",
+    )
+    s = dataclasses.replace(KubeSettings(), rules=rules)
+    expected = []
+    for text in alerts_build.rendered(rules).values():
+        expected += yaml.safe_load(text)["groups"]
+    assert objects.rule(s)["spec"]["groups"] == expected
 
 
 def test_the_host_of_a_kubernetes_target_is_its_node() -> None:
