@@ -75,8 +75,8 @@ dashboards: install
 	$(BIN)/python dashboards/build.py
 	$(BIN)/python deploy/kubernetes/build.py  # its ConfigMaps carry the boards
 
-# Regenerate the Kubernetes manifests (deploy/kubernetes/) after changing its settings.py,
-# the rules or the dashboards.
+# Regenerate the Kubernetes manifests (deploy/kubernetes/) after changing KubeSettings
+# (pack/settings.py), the rules or the dashboards.
 kubernetes: install
 	$(BIN)/python deploy/kubernetes/build.py
 

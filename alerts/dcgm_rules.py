@@ -31,7 +31,7 @@ Three fields are not the gauges or counters gpuscope serves, and are rebuilt:
   of the per-code counter does not see (the all-codes counter, which the alert reads,
   exists from the start and counts it).
 - ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` is NVML's bitmask: one 0/1 series per reason, as
-  gpuscope's exporter decodes it (``gpuscope.exporter.gpu.clock_reasons``).
+  gpuscope's exporter decodes it (``gpuscope.contract.gpu.CLOCK_EVENT_REASON_BITS``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any
 
 from alerts import pod_join
 from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.gpu import CLOCK_EVENT_REASON_BITS
 from gpuscope.contract.rows import MetricDef
-from gpuscope.exporter.gpu.clock_reasons import CLOCK_EVENT_REASON_BITS
 from pack.contract import series
 from pack.settings import Settings
 

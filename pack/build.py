@@ -25,11 +25,12 @@ from alerts import build as rules
 from dashboards import build as boards
 from deploy.kubernetes import build as kubernetes
 
-# The manifests carry the rules and the boards, so they are built last.
-BUILDERS: tuple[tuple[str, Callable[[list[str]], int]], ...] = (
-    ("rules", rules.main),
-    ("dashboards", boards.main),
-    ("kubernetes", kubernetes.main),
+# Each builder, the folder it writes (from the repository root) and its entry. The
+# manifests carry the rules and the boards, so they are built last.
+BUILDERS: tuple[tuple[str, str, Callable[[list[str]], int]], ...] = (
+    ("rules", "alerts/rules/", rules.main),
+    ("dashboards", "dashboards/json/", boards.main),
+    ("kubernetes", "deploy/kubernetes/", kubernetes.main),
 )
 
 
@@ -38,9 +39,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--check", action="store_true", help="fail if any generated file is stale")
     args = parser.parse_args(argv)
     flags = ["--check"] if args.check else []
-    failed = [name for name, build in BUILDERS if build(list(flags)) != 0]
+    # each builder names its stale files (under its folder) as it checks
+    failed = [f"{name} ({folder})" for name, folder, build in BUILDERS if build(list(flags)) != 0]
     if failed:
-        print(f"pack: stale: {', '.join(failed)}; run make pack", file=sys.stderr)
+        print(f"pack: stale: {', '.join(failed)}; run 'make pack'", file=sys.stderr)
         return 1
     return 0
 

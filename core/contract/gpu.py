@@ -6,6 +6,7 @@ name, absent where it is None; ``GpuCollector`` fills the named others.
 
 from __future__ import annotations
 
+import uuid
 from typing import Final
 
 from gpuscope.contract import labels as L
@@ -61,6 +62,21 @@ CLOCK_EVENT_ACTIVE = MetricDef(
     GAUGE,
     "1 while the clock event reason holds clocks down (or idle), else 0.",
     (*GPU_LABELS, L.REASON),
+)
+# CLOCK_EVENT_ACTIVE's reasons (its ``reason`` label values), each with its bit of the
+# mask NVML's ``nvmlDeviceGetCurrentClocksEventReasons`` and DCGM's
+# ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` share (nvml.h ``nvmlClocksEventReason*``, in its
+# order): the exporter decodes the mask by it, the dcgm-exporter rules too.
+CLOCK_EVENT_REASON_BITS: Final[tuple[tuple[str, int], ...]] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
 )
 XID_EVENTS = MetricDef(
     "gpuscope_gpu_xid_events",
@@ -390,3 +406,13 @@ GPU_METRICS: Final[tuple[MetricDef, ...]] = (
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
 )
+
+
+# The simulated GPU source's UUIDs (its ``uuid`` label values), which a worker beside a
+# simulated exporter names as its GPU (the demo, the Kubernetes demo component).
+_SIMULATED_UUID_NAMESPACE: Final = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
+
+
+def simulated_uuid(index: int) -> str:
+    """The UUID of simulated GPU ``index``: the same on every run, shaped like NVML's."""
+    return f"GPU-{uuid.uuid5(_SIMULATED_UUID_NAMESPACE, f'gpuscope-simulated-{index}')}"

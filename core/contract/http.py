@@ -26,3 +26,12 @@ PROBE_PATHS: Final = (HEALTHZ_PATH, READYZ_PATH)
 # OTLP/HTTP's traces path, which the exporter serves.
 TRACES_PATH: Final = "/v1/traces"
 DEFAULT_TRACES_URL: Final = DEFAULT_URL + TRACES_PATH
+
+# The example credentials the Kubernetes ``secure`` component ships (its web config's
+# basic-auth user and the bcrypt hash, cost 10, of the password of its scrape
+# credentials; the senders' bearer token): placeholders anyone can read, which the
+# exporter refuses to start or reload with (``gpuscope.exporter.http.placeholders``).
+EXAMPLE_USER: Final = "prometheus"
+EXAMPLE_PASSWORD: Final = "change-me"
+EXAMPLE_HASH: Final = "$2b$10$3jxnQfxCz2kT4DrQtCYJi.D7sXsqkjYIpRspY0HlX3DU1Vx0IMrAy"
+EXAMPLE_TOKEN: Final = "replace-with-a-long-random-token"

@@ -1,1 +1,3 @@
-"""The Kubernetes manifests: ``settings.py`` the table, ``build.py`` the objects and files."""
+"""The Kubernetes manifests: ``build.py`` writes them from the Kubernetes section of the
+pack's table (``pack.settings.KubeSettings``); ``objects.py`` and ``components.py``
+build the objects."""

@@ -4,9 +4,11 @@
     python deploy/kubernetes/build.py --check    # exit 1 if the committed files are stale
     python deploy/kubernetes/build.py --runbook-url URL --out my-manifests   # your runbook
 
-Run by ``make kubernetes``. The objects come from the table in ``settings.py``, the
-rule groups from ``alerts/build.py``, the dashboards from ``dashboards/json/``; see
-``deploy/kubernetes/README.md`` for what each overlay changes.
+Run by ``make kubernetes`` (and ``make pack``, after the rules and the boards). The
+objects come from the Kubernetes section of the pack's table (``KubeSettings`` in
+``pack/settings.py``), the rule groups from running ``alerts/build.py``, the dashboards
+from ``dashboards/json/``; it imports the pack and the contract, never the other
+builders. See ``deploy/kubernetes/README.md`` for what each overlay changes.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from pathlib import Path
 from typing import Final
 
 if __name__ == "__main__" and not __package__:
-    # Run as a file, Python puts this folder first on sys.path; the builders are
-    # packages of the repository root (deploy, alerts, dashboards).
+    # Run as a file, Python puts this folder first on sys.path; the builder and the
+    # pack are packages of the repository root, which takes its place.
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from alerts.build import dump
 from deploy.kubernetes.components import (
     COMPONENTS,
     OVERLAYS,
@@ -33,8 +34,8 @@ from deploy.kubernetes.components import (
     overlay_namespace,
 )
 from deploy.kubernetes.objects import Obj, kustomization
-from deploy.kubernetes.settings import KubeSettings
-from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE
+from pack.documents import dump
+from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, KubeSettings
 
 HERE: Final = Path(__file__).resolve().parent
 # the folders this script owns: every file in them is generated

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from alerts.build import dump
 from deploy.kubernetes.objects import (
     COLLECTOR,
     COLLECTOR_PORT,
     CONFIG_DIR,
-    EXAMPLE_HASH,
-    EXAMPLE_PASSWORD,
-    EXAMPLE_TOKEN,
-    EXAMPLE_USER,
     EXPORTER,
     FLAGS_CONFIGMAP,
     PLAIN_WEB_CONFIG,
@@ -55,9 +50,23 @@ from deploy.kubernetes.objects import (
     tmp_volume,
     web_config_secret,
 )
-from deploy.kubernetes.settings import KubeSettings
-from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TRACES_PATH
-from gpuscope.exporter.gpu.simulated import simulated_uuid
+from gpuscope.contract.gpu import simulated_uuid
+
+# The secure component's example credentials are the contract's: the hash is of the
+# password in the scrape-auth Secret (bcrypt, cost 10); all are placeholders to replace,
+# and the exporter refuses to start with them.
+from gpuscope.contract.http import (
+    EXAMPLE_HASH,
+    EXAMPLE_PASSWORD,
+    EXAMPLE_TOKEN,
+    EXAMPLE_USER,
+    HEALTHZ_PATH,
+    METRICS_PATH,
+    READYZ_PATH,
+    TRACES_PATH,
+)
+from pack.documents import dump
+from pack.settings import KubeSettings
 
 
 def base(s: KubeSettings) -> dict[str, Obj | list[Obj]]:

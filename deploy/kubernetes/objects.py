@@ -1,20 +1,30 @@
 """The Kubernetes objects of gpuscope's exporter (Namespace, DaemonSet, Service,
 monitors, the PrometheusRule, dashboard ConfigMaps) and the kustomize file shapes,
-as plain dictionaries built from ``settings.KubeSettings``; ``components`` assembles
-them into the base and the components, ``build`` writes the files.
+as plain dictionaries built from the pack's table (``pack.settings.KubeSettings``);
+``components`` assembles them into the base and the components, ``build`` writes the
+files. Like the rule and board builders, this one imports the pack and the contract
+only: the rules' groups come from running ``alerts/build.py``, the dashboards from
+the files ``dashboards/build.py`` wrote.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
-from alerts.build import dump, prometheus_rule
-from deploy.kubernetes.settings import REPO, KubeSettings, dashboard_folder, exporter_defaults
+import yaml
+
 from gpuscope.contract.http import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
-from gpuscope.exporter.http import placeholders
+from pack.documents import RULE_FILES, dump, prometheus_rule
+from pack.engines import ENGINES
+from pack.settings import KubeSettings
 
 Obj = dict[str, Any]
+REPO: Final = Path(__file__).resolve().parents[2]
 
 EXPORTER: Final = "gpuscope"  # app.kubernetes.io/name of every object
 # where the exporter's web config, TLS files and token are mounted (one projected volume)
@@ -28,13 +38,14 @@ SCRAPE_AUTH_SECRET: Final = "gpuscope-scrape-auth"
 COLLECTOR: Final = "gpuscope-otel-collector"
 COLLECTOR_PORT: Final = 4318
 WORKER_PORT: Final = 8000
-# The secure component's example credentials. The hash is of the password in the
-# scrape-auth Secret (bcrypt, cost 10); all are placeholders to replace, and the
-# exporter refuses to start with them (the values are the exporter's own list).
-EXAMPLE_USER: Final = placeholders.EXAMPLE_USER
-EXAMPLE_PASSWORD: Final = placeholders.EXAMPLE_PASSWORD
-EXAMPLE_HASH: Final = placeholders.EXAMPLE_HASH
-EXAMPLE_TOKEN: Final = placeholders.EXAMPLE_TOKEN
+
+
+def dashboard_folder() -> str:
+    """The Grafana folder the provisioning files load the dashboards into."""
+    provisioning = REPO / "dashboards" / "provisioning" / "dashboards" / "gpuscope.yml"
+    providers = yaml.safe_load(provisioning.read_text(encoding="utf-8"))["providers"]
+    folder: str = providers[0]["folder"]
+    return folder
 
 
 def labels(component: str) -> dict[str, str]:
@@ -86,17 +97,16 @@ def service_account() -> Obj:
 
 def exporter_flags(s: KubeSettings) -> Obj:
     """The flags an operator tunes, as the exporter's environment twins (its defaults)."""
-    d = exporter_defaults()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta(FLAGS_CONFIGMAP, "exporter"),
         "data": {
-            "GPUSCOPE_GPU_SOURCE": d.gpu_source.value,
-            "GPUSCOPE_GPU_INTERVAL_S": f"{d.gpu_interval_s:g}",
-            "GPUSCOPE_MAX_SERIES": str(d.max_series),
-            "GPUSCOPE_MAX_DECOMPRESSED_BYTES": str(d.max_decompressed_bytes),
-            "GPUSCOPE_LOG_LEVEL": d.log_level,
+            "GPUSCOPE_GPU_SOURCE": s.gpu_source,
+            "GPUSCOPE_GPU_INTERVAL_S": f"{s.gpu_interval_s:g}",
+            "GPUSCOPE_MAX_SERIES": str(s.max_series),
+            "GPUSCOPE_MAX_DECOMPRESSED_BYTES": str(s.max_decompressed_bytes),
+            "GPUSCOPE_LOG_LEVEL": s.log_level,
         },
     }
 
@@ -336,8 +346,42 @@ def pod_monitor(s: KubeSettings) -> Obj:
     }
 
 
+def rule_flags(s: KubeSettings) -> list[str]:
+    """``alerts/build.py``'s flags that build the rules of ``s.rules``: the job selectors,
+    the host regex, the runbook, the interval, window and ``for`` (the rest of
+    ``Settings`` has no flag: it is the pack's table, which the rule builder reads as
+    this one does)."""
+    r = s.rules
+    flags = {
+        "--job-selector": r.job_selector,
+        "--worker-job-selector": r.worker_job_selector,
+        "--gpu-job-selector": r.gpu_job_selector,
+        "--dcgm-job-selector": r.dcgm_job_selector,
+        **{f"--{e.source}-job-selector": r.engine_jobs[e.source] for e in ENGINES},
+        "--host-from-instance": r.host_from_instance,
+        "--runbook-url": r.runbook,
+        "--interval": r.interval,
+        "--window": r.window,
+        "--for": r.for_override,
+    }
+    return [f"{flag}={value}" for flag, value in flags.items() if value is not None]
+
+
+def rule_groups(s: KubeSettings) -> list[Obj]:
+    """The groups of the rule files ``alerts/build.py`` writes for ``s.rules``, in the
+    order of ``RULE_FILES``: the rule builder runs as a program, so that this builder
+    imports nothing of it."""
+    with tempfile.TemporaryDirectory(prefix="gpuscope-rules-") as out:
+        command = [sys.executable, str(REPO / "alerts" / "build.py"), "--out", out]
+        subprocess.run([*command, *rule_flags(s)], check=True, stdout=subprocess.DEVNULL)
+        groups: list[Obj] = []
+        for name in RULE_FILES:
+            groups += yaml.safe_load((Path(out) / name).read_text(encoding="utf-8"))["groups"]
+    return groups
+
+
 def rule(s: KubeSettings) -> Obj:
-    return prometheus_rule(s.rules, meta(EXPORTER, "rules"))
+    return prometheus_rule(rule_groups(s), meta(EXPORTER, "rules"))
 
 
 def dashboard_configmaps(s: KubeSettings) -> dict[str, Obj]:

@@ -2,23 +2,13 @@
 
 ``nvmlDeviceGetCurrentClocksEventReasons`` and DCGM's ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``
 return the same bits (nvml.h ``nvmlClocksEventReason*``). Each reason becomes one
-``gpuscope_gpu_clock_event_active{reason}`` series, 0 or 1.
+``gpuscope_gpu_clock_event_active{reason}`` series, 0 or 1; the reasons and their bits
+are the contract's (``gpuscope.contract.gpu.CLOCK_EVENT_REASON_BITS``).
 """
 
 from __future__ import annotations
 
-# (label value, bit) in nvml.h order
-CLOCK_EVENT_REASON_BITS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
+from gpuscope.contract.gpu import CLOCK_EVENT_REASON_BITS as CLOCK_EVENT_REASON_BITS
 
 CLOCK_EVENT_REASONS: frozenset[str] = frozenset(name for name, _ in CLOCK_EVENT_REASON_BITS)
 

@@ -16,11 +16,11 @@ import dataclasses
 import math
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gpuscope.contract.gpu import simulated_uuid as simulated_uuid  # re-exported
 from gpuscope.exporter.gpu.capabilities import CollectorRun
 from gpuscope.exporter.gpu.clock_reasons import (
     decode_clock_event_reasons,
@@ -29,8 +29,6 @@ from gpuscope.exporter.gpu.clock_reasons import (
 from gpuscope.exporter.gpu.processes import ProcessListing
 from gpuscope.exporter.gpu.scenario import ECC_TYPES, Scenario, ScenarioEvent
 from gpuscope.exporter.gpu.source import GpuDevice, GpuReading, GpuSourceKind, ProcessUse
-
-_UUID_NAMESPACE = uuid.UUID("0b6f7c3e-4d1a-5b8e-9c2f-6a7d8e9f0a1b")
 
 # H100 SXM-like constants
 SM_CLOCK_MAX_HZ = 1980e6
@@ -58,11 +56,6 @@ ECC_XIDS = frozenset({48, 94, 95})
 
 class SimulatedCollectorError(RuntimeError):
     """The scenario makes the source fail this poll (``collector_error``)."""
-
-
-def simulated_uuid(index: int) -> str:
-    """The UUID of simulated GPU ``index``: the same on every run, shaped like NVML's."""
-    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'gpuscope-simulated-{index}')}"
 
 
 @dataclass

@@ -4,7 +4,8 @@ The Kubernetes ``secure`` component carries a web config whose basic-auth hash i
 a published password and a bearer token anyone can read in the repository; applied
 unchanged, they look like protection and are none. The exporter refuses to start with
 them, and a reload that brings them is refused (the previous credentials stay). The
-component's builder takes its placeholders from here, so the two cannot drift apart.
+component's builder and this module take them from the contract
+(``gpuscope.contract.http``), so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from gpuscope.contract.http import EXAMPLE_HASH, EXAMPLE_PASSWORD, EXAMPLE_TOKEN, EXAMPLE_USER
 from gpuscope.exporter.config import ConfigError
 
-EXAMPLE_USER: Final = "prometheus"
-EXAMPLE_PASSWORD: Final = "change-me"
-# bcrypt (cost 10) of EXAMPLE_PASSWORD
-EXAMPLE_HASH: Final = "$2b$10$3jxnQfxCz2kT4DrQtCYJi.D7sXsqkjYIpRspY0HlX3DU1Vx0IMrAy"
-EXAMPLE_TOKEN: Final = "replace-with-a-long-random-token"
+__all__ = (
+    "EXAMPLE_HASH",
+    "EXAMPLE_PASSWORD",
+    "EXAMPLE_TOKEN",
+    "EXAMPLE_USER",
+    "refuse_placeholder_token",
+    "refuse_placeholder_users",
+)
 
 PLACEHOLDER_HASHES: Final = frozenset((EXAMPLE_HASH,))
 PLACEHOLDER_TOKENS: Final = frozenset((EXAMPLE_TOKEN,))

@@ -4,6 +4,7 @@ kubectl's kustomize, valid for Kubernetes and the Prometheus Operator, rules pro
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -15,11 +16,13 @@ import pytest
 import yaml
 
 from alerts import build as alerts_build
-from deploy.kubernetes import build, components
-from deploy.kubernetes import settings as build_settings
-from deploy.kubernetes.settings import KubeSettings, exporter_defaults, job_name
+from deploy.kubernetes import build, components, objects
+from gpuscope import __version__, flags
+from gpuscope.exporter.config import ExporterConfig
+from gpuscope.worker.config import WorkerConfig
 from pack import engines
-from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, Settings
+from pack import settings as pack_settings
+from pack.settings import RUNBOOK_PATH, RUNBOOK_URL_VARIABLE, KubeSettings, Settings, job_name
 from support.binaries import require_binary
 from support.kubernetes_manifests import (
     KUBERNETES,
@@ -37,6 +40,30 @@ from support.kubernetes_manifests import (
 pytestmark = pytest.mark.processes
 
 FOLDERS = kustomization_dirs()
+
+
+def exporter_defaults() -> ExporterConfig:
+    """The exporter's defaults, as its parser gives them without flags or environment."""
+    return flags.parse(ExporterConfig, [], {}, exit_on_error=False)
+
+
+def test_the_tables_runtime_values_are_the_exporters_and_workers_defaults() -> None:
+    """The Kubernetes section of the pack's table writes the flags the manifests pass as
+    values of its own (the builder imports the pack and the contract only): they are
+    the parsers' defaults, and the image tag the version."""
+    s = KubeSettings()
+    exporter = exporter_defaults()
+    worker = flags.parse(WorkerConfig, [], {}, exit_on_error=False)
+    assert s.port == exporter.listen_address()[1]
+    assert s.shutdown_timeout_s == exporter.shutdown_timeout_s
+    assert s.gpu_source == exporter.gpu_source.value
+    assert s.gpu_interval_s == exporter.gpu_interval_s
+    assert s.max_series == exporter.max_series
+    assert s.max_decompressed_bytes == exporter.max_decompressed_bytes
+    assert s.max_ingest_bytes == exporter.max_ingest_bytes
+    assert s.log_level == exporter.log_level
+    assert s.worker_shutdown_timeout_s == worker.shutdown_timeout_s
+    assert s.image_tag == __version__
 
 
 def test_committed_manifests_are_what_the_builder_writes(tmp_path: Path) -> None:
@@ -109,6 +136,30 @@ def test_the_prometheus_rule_holds_the_groups_alerts_build_writes() -> None:
         shipped += yaml.safe_load((REPO / "alerts" / "rules" / name).read_text())["groups"]
     assert [g["name"] for g in groups] == [g["name"] for g in shipped]
     assert [len(g["rules"]) for g in groups] == [len(g["rules"]) for g in shipped]
+
+
+def test_the_prometheus_rule_follows_every_rule_setting_alerts_build_has_a_flag_for() -> None:
+    """The builder takes its groups by running alerts/build.py with the flags of its
+    table's ``rules``: one flag forgotten, and a table that changes that setting ships
+    rules that ignore it."""
+    jobs = {engine.source: f'job="my-{engine.source}"' for engine in engines.ENGINES}
+    rules = dataclasses.replace(
+        KubeSettings().rules,
+        job_selector='job="my-gpuscope"',
+        worker_job_selector='job="my-worker"',
+        gpu_job_selector='job="my-gpus"',
+        dcgm_job_selector='job="my-dcgm"',
+        engine_jobs=KubeSettings().rules.engine_jobs.replace(**jobs),
+        runbook="https://git.example.com/runbook.md",
+        interval="10s",
+        window="2m",
+        for_override="1m",
+    )
+    s = dataclasses.replace(KubeSettings(), rules=rules)
+    expected = []
+    for text in alerts_build.rendered(rules).values():
+        expected += yaml.safe_load(text)["groups"]
+    assert objects.rule(s)["spec"]["groups"] == expected
 
 
 def test_the_host_of_a_kubernetes_target_is_its_node() -> None:
@@ -291,7 +342,7 @@ def test_the_readme_states_the_figures_the_table_gives() -> None:
     s = KubeSettings()
     readme = " ".join((KUBERNETES / "README.md").read_text(encoding="utf-8").split())
     assert (
-        f"twice the timeout plus {build_settings.SHUTDOWN_MARGIN_S} s ({s.grace_period_s} s)"
+        f"twice the timeout plus {pack_settings.SHUTDOWN_MARGIN_S} s ({s.grace_period_s} s)"
         in readme
     )
     assert f"the limit ({s.memory_limit_mib} Mi)" in readme

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from deploy.kubernetes.settings import KubeSettings
+from pack.settings import KubeSettings
 from support.kubernetes_manifests import REPO, Obj, find, kustomize
 from support.prometheus_server import instant_query, run_daemon, wait_for_result
 
