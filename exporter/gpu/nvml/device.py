@@ -372,6 +372,11 @@ class NvmlDeviceReader:
             return "unknown architecture"
         return ARCHITECTURES.get(code, f"architecture {code}")
 
+    @property
+    def has_gpm(self) -> bool:
+        """Whether this GPU's GPM samples are read (a MIG instance's parent is asked)."""
+        return self._gpm is not None
+
     @staticmethod
     def _parents(uuid: str) -> str:
         return f"the parent GPU's series ({uuid}) hold it"
@@ -383,7 +388,7 @@ class NvmlDeviceReader:
         mig = self.device.mig
         gpu_instance = None if mig is None else mig.gpu_instance_id
         parents = self._parents(parent.device.uuid)
-        if parent._gpm is None:
+        if not parent.has_gpm:
             why = parent.unsupported.get("gpm", "the parent GPU has no GPM")
             self.unsupported["gpm"] = f"the parent GPU has no GPM ({why})"
             return None
