@@ -33,14 +33,14 @@ lint: install
 # does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard pack/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py \
+	$(BIN)/mypy $(wildcard pack/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py tests/*/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps pynvml-versions
 	$(BIN)/pytest -q
 
 # The lowest nvidia-ml-py the project declares and the newest, beside (not in) the venv,
-# for the GPU tests that load their pynvml.py: tests/gpu/test_gpu_pynvml_floor.py, and
+# for the GPU tests that load their pynvml.py: tests/exporter/gpu/test_gpu_pynvml_floor.py, and
 # the C fake NVML's scenarios under both (tests/support/cnvml/library.py). Skipped
 # locally without them, failed in CI.
 PYNVML_FLOOR  := 12.535.77

@@ -54,10 +54,10 @@ QUEUE_DELAY = "model:gpuscope_worker_max_queue_delay_seconds:max"
 # its rules get their data from the vLLM replay. The exporter must declare it.
 ENGINE_SPANS_ONLY = {"gpuscope_request_compute_stage_seconds"}
 # Served per process on a GPU, which the demo's simulated GPUs list none of (its promtool
-# case and tests/gpu/test_gpu_cnvml_numa.py show it served)
+# case and tests/exporter/gpu/test_gpu_cnvml_numa.py show it served)
 PER_GPU_PROCESS = {"gpuscope_gpu_process_numa_locality"}
 # Served for a GPU in MIG mode, which no simulated GPU is (GpuscopeGpuClockUnlocked reads
-# it for a MIG instance's parent; its promtool case and tests/gpu/test_gpu_cnvml_mig.py)
+# it for a MIG instance's parent; its promtool case and tests/exporter/gpu/test_gpu_cnvml_mig.py)
 MIG_ONLY = {"gpuscope_gpu_mig_info"}
 PER_GPU_PROCESS_LABELS = {"locality"}
 # The join by pod reads the pod's labels (a Kubernetes target's, dcgm-exporter's holder)

@@ -30,7 +30,7 @@ KNOWN: dict[tuple[str, str], str] = {
     ("core/children.py", "<object>._exit"): "os._exit: public, documented",
     ("exporter/gpu/processes.py", "<object>._add"): "a method of gpuscope's own class",
     ("exporter/gpu/nvml/events.py", "<object>._nvmlGetFunctionPointer"): (
-        "pynvml has no public wrapper of nvmlEventSetWait_v1; tests/gpu/"
+        "pynvml has no public wrapper of nvmlEventSetWait_v1; tests/exporter/gpu/"
         "test_gpu_nvml_faults.py names it against every pynvml version tested"
     ),
     ("middleware/ray_serve.py", "<object>._get"): (

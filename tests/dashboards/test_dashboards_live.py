@@ -53,9 +53,9 @@ pytestmark = pytest.mark.processes
 
 # The sharing row's per-process panels: the pack's simulated GPUs list no process
 # (no scenario process event runs then); their series are checked on the C fake NVML
-# (tests/gpu/test_gpu_cnvml_sharing.py, test_gpu_cnvml_numa.py). Nor is a simulated GPU
-# in MIG mode (tests/gpu/test_gpu_cnvml_mig.py serves the instances), nor down while the
-# demo runs (the down reason is served only then: tests/gpu/test_gpu_poller_hang.py and
+# (tests/exporter/gpu/test_gpu_cnvml_sharing.py, test_gpu_cnvml_numa.py). Nor is a simulated GPU
+# in MIG mode (tests/exporter/gpu/test_gpu_cnvml_mig.py serves the instances), nor down while the
+# demo runs (the down reason is served only then: tests/exporter/gpu/test_gpu_poller_hang.py and
 # the faults scenario show it).
 PER_PROCESS_PANELS = frozenset(
     {

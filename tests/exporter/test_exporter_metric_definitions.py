@@ -229,7 +229,7 @@ async def test_a_scrape_serves_the_golden_families_with_their_labels(
     assert list(served) == [*collected, *(d.name for d in GPU_METRICS), *histograms]
     for name, (kind, unit, labels) in golden.items():
         # every family here but those simulated GPUs do not give (MIG; per process, with no
-        # process listed here; their labels are checked on the C fake NVML: tests/gpu/
+        # process listed here; their labels are checked on the C fake NVML: tests/exporter/gpu/
         # test_gpu_cnvml_mig.py, _sharing.py, _numa.py) has samples, so its labels show
         if name in NVML_ONLY:
             assert served[name] == (kind, unit, set()), name

@@ -127,7 +127,7 @@ class FakeNvml:
         self, gpus: list[FakeGpu], *, driver_version: str = "550.54.15", pynvml: Any = real
     ) -> None:
         # ``pynvml``: the module whose constants, errors and structs the fake hands out
-        # (another release than the installed one: ``tests/gpu/test_gpu_pynvml_floor.py``);
+        # (another release than the installed one: ``tests/exporter/gpu/test_gpu_pynvml_floor.py``);
         # a function that release lacks is absent here too.
         self._pynvml = pynvml
         self._absent = {

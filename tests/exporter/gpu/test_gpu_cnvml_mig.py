@@ -294,7 +294,7 @@ from gpuscope.exporter.gpu.nvml.source import NvmlSource
 from gpuscope.exporter.gpu.poller import GpuPoller
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.contract.exporter import REQUEST_DURATION
-sys.path[:0] = ["tests", "tests/gpu"]
+sys.path[:0] = ["tests", "tests/exporter/gpu"]
 from support.exporter_fixtures import T0, encode
 from test_gpu_process_join import server_span
 source = NvmlSource()

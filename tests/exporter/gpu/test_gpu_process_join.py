@@ -498,7 +498,7 @@ def test_doctor_lists_the_processes_it_joins(proc: FakeProc) -> None:
     assert (join["status"], join["processes"]) == ("ok", 1)
     assert join["gpus"][fake.gpus[0].uuid]["pids"] == [300]
     entry = dict(join["gpus"][fake.gpus[1].uuid])
-    entry.pop("numa")  # the GPU's NUMA side: tests/gpu/test_gpu_cnvml_numa.py
+    entry.pop("numa")  # the GPU's NUMA side: tests/exporter/gpu/test_gpu_cnvml_numa.py
     assert entry == {
         "index": 1,
         "gpu": "1",

@@ -30,7 +30,7 @@ from support.waiting import await_until
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
-TESTS = Path(__file__).parents[1]
+TESTS = Path(__file__).parents[2]
 
 
 class ManualTimer:

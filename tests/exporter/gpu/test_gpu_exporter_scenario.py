@@ -19,7 +19,7 @@ from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
 
-FAULTS = Path(__file__).parents[2] / "exporter" / "gpu" / "scenarios" / "faults.yaml"
+FAULTS = Path(__file__).parents[3] / "exporter" / "gpu" / "scenarios" / "faults.yaml"
 
 
 class Clock:

@@ -27,7 +27,7 @@ from gpuscope.exporter.gpu.simulated import (
 )
 from gpuscope.exporter.gpu.source import ComputeObserver
 
-SCENARIOS = Path(__file__).parents[2] / "exporter" / "gpu" / "scenarios"
+SCENARIOS = Path(__file__).parents[3] / "exporter" / "gpu" / "scenarios"
 
 
 class ManualClock:

@@ -32,7 +32,7 @@ from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
-SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu-check"
+SCRIPT = Path(__file__).parents[3] / "scripts" / "gpu-check"
 
 
 def test_doctor_explains_what_an_ampere_gpu_lacks() -> None:

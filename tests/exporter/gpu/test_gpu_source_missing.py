@@ -29,7 +29,7 @@ from support.gpu_fake_nvml import FakeNvml, fake_gpu
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 NO_DRIVER = {
     "NVML_ERROR_DRIVER_NOT_LOADED": "Driver Not Loaded",
     "NVML_ERROR_LIBRARY_NOT_FOUND": "NVML Shared Library Not Found",

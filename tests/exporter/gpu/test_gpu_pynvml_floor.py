@@ -24,7 +24,7 @@ from gpuscope.exporter.gpu.nvml.device import NvmlDeviceReader
 from gpuscope.exporter.gpu.source import GpuDevice
 from support.gpu_fake_nvml import AMPERE, FakeNvml, fake_gpu
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FLOOR = "12.535.77"
 FLOOR_FILE = REPO / ".venv" / "pynvml" / FLOOR / "pynvml.py"
 NVML_PACKAGE = REPO / "exporter" / "gpu" / "nvml"

@@ -233,7 +233,7 @@ def test_the_hardware_scripts_driver_facts_tell_the_branches_apart(
     h200: Path, branch: int, release: str
 ) -> None:
     # scripts/gpu-check records these on a lent GPU; here the fake's branches stand in
-    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    scripts = Path(__file__).resolve().parents[3] / "scripts"
     code = (
         f"import json, sys; sys.path.insert(0, {str(scripts)!r})\n"
         "import pynvml\nfrom gpu_validation import driver_facts\n"
