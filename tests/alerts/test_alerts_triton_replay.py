@@ -6,20 +6,14 @@ same checks as the live run, ``support.triton_engine.check_recorded``)."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from pack import engines
-from support.prometheus_server import run_prometheus, wait_for_evaluations, wait_for_scrapes
-from support.triton_engine import MODELS, REPO, check_recorded, recorded, scalar
-from support.triton_replay import captures, run_triton_replay, truth
+from support.triton_engine import MODELS, check_recorded, recorded
+from support.triton_replay import captures, rules_over_the_replay, truth
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -57,27 +51,8 @@ def test_the_capture_holds_every_triton_series_the_rules_read_with_its_labels() 
 
 
 async def test_every_recorded_triton_series_matches_the_live_runs_truth(tmp_path: Path) -> None:
-    build = [sys.executable, str(REPO / "alerts" / "build.py"), "--out", str(tmp_path / "rules")]
-    await asyncio.to_thread(
-        subprocess.run, [*build, "--interval", "1s"], check=True, capture_output=True
-    )
-    rules = sorted((tmp_path / "rules").glob("*.yml"))
     expected = truth()
-    successes = sum(expected[model]["succeeded"] for model in MODELS)
-    async with (
-        run_triton_replay() as url,
-        run_prometheus(
-            [url.removeprefix("http://")], tmp_path, job="triton", rule_files=rules
-        ) as base,
-        aiohttp.ClientSession() as session,
-    ):
-        await wait_for_scrapes(session, base, 2)
-        deadline = time.monotonic() + 30
-        query = 'sum(nv_inference_request_success{job="triton"})'
-        while (await scalar(session, base, query) or 0) < successes:
-            assert time.monotonic() < deadline, "the replay never reached its last capture"
-            await asyncio.sleep(0.2)
-        await wait_for_evaluations(session, base, time.time())  # over the last capture
+    async with rules_over_the_replay(tmp_path) as (session, base):
         problems = []
         for model in MODELS:
             problems += check_recorded(model, await recorded(session, base, model), expected[model])

@@ -7,13 +7,8 @@ every success, its compute only the cache misses (issue 27, item 3)."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from pack import engines
@@ -22,12 +17,9 @@ from support.dashboard_queries import TIME_VALUES
 from support.dashboards_json import load_dashboards, panels, query_variables, substitute
 from support.prometheus_server import (
     instant_query,
-    run_prometheus,
-    wait_for_evaluations,
-    wait_for_scrapes,
 )
-from support.triton_engine import MODELS, REPO, scalar
-from support.triton_replay import run_triton_replay, truth
+from support.triton_engine import MODELS
+from support.triton_replay import rules_over_the_replay, truth
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -58,27 +50,8 @@ def by_phase(result: list[dict[str, object]]) -> dict[str, float]:
 async def test_the_phase_share_panel_reads_the_verdicts_share_for_each_triton_model(
     tmp_path: Path,
 ) -> None:
-    build = [sys.executable, str(REPO / "alerts" / "build.py"), "--out", str(tmp_path / "rules")]
-    await asyncio.to_thread(
-        subprocess.run, [*build, "--interval", "1s"], check=True, capture_output=True
-    )
-    rules = sorted((tmp_path / "rules").glob("*.yml"))
     expected = truth()
-    successes = sum(expected[model]["succeeded"] for model in MODELS)
-    async with (
-        run_triton_replay() as url,
-        run_prometheus(
-            [url.removeprefix("http://")], tmp_path, job="triton", rule_files=rules
-        ) as base,
-        aiohttp.ClientSession() as session,
-    ):
-        await wait_for_scrapes(session, base, 2)
-        deadline = time.monotonic() + 30
-        query = 'sum(nv_inference_request_success{job="triton"})'
-        while (await scalar(session, base, query) or 0) < successes:
-            assert time.monotonic() < deadline, "the replay never reached its last capture"
-            await asyncio.sleep(0.2)
-        await wait_for_evaluations(session, base, time.time())  # over the last capture
+    async with rules_over_the_replay(tmp_path) as (session, base):
         got = {}
         for model in MODELS:
             panel = by_phase(await instant_query(session, base, panel_query(model)))

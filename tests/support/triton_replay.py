@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
+from support.prometheus_server import run_prometheus, wait_for_evaluations, wait_for_scrapes
 from support.servers import serve_aiohttp
+from support.triton_engine import MODELS, REPO, scalar
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "triton-2.51"
 SCRAPES_EACH = 3
@@ -53,3 +59,35 @@ async def run_triton_replay(folder: Path = FIXTURES) -> AsyncIterator[str]:
     app.router.add_get("/metrics", metrics)
     async with serve_aiohttp(app, access_log=None) as url:
         yield url
+
+
+@asynccontextmanager
+async def rules_over_the_replay(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """A real Prometheus scraping the replay as job ``triton`` with the rules built at a
+    1 s interval, once its rules have evaluated over the last capture: (session, its
+    base URL)."""
+    out = tmp_path / "rules"
+    build = [sys.executable, str(REPO / "alerts" / "build.py"), "--out", str(out)]
+    await asyncio.to_thread(
+        subprocess.run, [*build, "--interval", "1s"], check=True, capture_output=True
+    )
+    rules = sorted(out.glob("*.yml"))
+    expected = truth()
+    successes = sum(expected[model]["succeeded"] for model in MODELS)
+    async with (
+        run_triton_replay() as url,
+        run_prometheus(
+            [url.removeprefix("http://")], tmp_path, job="triton", rule_files=rules
+        ) as base,
+        aiohttp.ClientSession() as session,
+    ):
+        await wait_for_scrapes(session, base, 2)
+        deadline = time.monotonic() + 30
+        query = 'sum(nv_inference_request_success{job="triton"})'
+        while (await scalar(session, base, query) or 0) < successes:
+            assert time.monotonic() < deadline, "the replay never reached its last capture"
+            await asyncio.sleep(0.2)
+        await wait_for_evaluations(session, base, time.time())  # over the last capture
+        yield session, base
