@@ -276,7 +276,8 @@ class SpanAggregator:
 
     def _resource_pod(self, attributes: Any) -> Pod:
         """The resource's ``k8s.namespace.name`` and ``k8s.pod.name``, checked as labels;
-        ("", "") unless it names the pod (a namespace alone names none)."""
+        ("", "") unless it names both (the rules join on the two: a pod name is unique
+        only within its namespace)."""
         namespace = pod = None
         for kv in attributes:
             if kv.key == K8S_POD_NAME or kv.key == K8S_NAMESPACE_NAME:
@@ -287,9 +288,9 @@ class SpanAggregator:
                     pod = self._label(value.string_value, K8S_POD_NAME)
                 else:
                     namespace = self._label(value.string_value, K8S_NAMESPACE_NAME)
-        if not pod:
+        if not pod or not namespace:
             return NO_POD
-        return namespace or "", pod
+        return namespace, pod
 
     def _aggregate(
         self, span: Any, service: str, own: bool, process_uuid: str = "", pod: Pod = NO_POD

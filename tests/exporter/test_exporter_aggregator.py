@@ -446,8 +446,10 @@ def test_spans_that_name_their_gpu_keep_no_pod_labels() -> None:
     assert _served(POD_RESOURCE, {}) == _served(None, {})
 
 
-def test_a_namespace_alone_names_no_pod() -> None:
+def test_a_namespace_or_a_pod_alone_names_no_pod() -> None:
+    # the rules join on both: a pod's name is unique only within its namespace
     assert _served({"k8s.namespace.name": "serving"}, NO_UUID) == _served(None, NO_UUID)
+    assert _served({"k8s.pod.name": "vllm-0"}, NO_UUID) == _served(None, NO_UUID)
 
 
 def test_pods_past_the_series_cap_fold_into_the_overflow_series() -> None:
@@ -462,6 +464,6 @@ def test_pods_past_the_series_cap_fold_into_the_overflow_series() -> None:
 
 
 def test_a_pod_name_of_the_wrong_type_rejects_its_resource_spans() -> None:
-    spans = SpanFactory(service="svc", resource={"k8s.pod.name": 7})
+    spans = SpanFactory(service="svc", resource={**POD_RESOURCE, "k8s.pod.name": 7})
     result = SpanAggregator().ingest(encode([spans.server(0.01, attrs=NO_UUID)]))
     assert result.rejected == {"wrong_attribute_type": 1}
