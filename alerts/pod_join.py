@@ -109,6 +109,27 @@ def map_rules(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
+def own_pod(expr: str) -> str:
+    """``expr`` (the exporter's request series) with the ``pod`` / ``namespace`` the
+    exporter wrote (its senders', from their spans' resource) where the scrape renamed
+    them ``exported_*`` (a target labelled with its own pod, as the Prometheus Operator's
+    monitors label the exporter's)."""
+    for label in ("pod", "namespace"):
+        expr = (
+            f'label_replace(\n  {_indent(expr)},\n  "{label}", "$1", "exported_{label}", "(.+)"\n)'
+        )
+    return expr
+
+
+def spans_by_pod(unnamed: str, named: str) -> str:
+    """The exporter's request series: ``unnamed`` (those with ``uuid=""``, its process
+    join found no GPU: ``--gpu-source none``, or a process on several GPUs) joined by the
+    pod their spans came from (``k8s.pod.name`` / ``k8s.namespace.name``, which the
+    exporter writes on these series only) to the one GPU that pod holds (``by_pod``), and
+    ``named`` (those naming their GPU) as they are."""
+    return f"{by_pod(own_pod(unnamed))}\nor\n{named}"
+
+
 def by_pod(expr: str) -> str:
     """``expr`` (request series with ``host``, and ``namespace`` / ``pod`` where the target
     has them) with the ``host``, ``gpu`` and ``uuid`` of the one GPU its pod holds, and as
