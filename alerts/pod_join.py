@@ -23,6 +23,11 @@ that GPU's conditions through the UUID join, and names it.
   GPU's instances. A pod holding one instance takes ``gpu="<gpu>/<GPU_I_ID>"`` and the
   parent's UUID, and meets that instance's conditions (``mig_conditions``: its own SM
   occupancy; its GPU's clocks and PCIe link).
+- gpuscope's exporter, without a process join (``--gpu-source none`` beside
+  dcgm-exporter), labels its request series that name no GPU with the pod of their
+  spans' resource (``k8s.namespace.name`` / ``k8s.pod.name``); ``spans_by_pod`` joins
+  those the same way, from ``exported_pod`` / ``exported_namespace`` where the scrape
+  renamed them (a target labelled with the exporter's own pod).
 - Requests whose target has no pod, or whose pod holds no GPU dcgm-exporter names (a
   plain Prometheus, gpuscope's own NVML source, which writes no pod), are left as they
   are: the UUID join where they name a GPU, their host's conditions where not.

@@ -11,9 +11,10 @@ keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
 the same names. Every statistic is computed within one source, so requests seen
 through both paths are never added up. vLLM's ``/metrics`` names no GPU: its series
 take the GPU their scrape target's pod holds (``pod_join``: dcgm-exporter's holder
-``pod`` / ``namespace``). Requests that still name no GPU (a pod holding several GPUs or
-none dcgm-exporter names, a target without a pod; spans without a join have
-``uuid=""``) meet the GPU conditions of their ``host`` instead of their GPU's.
+``pod`` / ``namespace``); so do the exporter's series that name none, through the
+pod their spans came from (``spans_by_pod``). Requests that still name no GPU (a pod
+holding several GPUs or none dcgm-exporter names, a target or spans without a pod)
+meet the GPU conditions of their ``host`` instead of their GPU's.
 
 The serving engine's series (``gpuscope_worker_*``, the worker's own ``/metrics``, or
 vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
