@@ -23,6 +23,11 @@ that GPU's conditions through the UUID join, and names it.
   GPU's instances. A pod holding one instance takes ``gpu="<gpu>/<GPU_I_ID>"`` and the
   parent's UUID, and meets that instance's conditions (``mig_conditions``: its own SM
   occupancy; its GPU's clocks and PCIe link).
+- gpuscope's exporter, without a process join (``--gpu-source none`` beside
+  dcgm-exporter), labels its request series that name no GPU with the pod of their
+  spans' resource (``k8s.namespace.name`` / ``k8s.pod.name``); ``spans_by_pod`` joins
+  those the same way, from ``exported_pod`` / ``exported_namespace`` where the scrape
+  renamed them (a target labelled with the exporter's own pod).
 - Requests whose target has no pod, or whose pod holds no GPU dcgm-exporter names (a
   plain Prometheus, gpuscope's own NVML source, which writes no pod), are left as they
   are: the UUID join where they name a GPU, their host's conditions where not.
@@ -107,6 +112,27 @@ def map_rules(settings: Settings) -> list[dict[str, Any]]:
             "expr": f"{POD_GPU}\nand on ({POD})\n(count by ({POD}) ({POD_GPU}) == 1)",
         },
     ]
+
+
+def own_pod(expr: str) -> str:
+    """``expr`` (the exporter's request series) with the ``pod`` / ``namespace`` the
+    exporter wrote (its senders', from their spans' resource) where the scrape renamed
+    them ``exported_*`` (a target labelled with its own pod, as the Prometheus Operator's
+    monitors label the exporter's)."""
+    for label in ("pod", "namespace"):
+        expr = (
+            f'label_replace(\n  {_indent(expr)},\n  "{label}", "$1", "exported_{label}", "(.+)"\n)'
+        )
+    return expr
+
+
+def spans_by_pod(unnamed: str, named: str) -> str:
+    """The exporter's request series: ``unnamed`` (those with ``uuid=""``, its process
+    join found no GPU: ``--gpu-source none``, or a process on several GPUs) joined by the
+    pod their spans came from (``k8s.pod.name`` / ``k8s.namespace.name``, which the
+    exporter writes on these series only) to the one GPU that pod holds (``by_pod``), and
+    ``named`` (those naming their GPU) as they are."""
+    return f"{by_pod(own_pod(unnamed))}\nor\n{named}"
 
 
 def by_pod(expr: str) -> str:

@@ -11,9 +11,10 @@ keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
 the same names. Every statistic is computed within one source, so requests seen
 through both paths are never added up. vLLM's ``/metrics`` names no GPU: its series
 take the GPU their scrape target's pod holds (``pod_join``: dcgm-exporter's holder
-``pod`` / ``namespace``). Requests that still name no GPU (a pod holding several GPUs or
-none dcgm-exporter names, a target without a pod; spans without a join have
-``uuid=""``) meet the GPU conditions of their ``host`` instead of their GPU's.
+``pod`` / ``namespace``); so do the exporter's series that name none, through the
+pod their spans came from (``spans_by_pod``). Requests that still name no GPU (a pod
+holding several GPUs or none dcgm-exporter names, a target or spans without a pod)
+meet the GPU conditions of their ``host`` instead of their GPU's.
 
 The serving engine's series (``gpuscope_worker_*``, the worker's own ``/metrics``, or
 vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
@@ -25,8 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.pod_join import by_pod, mig_conditions
+from alerts.pod_join import by_pod, mig_conditions, spans_by_pod
 from gpuscope.contract import gpu as gpu_rows
+from gpuscope.contract.labels import UUID
 from pack.contract import (
     CODE,
     MODEL,
@@ -146,13 +148,21 @@ def histogram_rate_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
     stand for it (``source="vllm"``, phase or stage set by the rule)."""
     w, key = settings.window, HISTOGRAM_KEY.get(hist)
     # the duration of model requests only, as vLLM counts them (not /v1/models, /health)
-    spans_sel = settings.sel(settings.slo_selector if hist == DURATION_HISTOGRAM else "")
+    request = settings.slo_selector if hist == DURATION_HISTOGRAM else ""
+    # those the exporter's process join gave no GPU, and the others (``spans_by_pod``)
+    unnamed_sel, named_sel = (
+        settings.sel(", ".join(m for m in (request, f'{UUID}{op}""') if m)) for op in ("=", "!=")
+    )
     rules = []
     for suffix in ("sum", "count", "bucket"):
         record = rate_record(hist, suffix) + w
         le = ", le" if suffix == "bucket" else ""
         by = REQUEST + (f", {key}" if key else "") + le
-        spans = with_host(settings, f"rate({hist}_{suffix}{spans_sel}[{w}])")
+        unnamed, named = (
+            with_host(settings, f"rate({hist}_{suffix}{sel}[{w}])")
+            for sel in (unnamed_sel, named_sel)
+        )
+        spans = spans_by_pod(unnamed, named)
         rules.append(_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
         for native in vllm_histograms_for(hist):
             labels = {"source": VLLM, **({key: native.key_value} if key else {})}

@@ -20,9 +20,11 @@ from gpuscope.contract.rows import (
     MetricDef,
 )
 
-_GPU = (L.SERVICE, L.MODEL, L.UUID, L.GPU)
+# The pod of a request that names no GPU (``labels.OMIT_EMPTY``: absent when empty).
+_POD = (L.NAMESPACE, L.POD)
+_GPU = (L.SERVICE, L.MODEL, L.UUID, L.GPU, *_POD)
 # The GenAI conventions key request metrics on gen_ai.operation.name too.
-_OPERATION = (L.SERVICE, L.MODEL, L.OPERATION, L.UUID, L.GPU)
+_OPERATION = (L.SERVICE, L.MODEL, L.OPERATION, L.UUID, L.GPU, *_POD)
 # The spanmetrics connector's labels, plus the response status (see ``stock_spans``).
 STOCK_SPAN_LABELS: Final = (
     L.SERVICE_NAME,
@@ -37,7 +39,7 @@ REQUEST_DURATION = MetricDef(
     "gpuscope_request_duration_seconds",
     HISTOGRAM,
     "Request duration from arrival to the last body chunk, from server spans.",
-    (L.SERVICE, L.MODEL, L.OPERATION, L.ROUTE, L.CODE, L.UUID, L.GPU),
+    (L.SERVICE, L.MODEL, L.OPERATION, L.ROUTE, L.CODE, L.UUID, L.GPU, *_POD),
     LATENCY_BUCKETS,
 )
 REQUEST_PHASE = MetricDef(

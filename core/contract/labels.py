@@ -20,6 +20,14 @@ CODE: Final = "code"
 # The NVML index and the UUID of a GPU: the UUID is the join of requests and GPUs.
 GPU: Final = "gpu"
 UUID: Final = "uuid"
+# The Kubernetes pod a request's spans came from (their resource's ``k8s.pod.name`` /
+# ``k8s.namespace.name``), on request series that name no GPU: the rules join them to
+# the GPU the pod holds (``alerts/pod_join.py``). Written only when set (``OMIT_EMPTY``).
+NAMESPACE: Final = "namespace"
+POD: Final = "pod"
+# Labels a series leaves out where their value is empty (Prometheus reads an empty
+# label and an absent one alike), so a sender without them serves what it did before.
+OMIT_EMPTY: Final = frozenset({NAMESPACE, POD})
 PHASE: Final = "phase"
 STAGE: Final = "stage"
 DIRECTION: Final = "direction"

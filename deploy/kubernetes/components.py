@@ -38,6 +38,7 @@ from deploy.kubernetes.objects import (
     namespace,
     network_policy,
     pod_monitor,
+    pod_resource_env,
     pod_security,
     probe,
     relabelings,
@@ -451,6 +452,9 @@ def worker_component(s: KubeSettings) -> dict[str, Obj | list[Obj]]:
                                 f"--otlp-endpoint={exporter_url}",
                                 f"--service-name={s.worker_job}",
                             ],
+                            # its spans name their pod (the join by pod, for spans
+                            # that name no GPU)
+                            "env": pod_resource_env(),
                             "ports": [
                                 {"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}
                             ],

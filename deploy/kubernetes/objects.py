@@ -167,6 +167,22 @@ def pod_security(user_id: int) -> Obj:
     }
 
 
+def pod_resource_env() -> list[Obj]:
+    """The env of a container that sends spans: its pod's name and namespace from the
+    downward API as the OpenTelemetry resource attributes ``k8s.pod.name`` and
+    ``k8s.namespace.name`` (the SDK reads ``OTEL_RESOURCE_ATTRIBUTES``). The exporter
+    labels the request series that name no GPU with them, and the rules join those to
+    the GPU the pod holds (alerts/pod_join.py)."""
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {
+            "name": "OTEL_RESOURCE_ATTRIBUTES",
+            "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)",
+        },
+    ]
+
+
 def tmp_volume() -> tuple[Obj, Obj]:
     # the root filesystem is read-only; Python and libraries may still want a /tmp
     return (

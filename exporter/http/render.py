@@ -20,6 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.contract.labels import OMIT_EMPTY
 from gpuscope.contract.rows import unit_of
 from gpuscope.exporter.ingest.series import HistogramFamily, HistogramSeries
 
@@ -130,7 +131,11 @@ def _histogram_pieces(families: Iterable[HistogramFamily], openmetrics: bool) ->
         bounds = [repr(b) for b in family.bounds] + ["+Inf"]
         names = family.label_names
         for labels, series in family.items():
-            text = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, labels, strict=True))
+            text = ",".join(
+                f'{n}="{_escape(v)}"'
+                for n, v in zip(names, labels, strict=True)
+                if v or n not in OMIT_EMPTY
+            )
             yield _series_text(name, text, bounds, series, openmetrics)
 
 

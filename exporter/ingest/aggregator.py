@@ -60,13 +60,20 @@ from gpuscope.exporter.ingest.stock_spans import StatusUnreadable, StockSpanMetr
 
 SPAN_KIND_SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 SERVICE_NAME_RESOURCE = "service.name"
+# The OpenTelemetry semantic conventions' Kubernetes resource attributes: the pod a
+# request's spans came from (set from the downward API, ``OTEL_RESOURCE_ATTRIBUTES``).
+K8S_NAMESPACE_NAME = "k8s.namespace.name"
+K8S_POD_NAME = "k8s.pod.name"
+# (namespace, pod) of a resource; ("", "") where it names none
+Pod = tuple[str, str]
+NO_POD: Pod = ("", "")
 UuidsForPid = Callable[[PidClaim], tuple[str, ...]]
 
 # The order in which the code below writes each family's label values; ``label_order``
 # puts them in the row's order by name, so a row may reorder its labels freely.
-_BASE = (L.SERVICE, L.MODEL, L.UUID, L.GPU)
-_WITH_OPERATION = (L.SERVICE, L.MODEL, L.OPERATION, L.UUID, L.GPU)
-_DURATION = (L.SERVICE, L.MODEL, L.OPERATION, L.ROUTE, L.CODE, L.UUID, L.GPU)
+_BASE = (L.SERVICE, L.MODEL, L.UUID, L.GPU, L.NAMESPACE, L.POD)
+_WITH_OPERATION = (L.SERVICE, L.MODEL, L.OPERATION, L.UUID, L.GPU, L.NAMESPACE, L.POD)
+_DURATION = (L.SERVICE, L.MODEL, L.OPERATION, L.ROUTE, L.CODE, L.UUID, L.GPU, L.NAMESPACE, L.POD)
 _TOKENS = (L.DIRECTION, L.SERVICE, L.MODEL, L.OPERATION)
 
 # Reasons for ``gpuscope_spans_rejected_total{reason}``.
@@ -231,6 +238,12 @@ class SpanAggregator:
             except SpanRejected as exc:  # every span of this resource would carry it
                 service, resource_error = "", exc
             process_uuid = self._process_uuid(resource_spans.resource.attributes, authenticated)
+            pod = NO_POD
+            if resource_error is None:
+                try:
+                    pod = self._resource_pod(resource_spans.resource.attributes)
+                except SpanRejected as exc:
+                    pod, resource_error = NO_POD, exc
             for scope_spans in resource_spans.scope_spans:
                 received = scope_spans.spans
                 result.received += len(received)
@@ -241,7 +254,7 @@ class SpanAggregator:
                 own = scope_spans.scope.name == spans.INSTRUMENTATION_NAME
                 for span in received:
                     try:
-                        if not self._aggregate(span, service, own, process_uuid):
+                        if not self._aggregate(span, service, own, process_uuid, pod):
                             continue
                     except SpanRejected as exc:
                         rejected[exc.reason] += 1
@@ -261,7 +274,27 @@ class SpanAggregator:
         uuids = self.uuids_for_pid(claim)
         return uuids[0] if len(uuids) == 1 else ""
 
-    def _aggregate(self, span: Any, service: str, own: bool, process_uuid: str = "") -> bool:
+    def _resource_pod(self, attributes: Any) -> Pod:
+        """The resource's ``k8s.namespace.name`` and ``k8s.pod.name``, checked as labels;
+        ("", "") unless it names both (the rules join on the two: a pod name is unique
+        only within its namespace)."""
+        namespace = pod = None
+        for kv in attributes:
+            if kv.key == K8S_POD_NAME or kv.key == K8S_NAMESPACE_NAME:
+                value = kv.value
+                if value.WhichOneof("value") != _STRING:
+                    raise SpanRejected(WRONG_ATTRIBUTE_TYPE, f"{kv.key} must be {_STRING}")
+                if kv.key == K8S_POD_NAME:
+                    pod = self._label(value.string_value, K8S_POD_NAME)
+                else:
+                    namespace = self._label(value.string_value, K8S_NAMESPACE_NAME)
+        if not pod or not namespace:
+            return NO_POD
+        return namespace, pod
+
+    def _aggregate(
+        self, span: Any, service: str, own: bool, process_uuid: str = "", pod: Pod = NO_POD
+    ) -> bool:
         """Feed one span to its family; False for spans that feed none."""
         counted = span.kind == SPAN_KIND_SERVER or (own and span.name == spans.BATCH_SPAN_NAME)
         if not counted:
@@ -270,22 +303,22 @@ class SpanAggregator:
         key = span.trace_id + span.span_id
         if key in self.recent:
             raise SpanRejected(DUPLICATE, "a span with this trace and span id was counted already")
-        self._feed(span, service, own, process_uuid)
+        self._feed(span, service, own, process_uuid, pod)
         self.recent.add(key)  # once counted in full: a rejected span may be sent again
         return True
 
-    def _feed(self, span: Any, service: str, own: bool, process_uuid: str) -> None:
+    def _feed(self, span: Any, service: str, own: bool, process_uuid: str, pod: Pod) -> None:
         if not own:
             engine = None
             if engine_spans.is_engine_request_span(span.name):
-                engine = self._engine_span(span, service, process_uuid)
+                engine = self._engine_span(span, service, process_uuid, pod)
             self._stock_span(span, service)
             if engine is not None:  # observed only once the whole span proved valid
                 self._observe_engine_span(*engine)
         elif span.kind == SPAN_KIND_SERVER:
-            self._server_span(span, service, process_uuid)
+            self._server_span(span, service, process_uuid, pod)
         else:
-            self._batch_span(span, service)
+            self._batch_span(span, service, pod)
 
     def _stock_span(self, span: Any, service: str) -> None:
         ref = _span_ref(span)
@@ -296,8 +329,8 @@ class SpanAggregator:
             raise SpanRejected(WRONG_ATTRIBUTE_TYPE, str(exc)) from exc
 
     def _engine_span(
-        self, span: Any, service: str, process_uuid: str
-    ) -> tuple[engine_spans.EngineReport, tuple[str, str, str, str], float, SpanRef] | None:
+        self, span: Any, service: str, process_uuid: str, pod: Pod = NO_POD
+    ) -> tuple[engine_spans.EngineReport, tuple[str, ...], float, SpanRef] | None:
         """An engine's request span that no gpuscope server span counts, validated.
 
         Returns what ``_observe_engine_span`` counts, or None when a server span counts
@@ -319,23 +352,25 @@ class SpanAggregator:
             raise SpanRejected(reason, str(exc)) from exc
         model = self._label(report.model, spans.GEN_AI_REQUEST_MODEL)
         gpu = self._gpu_index.get(process_uuid, "") if process_uuid else ""
-        return report, (service, model, process_uuid, gpu), (end - start) / 1e9, ref
+        namespace, pod_name = NO_POD if process_uuid else pod
+        base = (service, model, process_uuid, gpu, namespace, pod_name)
+        return report, base, (end - start) / 1e9, ref
 
     def _observe_engine_span(
         self,
         report: engine_spans.EngineReport,
-        base: tuple[str, str, str, str],
+        base: tuple[str, ...],
         seconds: float,
         ref: SpanRef,
     ) -> None:
-        service, model, uuid, gpu = base
-        duration_key = self._duration_key((service, model, "", "", "", uuid, gpu))
+        service, model, uuid, gpu, namespace, pod = base
+        duration_key = self._duration_key((service, model, "", "", "", *base[2:]))
         self.duration.observe(duration_key, seconds, ref)
         for phase, seconds in report.phases.items():
             self.phase.observe(self._phase_key((phase, *base)), seconds, ref)
         for stage, seconds in report.stages.items():
             self.compute_stage.observe(self._stage_key((stage, *base)), seconds, ref)
-        with_operation = (service, model, "", uuid, gpu)
+        with_operation = (service, model, "", uuid, gpu, namespace, pod)
         if report.time_to_first_token is not None:
             ttft_key = self._ttft_key(with_operation)
             self.ttft.observe(ttft_key, report.time_to_first_token, ref)
@@ -349,7 +384,9 @@ class SpanAggregator:
             output_key = self._tokens_key((L.OUTPUT, service, model, ""))
             self.tokens.inc(output_key, report.output_tokens)
 
-    def _server_span(self, span: Any, resource_service: str, process_uuid: str = "") -> None:
+    def _server_span(
+        self, span: Any, resource_service: str, process_uuid: str = "", pod: Pod = NO_POD
+    ) -> None:
         ref = _span_ref(span)
         start, end = _span_times(span)
         values = _read_attributes(span.attributes, _SERVER_SLOTS, _SERVER_SLOT_COUNT)
@@ -384,13 +421,16 @@ class SpanAggregator:
         tokens_out = _count(values[_OUT], spans.GEN_AI_USAGE_OUTPUT_TOKENS)
         # Validated in full: from here on nothing can reject the span half-counted.
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
+        # the pod only where the request names no GPU: the rules join it to the pod's
+        namespace, pod_name = NO_POD if uuid else pod
+        where = (uuid, gpu, namespace, pod_name)
         self.duration.observe(
-            self._duration_key((service, model, operation, route, code_label, uuid, gpu)),
+            self._duration_key((service, model, operation, route, code_label, *where)),
             duration,
             ref,
         )
-        base = (service, model, uuid, gpu)
-        with_operation = (service, model, operation, uuid, gpu)
+        base = (service, model, *where)
+        with_operation = (service, model, operation, *where)
         phase_keys = self._phase_keys.get(base)
         if phase_keys is None:
             phase_keys = self._new_phase_keys(base)
@@ -417,7 +457,7 @@ class SpanAggregator:
         self._phase_keys[base] = keys
         return keys
 
-    def _batch_span(self, span: Any, resource_service: str) -> None:
+    def _batch_span(self, span: Any, resource_service: str, pod: Pod = NO_POD) -> None:
         ref = _span_ref(span)
         start, end = _span_times(span)
         values = _read_attributes(span.attributes, _BATCH_SLOTS, len(_BATCH_SLOTS))
@@ -432,7 +472,9 @@ class SpanAggregator:
         model = label(values[_B_MODEL], spans.GEN_AI_REQUEST_MODEL)
         uuid = label(values[_B_UUID], spans.GPU_UUID)
         gpu = self._gpu_index.get(uuid, "") if uuid else ""
-        self.batch_size.observe(self._batch_key((service, model, uuid, gpu)), size, ref)
+        namespace, pod_name = NO_POD if uuid else pod
+        batch_key = self._batch_key((service, model, uuid, gpu, namespace, pod_name))
+        self.batch_size.observe(batch_key, size, ref)
         if uuid:
             seconds, most = (end - start) / 1e9, max(size, max_size or size)
             for observer in self.compute_observers:

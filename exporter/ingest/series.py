@@ -128,22 +128,36 @@ class HistogramSeries:
                 return copy
 
 
+# The positions an overflow series copies from the diverted label set: ``(position,
+# only_empty)``, ``only_empty`` for a label left out when empty (``labels.OMIT_EMPTY``).
+Kept = tuple[tuple[int, bool], ...]
+
+
 def overflow_key(
     label_names: Sequence[str], bounded: Collection[str]
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Positions of the kept labels, and the key with every other label ``OVERFLOW``."""
-    kept = tuple(i for i, name in enumerate(label_names) if name in bounded)
+) -> tuple[Kept, tuple[str, ...]]:
+    """Positions of the kept labels, and the key with every other label ``OVERFLOW``.
+
+    A label left out when empty (``labels.OMIT_EMPTY``: the pod) is kept where it is
+    empty, so the overflow series of senders without it stay as they were; a value it
+    has is folded like the others'."""
+    kept = tuple(
+        (i, name not in bounded)
+        for i, name in enumerate(label_names)
+        if name in bounded or name in labels.OMIT_EMPTY
+    )
     return kept, (OVERFLOW,) * len(label_names)
 
 
 def _overflow_labels(
-    labels: tuple[str, ...], kept: tuple[int, ...], template: tuple[str, ...]
+    values: tuple[str, ...], kept: Kept, template: tuple[str, ...]
 ) -> tuple[str, ...]:
     if not kept:
         return template
     folded = list(template)
-    for position in kept:
-        folded[position] = labels[position]
+    for position, only_empty in kept:
+        if not only_empty or not values[position]:
+            folded[position] = values[position]
     return tuple(folded)
 
 

@@ -38,9 +38,12 @@ T0 = 1_700_000_000_000_000_000  # a fixed epoch instant (ns) for span times
 class SpanFactory:
     """Finished SDK spans with chosen attributes, as the middleware would emit them."""
 
-    def __init__(self, service: str = "test-worker") -> None:
+    def __init__(
+        self, service: str = "test-worker", resource: Mapping[str, AttributeValue] | None = None
+    ) -> None:
         self.memory = InMemorySpanExporter()
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        attributes = {"service.name": service, **(resource or {})}
+        self.provider = TracerProvider(resource=Resource.create(attributes))
         self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
         self.tracer = self.provider.get_tracer("gpuscope")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -196,8 +197,10 @@ def test_label_sets_past_the_cap_go_to_one_overflow_series() -> None:
     assert len(aggregator.duration) == 5  # 4 real + the overflow series
     assert aggregator.duration.overflowed == 6
     reg = registry_of(aggregator)
-    # the exporter's own gpu label ("" here: no GPU source) is kept, the rest fold
-    overflow = dict.fromkeys(aggregator.duration.label_names, OVERFLOW) | {"gpu": ""}
+    # the exporter's own gpu label ("" here: no GPU source) is kept, the rest fold; the
+    # pod's, empty, are left out as on every other series of a sender without a pod
+    names = set(aggregator.duration.label_names) - {"namespace", "pod"}
+    overflow = dict.fromkeys(names, OVERFLOW) | {"gpu": ""}
     assert reg.get_sample_value("gpuscope_request_duration_seconds_count", overflow) == 6
     assert (
         reg.get_sample_value(
@@ -397,3 +400,70 @@ def test_overflow_keeps_phase_and_direction_so_their_sums_stay_exact() -> None:
         )
         assert total == 1000 * per_request
     assert len(aggregator.phase) <= 20 + len(contract.PHASES)  # the cap, plus one per phase
+
+
+POD_RESOURCE: dict[str, AttributeValue] = {
+    "k8s.pod.name": "vllm-0",
+    "k8s.namespace.name": "serving",
+}
+NO_UUID: dict[str, AttributeValue] = {contract.GPU_UUID: ""}
+
+
+def _served(
+    resource: Mapping[str, AttributeValue] | None, attrs: Mapping[str, AttributeValue]
+) -> str:
+    spans = SpanFactory(service="svc", resource=resource)
+    batch = [
+        spans.server(
+            0.05, phases={"queue": 0.01}, attrs={**attrs, contract.TIME_TO_FIRST_TOKEN: 0.02}
+        ),
+        spans.batch(4, attrs=attrs),
+    ]
+    aggregator = SpanAggregator()
+    assert aggregator.ingest(encode(batch)).aggregated == 2
+    return render_histograms(aggregator.histograms, openmetrics=False)
+
+
+def test_the_pod_of_spans_that_name_no_gpu_labels_their_request_series() -> None:
+    text = _served(POD_RESOURCE, NO_UUID)
+    pod = {"namespace": "serving", "pod": "vllm-0", "uuid": "", "gpu": ""}
+    parsed = samples(text)
+    for name in (
+        "gpuscope_request_duration_seconds_count",
+        "gpuscope_request_phase_seconds_count",
+        "gpuscope_time_to_first_token_seconds_count",
+        "gpuscope_batch_size_count",
+    ):
+        assert value(parsed, name, pod) == 1, name
+    # the same spans from no pod: the series as they were, no pod labels at all
+    plain = _served(None, NO_UUID)
+    assert "pod=" not in plain and "namespace=" not in plain
+    assert plain == text.replace(',namespace="serving",pod="vllm-0"', "")
+
+
+def test_spans_that_name_their_gpu_keep_no_pod_labels() -> None:
+    # the series names its GPU already: no join needed, and no series per pod name
+    assert _served(POD_RESOURCE, {}) == _served(None, {})
+
+
+def test_a_namespace_or_a_pod_alone_names_no_pod() -> None:
+    # the rules join on both: a pod's name is unique only within its namespace
+    assert _served({"k8s.namespace.name": "serving"}, NO_UUID) == _served(None, NO_UUID)
+    assert _served({"k8s.pod.name": "vllm-0"}, NO_UUID) == _served(None, NO_UUID)
+
+
+def test_pods_past_the_series_cap_fold_into_the_overflow_series() -> None:
+    aggregator = SpanAggregator(max_series=2)
+    for i in range(4):
+        spans = SpanFactory(service="svc", resource={**POD_RESOURCE, "k8s.pod.name": f"p-{i}"})
+        aggregator.ingest(encode([spans.server(0.01, attrs=NO_UUID)]))
+    assert len(aggregator.duration) == 3
+    text = render_histograms([aggregator.duration], openmetrics=False)
+    assert 'namespace="__overflow__",pod="__overflow__"' in text
+    assert {'pod="p-0"' in text, 'pod="p-1"' in text, 'pod="p-2"' in text} == {True, False}
+
+
+def test_a_pod_name_of_the_wrong_type_rejects_its_resource_spans() -> None:
+    spans = SpanFactory(service="svc", resource={**POD_RESOURCE, "k8s.pod.name": 7})
+    result = SpanAggregator().ingest(encode([spans.server(0.01, attrs=NO_UUID)]))
+    assert result.rejected == {"wrong_attribute_type": 1}
