@@ -19,14 +19,18 @@ verdict and the alerts already read, with the engine as the ``source`` label, as
   of their own (``alerts/rules/engines.yml``).
 
 A timing an engine does not measure has no rule, so its series stay absent, never 0.
-The engines' series name no GPU index: requests are joined to the GPUs of their host
-(``uuid`` and ``gpu`` empty), like vLLM's.
+The engines' series name no GPU index. Like vLLM's, where the scrape target carries
+its pod (``namespace`` / ``pod``, a Kubernetes target) and that pod holds exactly one GPU
+dcgm-exporter names, the requests take that GPU's ``host``, ``gpu`` and ``uuid``
+(``pod_join.by_pod``) and meet its conditions; otherwise they are joined to the GPUs of
+their host (``uuid`` and ``gpu`` empty).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from alerts.pod_join import by_pod
 from alerts.recording import (
     error_ratio,
     indent,
@@ -58,7 +62,7 @@ from pack.recorded import (
     rate_record,
     slo_errors_ratio,
 )
-from pack.settings import SERVICE_MODEL, Settings, Slo, seconds_of
+from pack.settings import GPU, SERVICE_MODEL, Settings, Slo, seconds_of
 
 # The recording group whose verdict reads the engines' timings.
 BOTTLENECK_GROUP = "gpuscope-bottleneck"
@@ -72,13 +76,17 @@ def _sum(settings: Settings, engine: Engine, expr: str, by: str, agg: str = "sum
     """``agg by (by)`` (``sum`` unless told) of ``expr`` over the engine's series with
     gpuscope's label names: service from the scrape's ``job``, model from the engine's
     model label (TGI names none: a ``model`` target label set in the scrape config is
-    kept), host from ``instance`` when ``by`` keeps it. Model versions, ranks and the
-    like add up."""
+    kept), host from ``instance`` when ``by`` keeps it, with the ``host``, ``gpu`` and
+    ``uuid`` of the one GPU the target's pod holds where it has one (``by_pod``, as for
+    vLLM's). Model versions, ranks and the like add up."""
     if "host" in by:
         expr = with_host(settings, expr)
     if engine.model_label and engine.model_label != MODEL:
         expr = _copy_label(expr, MODEL, engine.model_label)
     expr = _copy_label(expr, SERVICE, "job")
+    if "host" in by:
+        expr = by_pod(expr)
+        by = by.replace("host", f"host, {GPU}", 1)
     return f"{agg} by ({by}) (\n  {indent(expr)}\n)"
 
 

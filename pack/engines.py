@@ -528,7 +528,7 @@ TRITON_ENGINE = Engine(
         batch_size="mean: (nv_inference_count + failed executed requests) "
         "/ nv_inference_exec_count",
         kv_cache="TensorRT-LLM backend only: nv_trt_llm_kv_cache_block_metrics",
-        gpu_join="per host",
+        gpu_join="by pod (with dcgm-exporter: the one GPU the pod holds), else per host",
         quantiles="means only from the counters; TTFT quantiles from the optional "
         "histogram; the optional summaries give per-phase quantiles of Triton's own "
         "(not mapped: compute's P99 is not the sum of its parts' P99s)",
@@ -636,7 +636,7 @@ TGI_ENGINE = Engine(
         tpot="",
         batch_size="running batch: tgi_batch_current_size while a batch runs",
         kv_cache="",
-        gpu_join="per host",
+        gpu_join="by pod (with dcgm-exporter: the one GPU the pod holds), else per host",
         quantiles="every phase and the request duration (buckets from 0.15 ms, ×1.5)",
     ),
 )
@@ -760,7 +760,7 @@ SGLANG_ENGINE = Engine(
         tpot="yes",
         batch_size="",
         kv_cache="sglang:token_usage",
-        gpu_join="per host",
+        gpu_join="by pod (with dcgm-exporter: the one GPU the pod holds), else per host",
         quantiles="request duration, TTFT and TPOT; phases means only",
     ),
 )
@@ -867,7 +867,7 @@ TRTLLM_ENGINE = Engine(
         tpot="yes",
         batch_size="",
         kv_cache="trtllm_kv_cache_utilization",
-        gpu_join="per host",
+        gpu_join="by pod (with dcgm-exporter: the one GPU the pod holds), else per host",
         quantiles="request duration, TTFT and TPOT (vLLM's buckets); phases means only",
     ),
     page="tensorrt-llm.md",
@@ -931,7 +931,7 @@ VLLM_ENGINE = Engine(
         tpot="yes",
         batch_size="",
         kv_cache=VLLM_KV_USAGE,
-        gpu_join="per host",
+        gpu_join="by pod (with dcgm-exporter: the one GPU the pod holds), else per host",
         quantiles="every timing, at vLLM's bucket resolution (from 0.3 s)",
     ),
     # no batch wait or batch size: continuous batching admits into the running batch
