@@ -203,12 +203,21 @@ def _usage_tokens(body: dict[str, Any], default: int | None = None) -> int | Non
     return tokens
 
 
+def _no_models_list(base_url: str, status: int) -> str:
+    """Why ``/models`` could not name a model; a 404 under a URL without ``/v1`` is most
+    often the server's root given where the API's base belongs."""
+    message = f"{base_url}/models answered {status}; pass --model"
+    if status == 404 and not base_url.rstrip("/").endswith("/v1"):
+        message += f", or, if the API lives under /v1, --url {base_url.rstrip('/')}/v1"
+    return message
+
+
 async def discover_model(session: aiohttp.ClientSession, base_url: str) -> str:
     """The first model the endpoint lists under ``/models``."""
     try:
         async with session.get(base_url + "/models") as response:
             if response.status != 200:
-                raise RuntimeError(f"{base_url}/models answered {response.status}; pass --model")
+                raise RuntimeError(_no_models_list(base_url, response.status))
             body = _json_object(await read_body(response, MAX_MODELS_BYTES))
     except (TimeoutError, aiohttp.ClientError, OSError, Malformed, TooLarge) as exc:
         why = str(exc) or type(exc).__name__  # a TimeoutError says nothing of itself

@@ -12,9 +12,11 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+import aiohttp
 import pytest
 from aiohttp import web
 
+from gpuscope.loadgen.client import discover_model
 from gpuscope.loadgen.results import Load, StepResult
 from gpuscope.loadgen.runner import Plan, Runner, Target
 from gpuscope.loadgen.workload import Lengths, synthetic_requests
@@ -68,6 +70,22 @@ async def hostile() -> AsyncIterator[Hostile]:
         yield server
     finally:
         await runner.cleanup()
+
+
+async def test_the_server_root_given_for_the_api_base_names_v1(hostile: Hostile) -> None:
+    """A newcomer's ``--url http://host:8000``: /models is a 404 there, and the error
+    says where the API most likely is, not only that a model could be passed."""
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(RuntimeError) as root:
+            await discover_model(session, hostile.url)
+        assert str(root.value) == (
+            f"{hostile.url}/models answered 404; pass --model, or, if the API lives under"
+            f" /v1, --url {hostile.url}/v1"
+        )
+        # under /v1 already, the hint would be wrong: only the model is suggested
+        with pytest.raises(RuntimeError, match=r"/v1/v1/models answered 404; pass --model$"):
+            await discover_model(session, hostile.url + "/v1/v1")
+        assert await discover_model(session, hostile.url + "/v1") == "m"
 
 
 def events(*lines: bytes, done: bool = True) -> Handler:
