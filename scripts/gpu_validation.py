@@ -7,6 +7,9 @@ it is tested on canned scrapes where no GPU exists.
 
 from __future__ import annotations
 
+import ctypes
+import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,3 +246,88 @@ def driver_facts(nvml: Any, gpu: int) -> dict[str, Any]:
             facts["memory_v2_used_bytes"] = int(v2.used)
             facts["memory_v2_reserved_bytes"] = int(v2.reserved)
     return facts
+
+
+# The NVML calls the exporter and the doctor make, with the arguments they pass (by the
+# name of the pynvml constant, so the list reads like the code it mirrors).
+NVML_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("name", "nvmlDeviceGetName", ()),
+    ("uuid", "nvmlDeviceGetUUID", ()),
+    ("architecture", "nvmlDeviceGetArchitecture", ()),
+    ("memory_v1", "nvmlDeviceGetMemoryInfo", ()),
+    ("utilization", "nvmlDeviceGetUtilizationRates", ()),
+    ("sm_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)),
+    ("memory_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",)),
+    ("sm_clock_max", "nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_SM",)),
+    ("memory_clock_max", "nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_MEM",)),
+    ("sm_clock_target", "nvmlDeviceGetClock", ("NVML_CLOCK_SM", "NVML_CLOCK_ID_APP_CLOCK_TARGET")),
+    ("power_mw", "nvmlDeviceGetPowerUsage", ()),
+    ("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", ()),
+    ("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", ()),
+    ("temperature", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)),
+    ("pcie_tx_kib_s", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",)),
+    ("pcie_rx_kib_s", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",)),
+    ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", ()),
+    ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", ()),
+    ("clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ()),
+    ("clock_throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ()),
+    (
+        "ecc_uncorrected_volatile",
+        "nvmlDeviceGetTotalEccErrors",
+        ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+    ),
+    ("compute_mode", "nvmlDeviceGetComputeMode", ()),
+    ("mig_mode", "nvmlDeviceGetMigMode", ()),
+    ("max_mig_devices", "nvmlDeviceGetMaxMigDeviceCount", ()),
+    ("numa_node", "nvmlDeviceGetNumaNodeId", ()),
+    ("compute_processes", "nvmlDeviceGetComputeRunningProcesses", ()),
+    ("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses", ()),
+    ("mps_processes", "nvmlDeviceGetMPSComputeRunningProcesses", ()),
+    ("gpm_support", "nvmlGpmQueryDeviceSupport", ()),
+)
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A pynvml answer (ctypes structs, arrays, bytes, wrapper objects) as JSON values."""
+    if depth > 4:
+        return repr(value)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    if isinstance(value, ctypes.Array | list | tuple):
+        return [_plain(item, depth + 1) for item in list(value)[:16]]
+    if isinstance(value, ctypes.Structure | ctypes.Union):
+        return {field[0]: _plain(getattr(value, field[0]), depth + 1) for field in value._fields_}
+    if hasattr(value, "__dict__"):
+        return {key: _plain(item, depth + 1) for key, item in vars(value).items()}
+    return repr(value)
+
+
+def nvml_calls(nvml: Any, gpu: int, *, repeat: int = 5) -> dict[str, dict[str, Any]]:
+    """Each call of ``NVML_CALLS`` on GPU ``gpu`` through ``nvml`` (pynvml, initialised):
+    its answer or its NVML error code, and the median and the slowest of ``repeat``
+    timings in ms. On a lent GPU this records what the driver says; on the C fake the
+    same run records what the fake says, and the two side by side show where the fake
+    is wrong."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
+    answers: dict[str, dict[str, Any]] = {}
+    for label, function, constants in NVML_CALLS:
+        call = getattr(nvml, function, None)
+        if call is None or not all(hasattr(nvml, name) for name in constants):
+            answers[label] = {"absent_from_pynvml": True}
+            continue
+        args = [getattr(nvml, name) for name in constants]
+        timings: list[float] = []
+        answer: dict[str, Any] = {}
+        for _ in range(repeat):
+            start = time.perf_counter()
+            try:
+                answer = {"value": _plain(call(handle, *args))}
+            except nvml.NVMLError as exc:
+                answer = {"error": exc.value}  # NVML_ERROR_* (nvml.h)
+            timings.append(time.perf_counter() - start)
+        answer["median_ms"] = round(statistics.median(timings) * 1000, 4)
+        answer["max_ms"] = round(max(timings) * 1000, 4)
+        answers[label] = answer
+    return answers

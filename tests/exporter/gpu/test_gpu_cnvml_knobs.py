@@ -6,6 +6,8 @@ the lowest nvidia-ml-py the project declares and the newest."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.processes
 
 RELEASES = (library.PYNVML_FLOOR, library.PYNVML_NEWEST)
 # NVML_ERROR_* values of nvml.h
+NOT_SUPPORTED = 3
 TIMEOUT, FUNCTION_NOT_FOUND, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH, UNKNOWN = 10, 13, 15, 18, 999
 PRELUDE = """
 import json, math, time
@@ -250,3 +253,47 @@ def test_the_hardware_scripts_driver_facts_tell_the_branches_apart(
     # v1 counts the 614 MiB reserved as used; v2 keeps it apart
     assert facts["memory_v1_used_bytes"] - facts["memory_v2_used_bytes"] == 614 * 2**20
     assert facts["memory_v2_reserved_bytes"] == 614 * 2**20
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_nvml_probe_records_the_fakes_answers(h200: Path, release: str) -> None:
+    """``scripts/nvml-probe`` (also run inside ``scripts/gpu-check``) records each call's
+    answer or error code: under the fake, the h200 capture's idle values."""
+    probe = Path(__file__).resolve().parents[3] / "scripts" / "nvml-probe"
+    env = library.environment(h200, pynvml=release)
+    done = subprocess.run(
+        [sys.executable, str(probe), "--repeat", "1"], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calls = json.loads(done.stdout)["calls"]
+    values = {label: answer.get("value", answer.get("error")) for label, answer in calls.items()}
+    assert values["name"] == "NVIDIA H200"
+    assert values["sm_clock"] == 345 and values["sm_clock_max"] == 1980
+    assert values["memory_clock"] == 3201
+    assert values["power_mw"] == 77710 and values["power_limit_mw"] == 700000
+    assert values["temperature"] == 28
+    assert (values["pcie_link_generation"], values["pcie_link_width"]) == (5, 16)
+    assert values["clock_event_reasons"] == 1  # gpu_idle, 0x1 in the capture
+    assert values["memory_v1"]["used"] == 614 * 2**20  # v1 counts the reserved memory
+    if release == library.PYNVML_FLOOR:  # its pynvml has no wrapper for the call
+        assert calls["numa_node"] == {"absent_from_pynvml": True}
+    else:
+        assert values["numa_node"] == NOT_SUPPORTED  # "GPU NUMA ID N/A" in the capture
+    assert values["compute_processes"] == []
+    assert all("median_ms" in answer for answer in calls.values() if "value" in answer)
+
+
+def test_the_nvml_probe_without_a_library_or_with_a_missing_gpu_exits_2(h200: Path) -> None:
+    probe = Path(__file__).resolve().parents[3] / "scripts" / "nvml-probe"
+    no_library = {k: v for k, v in library.environment(h200).items() if k != "LD_LIBRARY_PATH"}
+    for env, why in (
+        (no_library, "cannot load NVML"),
+        (library.environment(h200), "--gpu 3: only 1 GPUs present"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(probe), "--gpu", "3"], env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+        assert done.stdout == ""
