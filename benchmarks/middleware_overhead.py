@@ -32,8 +32,10 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from starlette_exporter import PrometheusMiddleware
 
 from gpuscope.middleware import (
@@ -43,6 +45,7 @@ from gpuscope.middleware import (
     current_timeline,
 )
 from gpuscope.middleware.otlp_encoding import encode_export_request
+from gpuscope.middleware.span_pipeline import BoundedTracerProvider, CountingBatchSpanProcessor
 from gpuscope.middleware.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -179,15 +182,22 @@ def configurations(chunks: int) -> dict[str, tuple[Config, bool]]:
 def measure(name: str, chunks: int, encode: bool, requests: int) -> float:
     build, traced = configurations(chunks)[name]
     provider: TracerProvider | None = None
-    processor: BatchSpanProcessor | None = None
     if traced:
-        provider = TracerProvider()
         exporter: SpanExporter = DiscardExporter()
         if encode:
             own = name in ("gpuscope", "gpuscope-children")
             exporter = GpuscopeEncodeExporter() if own else SdkEncodeExporter()
-        processor = BatchSpanProcessor(exporter, max_queue_size=65536)
-        provider.add_span_processor(processor)
+        if name.startswith("gpuscope"):
+            # as setup_tracing() ships it: gpuscope's pipeline and provider
+            provider = BoundedTracerProvider(
+                CountingBatchSpanProcessor(exporter, max_queue_size=65536),
+                resource=Resource.create({}),
+                sampler=ALWAYS_ON,
+                shutdown_timeout_s=30.0,
+            )
+        else:
+            provider = TracerProvider()
+            provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=65536))
     app = build(provider)
     asyncio.run(drive(app, 25 * BATCH_SIZE))  # warm-up
     result = asyncio.run(drive_and_flush(app, requests, provider))

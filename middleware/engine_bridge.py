@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 class EngineSpanBridge(SpanProcessor):
     """Pairs engine request spans with the in-flight server spans they belong to."""
 
+    # on_start reads a span's name and parent only, on_end a ReadableSpan: gpuscope's
+    # direct spans (direct_spans) will do
+    takes_direct_spans = True
+
     def __init__(self) -> None:
         # Every access is one dict operation, atomic under the GIL: no lock on the
         # per-request path (engines may end their spans from another thread).

@@ -25,13 +25,18 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, Tracer, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.util.types import Attributes
 
+from gpuscope import spans
 from gpuscope.middleware import stats
+from gpuscope.middleware.direct_spans import DirectTracer
 from gpuscope.middleware.export import RetryingExporter
 
 # After the deadline, how long an export already on the wire may take to give up.
@@ -45,6 +50,9 @@ SHUTDOWN_RETRY_S = 1.0
 
 class CountingBatchSpanProcessor(SpanProcessor):
     """Batches finished spans to ``exporter`` from one thread; counts every drop."""
+
+    # on_start does nothing and on_end reads a ReadableSpan: direct spans will do
+    takes_direct_spans = True
 
     def __init__(
         self,
@@ -156,7 +164,8 @@ class BoundedTracerProvider(TracerProvider):
     ``shutdown(timeout_s)`` gives gpuscope's span pipeline at most ``timeout_s``
     (default: the one given at construction) before the other processors shut down.
     ``receiver_keeps_phase_spans()`` asks ``receiver`` (the exporter's last answer,
-    see ``phase_spans``); None without one.
+    see ``phase_spans``); None without one. The ``gpuscope`` instrumentation's tracer
+    builds its spans directly (``direct_spans``) while every processor takes them.
     """
 
     def __init__(
@@ -172,7 +181,41 @@ class BoundedTracerProvider(TracerProvider):
         self.pipeline = pipeline
         self.shutdown_timeout_s = shutdown_timeout_s
         self._receiver = receiver
+        self._direct_sampler = sampler is ALWAYS_ON
+        # The processors a direct span is handed to; None once one of them needs SDK
+        # spans. Replaced whole, never mutated: request threads read it unlocked.
+        self._direct: tuple[SpanProcessor, ...] | None = ()
         self.add_span_processor(pipeline)
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        takes_direct = getattr(span_processor, "takes_direct_spans", False) is True
+        if self._direct is not None and takes_direct:
+            self._direct = (*self._direct, span_processor)
+        else:
+            self._direct = None
+
+    def direct_processors(self) -> tuple[SpanProcessor, ...] | None:
+        return self._direct
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Attributes = None,
+    ) -> trace.Tracer:
+        tracer = super().get_tracer(
+            instrumenting_module_name, instrumenting_library_version, schema_url, attributes
+        )
+        if instrumenting_module_name != spans.INSTRUMENTATION_NAME or not self._direct_sampler:
+            return tracer
+        if not isinstance(tracer, Tracer):  # OTEL_SDK_DISABLED: the SDK's no-op tracer
+            return tracer
+        scope = InstrumentationScope(
+            instrumenting_module_name, instrumenting_library_version, schema_url, attributes
+        )
+        return DirectTracer(tracer, scope, self.resource, self.id_generator, self.direct_processors)
 
     def receiver_keeps_phase_spans(self) -> bool | None:
         return None if self._receiver is None else self._receiver()

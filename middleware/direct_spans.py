@@ -1,0 +1,383 @@
+"""gpuscope's own spans handed straight to gpuscope's own span pipeline.
+
+Under ``setup_tracing()``'s provider every span of the ``gpuscope`` instrumentation
+(the server span, the batch span, the phase children) goes to one place: the
+provider's ``CountingBatchSpanProcessor``, and the engine bridge, which reads a span's
+name and parent only. The SDK's ``Span`` pays for generality those spans do not use: a
+lock per call, every attribute value cleaned by the generic path, a sampler and a span
+processor fan-out per span. Measured in ``benchmarks/middleware_overhead.py``, that was
+the largest share of the middleware's cost per request (``docs/benchmarks.md``).
+
+``DirectTracer`` builds those spans as ``DirectSpan`` objects, which implement the
+tracing API's ``Span`` with a plain dict of attributes, and on ``end()`` hand one
+``ReadableSpan`` (the SDK's public read-only span, what every processor and exporter
+takes) to the provider's processors. What the SDK guarantees is kept: values are
+checked as the SDK checks them (the common scalar types by type, anything else through
+the API's own ``BoundedAttributes``), the attribute, event and link limits are the
+SDK's ``SpanLimits`` from the same environment variables, ids come from the provider's
+``id_generator``, the parent and its trace state from the context. It applies only
+where it cannot change what anyone sees: the provider is ``BoundedTracerProvider``
+with the ``ALWAYS_ON`` sampler, and each of its processors says it takes direct spans
+(``takes_direct_spans``). A processor that a user adds with ``add_span_processor``
+(which may call SDK-only methods in ``on_start``) switches every later span back to
+the SDK's own path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.status import Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.util.types import Attributes
+
+logger = logging.getLogger(__name__)
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_EMPTY_TRACE_STATE = TraceState()
+# Values the SDK keeps as they are (bool before int: it is one); anything else is
+# checked by BoundedAttributes, the API's own cleaning.
+_SCALARS = (str, bool, int, float)
+
+
+def _is_scalar(value: object) -> bool:
+    kind = type(value)
+    return kind is str or kind is bool or kind is int or kind is float
+
+
+class _Attributes:
+    """Attribute values checked as the SDK checks them, within its count limit (the
+    oldest dropped first) and its value length limit."""
+
+    def __init__(self, limit: int | None, max_length: int | None) -> None:
+        self.limit = limit
+        self.max_length = max_length
+
+    def clean(self, key: str, value: object) -> tuple[bool, AttributeValue | None]:
+        """Whether to store ``value`` under ``key``, and as what. The SDK stores what
+        its cleaning returns, None for a value it could not convert (the API logs why)."""
+        if isinstance(key, str) and key:
+            if _is_scalar(value) and (self.max_length is None or type(value) is not str):
+                return True, value  # type: ignore[return-value]
+            if type(value) in (list, tuple) and self._homogeneous(value):  # type: ignore[arg-type]
+                return True, tuple(value)  # type: ignore[arg-type]
+        checked = BoundedAttributes(
+            maxlen=1, attributes=None, immutable=False, max_value_len=self.max_length
+        )
+        checked[key] = value  # type: ignore[assignment]
+        if key not in checked:
+            return False, None
+        cleaned: AttributeValue | None = checked[key]
+        return True, cleaned
+
+    def _homogeneous(self, values: Sequence[object]) -> bool:
+        """A sequence the SDK keeps unchanged but as a tuple: one scalar type, no None."""
+        if not values or self.max_length is not None:
+            return False
+        first = type(values[0])
+        return first in _SCALARS and all(type(item) is first for item in values)
+
+    def put_all(self, into: dict[str, AttributeValue], values: Mapping[str, object]) -> None:
+        """``put`` each of ``values``; the common case (a scalar under a new key, room
+        left, no length limit) inline, since a span sets twenty at a time."""
+        room = self.limit if self.limit is not None else len(into) + len(values)
+        plain = self.max_length is None
+        for key, value in values.items():
+            kind = type(value)
+            if (
+                plain
+                and (kind is str or kind is float or kind is int or kind is bool)
+                and type(key) is str
+                and key
+                and key not in into
+                and len(into) < room
+            ):
+                into[key] = value  # type: ignore[assignment]
+            else:
+                self.put(into, key, value)
+
+    def put(self, into: dict[str, AttributeValue], key: str, value: object) -> None:
+        """Store ``value`` under ``key`` as the SDK's ``BoundedAttributes`` does: a key
+        set again moves to the end, and past the count limit the oldest is dropped."""
+        keep, cleaned = self.clean(key, value)
+        if not keep:
+            return
+        if key in into:
+            del into[key]
+        elif self.limit is not None and len(into) >= self.limit:
+            if self.limit == 0:
+                return
+            del into[next(iter(into))]
+        into[key] = cleaned
+
+
+class DirectSpan(trace.Span):
+    """A recording span whose ``end()`` hands a ``ReadableSpan`` to ``processors``."""
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        start_time: int,
+        tracer: DirectTracer,
+        processors: tuple[SpanProcessor, ...],
+        record_exception: bool,
+        set_status_on_exception: bool,
+    ) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.start_time = start_time
+        self.end_time: int | None = None
+        self.attributes: dict[str, AttributeValue] = {}
+        self.events: deque[Event] | None = None
+        self.links: deque[Link] | None = None
+        self.status = Status(StatusCode.UNSET)
+        self._tracer = tracer
+        self._processors = processors
+        self._record_exception = record_exception
+        self._set_status_on_exception = set_status_on_exception
+
+    # -- the tracing API ------------------------------------------------------------
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        if not self._ended("set_attributes"):
+            self._tracer.attributes.put_all(self.attributes, attributes)
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        if not self._ended("set_attribute"):
+            self._tracer.attributes.put(self.attributes, key, value)
+
+    def add_event(
+        self, name: str, attributes: Attributes = None, timestamp: int | None = None
+    ) -> None:
+        if self._ended("add_event"):
+            return
+        if self.events is None:
+            self.events = deque(maxlen=self._tracer.limits.max_events)
+        self.events.append(
+            Event(
+                name,
+                attributes,
+                time.time_ns() if timestamp is None else timestamp,
+                limit=self._tracer.limits.max_event_attributes,
+            )
+        )
+
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        if self._ended("add_link") or not context.is_valid:
+            return
+        if self.links is None:
+            self.links = deque(maxlen=self._tracer.limits.max_links)
+        self.links.append(Link(context, attributes))
+
+    def update_name(self, name: str) -> None:
+        if not self._ended("update_name"):
+            self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # As the SDK: OK is final, UNSET is never set, a Status carries its own description.
+        if self._ended("set_status") or self.status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is StatusCode.UNSET:
+                return
+            if description is not None:
+                logger.warning(
+                    "Description %s ignored. Use either `Status` or `(StatusCode, Description)`",
+                    description,
+                )
+            self.status = status
+        elif status is not StatusCode.UNSET:
+            self.status = Status(status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        # The event the SDK (1.45) writes: exception.type is module.qualname.
+        module = type(exception).__module__
+        qualname = type(exception).__qualname__
+        event: dict[str, AttributeValue] = {
+            "exception.type": f"{module}.{qualname}"
+            if module and module != "builtins"
+            else qualname,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            event.update(attributes)
+        self.add_event("exception", event, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended("end"):
+            return
+        self.end_time = time.time_ns() if end_time is None else end_time
+        finished = ReadableSpan(
+            self.name,
+            self.context,
+            self.parent,
+            self._tracer.resource,
+            self.attributes,
+            tuple(self.events or ()),
+            tuple(self.links or ()),
+            self.kind,
+            status=self.status,
+            start_time=self.start_time,
+            end_time=self.end_time,
+            instrumentation_scope=self._tracer.scope,
+        )
+        for processor in self._processors:
+            processor.on_end(finished)
+
+    def __exit__(self, exc_type: Any, exc_val: BaseException | None, exc_tb: Any) -> None:
+        if exc_val is not None and self.is_recording():
+            if self._record_exception:
+                self.record_exception(exc_val, escaped=True)
+            if self._set_status_on_exception:
+                self.set_status(Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}"))
+        super().__exit__(exc_type, exc_val, exc_tb)
+
+    def _ended(self, method: str) -> bool:
+        if self.end_time is None:
+            return False
+        logger.warning("Tried calling %s on an ended span.", method)
+        return True
+
+
+class DirectTracer(trace.Tracer):
+    """Starts ``DirectSpan`` objects while ``direct_processors()`` names the processors
+    to hand them to; the SDK tracer ``fallback`` otherwise."""
+
+    def __init__(
+        self,
+        fallback: trace.Tracer,
+        scope: InstrumentationScope,
+        resource: Resource,
+        id_generator: IdGenerator,
+        direct_processors: Callable[[], tuple[SpanProcessor, ...] | None],
+    ) -> None:
+        self.fallback = fallback
+        self.scope = scope
+        self.resource = resource
+        self.id_generator = id_generator
+        self.direct_processors = direct_processors
+        # SpanLimits() reads the OTEL_*_LIMIT variables, as the provider's own did.
+        self.limits = SpanLimits()
+        self.attributes = _Attributes(
+            self.limits.max_span_attributes, self.limits.max_span_attribute_length
+        )
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace.Span:
+        processors = self.direct_processors()
+        if processors is None:
+            return self.fallback.start_span(
+                name,
+                context,
+                kind,
+                attributes,
+                links,
+                start_time,
+                record_exception,
+                set_status_on_exception,
+            )
+        parent: SpanContext | None = trace.get_current_span(context).get_span_context()
+        if parent is not None and parent.is_valid:
+            trace_id, trace_state = parent.trace_id, parent.trace_state
+        else:
+            parent, trace_id, trace_state = None, self.id_generator.generate_trace_id(), None
+        span = DirectSpan(
+            name,
+            SpanContext(
+                trace_id,
+                self.id_generator.generate_span_id(),
+                is_remote=False,
+                trace_flags=_SAMPLED,
+                trace_state=trace_state or _EMPTY_TRACE_STATE,
+            ),
+            parent,
+            kind,
+            time.time_ns() if start_time is None else start_time,
+            self,
+            processors,
+            record_exception,
+            set_status_on_exception,
+        )
+        if attributes:
+            span.set_attributes(attributes)
+        for link in links or ():
+            span.add_link(link.context, link.attributes)
+        for processor in processors:
+            processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
+        return span
+
+    @contextmanager
+    def start_as_current_span(  # type: ignore[override]
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[trace.Span]:
+        span = self.start_span(
+            name,
+            context,
+            kind,
+            attributes,
+            links,
+            start_time,
+            record_exception,
+            set_status_on_exception,
+        )
+        with trace.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        ) as current:
+            yield current
