@@ -1,6 +1,6 @@
 """Recording rules over each engine's own ``/metrics``, from its row.
 
-Each engine (``pack/engines.py``: ``ENGINES``, with the release its names were
+Each engine (``pack/engines/``: ``ENGINES``, with the release its names were
 read from) is scraped by Prometheus as a job of its own (its selector:
 ``Settings.engine_jobs``). These rules write the numbers of every row of ``ROW_RULED``
 (Triton, TGI, SGLang, TensorRT-LLM, and any row added) into the series the boards, the

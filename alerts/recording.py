@@ -6,7 +6,7 @@ adds ``host``, the exporter's ``instance`` without its port. ``service_model_gpu
 keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
 ``service_model`` keeps ``source``, ``service`` and ``model``.
 
-``source`` says which path the numbers came through (``pack/engines.py``):
+``source`` says which path the numbers came through (``pack/engines/``):
 ``spans`` from gpuscope's exporter, ``vllm`` from vLLM's own ``/metrics`` mapped onto
 the same names. Every statistic is computed within one source, so requests seen
 through both paths are never added up. vLLM's ``/metrics`` names no GPU: its series
@@ -47,7 +47,7 @@ from pack.contract import (
 
 # The PCIe per-lane table is the dashboards' (pack/pcie.py), so that the panels
 # and the rules agree on every generation's capacity; so is the table of sources and
-# of vLLM's series (pack/engines.py), which the boards' notes use too.
+# of vLLM's series (pack/engines/), which the boards' notes use too.
 from pack.engines import (
     DURATION_HISTOGRAM,
     HISTOGRAM_KEY,
