@@ -19,6 +19,7 @@ import pytest
 
 from gpuscope.connections import ConnectionGuard
 from gpuscope.worker.backends import numpy_models
+from support.servers import accept_queue
 from support.waiting import await_until
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_guarded_worker
 
@@ -232,6 +233,15 @@ async def healthz(host: str, port: int) -> bytes:
         writer.close()
 
 
+def has_room(port: int) -> bool:
+    """Whether the listener on ``port`` can take one more handshake without a SYN
+    dropped: fewer queued than 8, the least backlog gpuscope listens with
+    (``gpuscope.connections.listen_backlog``); or the kernel does not say (then the
+    client's own retries wait)."""
+    queued = accept_queue(port)
+    return queued is None or queued < 8
+
+
 async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet() -> None:
     """256 descriptors, 300 connections held silent or mid-head (the issue's attack):
     before, /healthz timed out and asyncio logged a traceback per failed accept()."""
@@ -240,6 +250,10 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
         host, port = address(worker.url)
         started = len(worker.lines)
         for number in range(300):
+            # Open each once the worker's accept queue has room: past a full one the
+            # kernel drops the SYN and the client resends it a second later (8-20 s of
+            # this test's time went to those retries). The worker still holds 300.
+            await await_until(lambda: has_room(port), "room in the worker's accept queue")
             connection = await asyncio.open_connection(host, port)
             if number % 2:
                 connection[1].write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -318,6 +332,11 @@ async def test_trickled_bodies_at_the_cap_are_cut_for_new_clients() -> None:
                 cut.append(await asyncio.wait_for(reader.read(), 1))
         for _, writer in trickling:
             writer.close()
+        # closed before the server stops: leaving the block blocks this loop in its
+        # thread's join, so a close not yet sent kept the uncut uploads' handlers
+        # reading, and the server from stopping, for the join's whole 10 s
+        for _, writer in trickling:
+            await writer.wait_closed()
     assert answers == [200] * clients
     assert cut, "no upload was cut, so no new client could have been let in"
     for answer in cut:  # each cut upload was told why, then closed
