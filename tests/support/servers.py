@@ -86,3 +86,12 @@ def accept_queue(port: int) -> int | None:
         if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
             return int(queues.split(":")[1], 16)
     return None
+
+
+def accept_queue_has_room(port: int, backlog: int = 8) -> bool:
+    """Whether the listener on ``port`` takes one more handshake without a SYN dropped:
+    fewer queued than ``backlog`` (by default 8, the least backlog gpuscope listens
+    with: ``gpuscope.connections.listen_backlog``); or the kernel does not say (then the
+    client's own retries wait)."""
+    queued = accept_queue(port)
+    return queued is None or queued < backlog

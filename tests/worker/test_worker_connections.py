@@ -19,7 +19,7 @@ import pytest
 
 from gpuscope.connections import ConnectionGuard
 from gpuscope.worker.backends import numpy_models
-from support.servers import accept_queue
+from support.servers import accept_queue_has_room
 from support.waiting import await_until
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_guarded_worker
 
@@ -233,15 +233,6 @@ async def healthz(host: str, port: int) -> bytes:
         writer.close()
 
 
-def has_room(port: int) -> bool:
-    """Whether the listener on ``port`` can take one more handshake without a SYN
-    dropped: fewer queued than 8, the least backlog gpuscope listens with
-    (``gpuscope.connections.listen_backlog``); or the kernel does not say (then the
-    client's own retries wait)."""
-    queued = accept_queue(port)
-    return queued is None or queued < 8
-
-
 async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet() -> None:
     """256 descriptors, 300 connections held silent or mid-head (the issue's attack):
     before, /healthz timed out and asyncio logged a traceback per failed accept()."""
@@ -253,7 +244,7 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
             # Open each once the worker's accept queue has room: past a full one the
             # kernel drops the SYN and the client resends it a second later (8-20 s of
             # this test's time went to those retries). The worker still holds 300.
-            await await_until(lambda: has_room(port), "room in the worker's accept queue")
+            await await_until(lambda: accept_queue_has_room(port), "room in the accept queue")
             connection = await asyncio.open_connection(host, port)
             if number % 2:
                 connection[1].write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
