@@ -33,7 +33,7 @@ lint: install
 # does not report errors of an installed package it only follows into.
 typecheck: install
 	$(BIN)/mypy -p gpuscope
-	$(BIN)/mypy $(wildcard pack/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py tests/*/*/*.py \
+	$(BIN)/mypy $(wildcard pack/*.py pack/*/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py tests/*/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
 unit: install system-deps pynvml-versions

@@ -7,20 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.alert_rule import alert
+from alerts.gpu_rules import INSTANCE_GPU, MEMORY_USED_RATIO, PCIE_UTILIZATION, gpu_conditions
+from alerts.promql import INSTANCE, indent, with_host
 from alerts.recording import (
-    INSTANCE,
-    INSTANCE_GPU,
-    MEMORY_USED_RATIO,
-    PCIE_UTILIZATION,
     PHASE_P99,
     PHASE_SHARE_MEAN,
     PREEMPTIONS,
     QUEUE_DELAY,
-    gpu_conditions,
-    indent,
     on_request_gpu,
     phase_is,
-    with_host,
 )
 from alerts.sharing import sharing_alerts
 from gpuscope.contract import exporter as exporter_rows

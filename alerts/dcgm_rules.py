@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alerts import pod_join
+from alerts.promql import indent
 from gpuscope.contract import gpu as gpu_rows
 from gpuscope.contract.gpu import CLOCK_EVENT_REASON_BITS
 from gpuscope.contract.rows import MetricDef
@@ -180,10 +181,6 @@ def counters_lines() -> list[str]:
     return [*lines, *(line for _, _, line in ECC), CLOCK_EVENTS_LINE]
 
 
-def _indent(text: str) -> str:
-    return text.replace("\n", "\n  ")
-
-
 def normalized(settings: Settings, name: str, extra: str = "") -> str:
     """dcgm-exporter's series ``name`` with gpuscope's label names: ``uuid`` from ``UUID``
     and ``hostname`` from ``Hostname`` where the release writes those (their regex
@@ -196,9 +193,9 @@ def normalized(settings: Settings, name: str, extra: str = "") -> str:
     labelled = f'label_replace({uuid}, "hostname", "$1", "Hostname", "(.+)")'
     for holder in HOLDER:
         renamed = f'"{holder}", "$1", "exported_{holder}", "(.+)"'
-        labelled = f"label_replace(\n  {_indent(labelled)},\n  {renamed}\n)"
+        labelled = f"label_replace(\n  {indent(labelled)},\n  {renamed}\n)"
     exported = ", ".join(f"exported_{holder}" for holder in HOLDER)
-    return f"max without (UUID, Hostname, {exported}) (\n  {_indent(labelled)}\n)"
+    return f"max without (UUID, Hostname, {exported}) (\n  {indent(labelled)}\n)"
 
 
 def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
@@ -212,13 +209,13 @@ def _own(settings: Settings, record: str) -> str:
 
 
 def _keyed(settings: Settings, name: str) -> str:
-    return f"max by ({KEYS}) (\n  {_indent(normalized(settings, name))}\n)"
+    return f"max by ({KEYS}) (\n  {indent(normalized(settings, name))}\n)"
 
 
 def _plain(settings: Settings, field: Field) -> str:
     expr = normalized(settings, field.dcgm)
     if field.whole_gpu:
-        expr = f"max by ({GPU_KEYS}) (\n  {_indent(expr)}\n)"
+        expr = f"max by ({GPU_KEYS}) (\n  {indent(expr)}\n)"
     return expr + field.scale
 
 
@@ -227,7 +224,7 @@ def pcie_rule(settings: Settings, dcgm: str, row: MetricDef) -> dict[str, Any]:
     own = _own(settings, record)
     # time() - timestamp(own): the seconds since the previous evaluation wrote it
     expr = (
-        f"(\n  {own}\n  + on ({KEYS})\n  {_indent(rate)}\n"
+        f"(\n  {own}\n  + on ({KEYS})\n  {indent(rate)}\n"
         f"  * on ({KEYS}) (time() - timestamp({own}))\n)\n"
         f"or on ({KEYS})\n0 * {rate}"
     )
@@ -240,13 +237,13 @@ def xid_rules(settings: Settings) -> list[dict[str, Any]]:
     last = _keyed(settings, XID)
     by_code = (
         f"max without (err_code) (\n  label_replace(\n    max by ({KEYS}, err_code) (\n      "
-        f"{_indent(_indent(_indent(normalized(settings, XID))))}\n    ),\n"
+        f"{indent(indent(indent(normalized(settings, XID))))}\n    ),\n"
         f'    "xid", "$1", "err_code", "(.*)"\n  )\n)'
     )
-    new_xid = f"(\n  {_indent(last)}\n  > bool 0\n)"
-    changed = f"(\n  {_indent(last)}\n  != bool on ({KEYS}) {XID_LAST}\n)\n* on ({KEYS}) {new_xid}"
+    new_xid = f"(\n  {indent(last)}\n  > bool 0\n)"
+    changed = f"(\n  {indent(last)}\n  != bool on ({KEYS}) {XID_LAST}\n)\n* on ({KEYS}) {new_xid}"
     changed_code = (
-        f"(\n  {_indent(by_code)}\n  != bool on ({KEYS}) group_left {XID_LAST}\n)\n"
+        f"(\n  {indent(by_code)}\n  != bool on ({KEYS}) group_left {XID_LAST}\n)\n"
         f"* on ({KEYS}) group_left () {new_xid}"
     )
     events, errors = series(gpu_rows.XID_EVENTS), series(gpu_rows.XID_ERRORS)
@@ -254,14 +251,14 @@ def xid_rules(settings: Settings) -> list[dict[str, Any]]:
     return [
         _rule(
             events,
-            f"(\n  {own_events}\n  + on ({KEYS})\n  {_indent(changed)}\n)\n"
+            f"(\n  {own_events}\n  + on ({KEYS})\n  {indent(changed)}\n)\n"
             f"or on ({KEYS})\n0 * {last}",
         ),
         _rule(
             errors,
             # the current code's count goes up; the other codes' counts carry on while
             # the GPU is there; a code seen for the first time starts
-            f"(\n  {own_errors}\n  + on ({KEYS}, xid)\n  {_indent(changed_code)}\n)\n"
+            f"(\n  {own_errors}\n  + on ({KEYS}, xid)\n  {indent(changed_code)}\n)\n"
             f"or on ({KEYS}, xid)\n({own_errors} and on ({KEYS}) {last})\n"
             f"or on ({KEYS}, xid)\n{changed_code}",
         ),
@@ -280,7 +277,7 @@ def dcgm_groups(settings: Settings) -> list[dict[str, Any]]:
     rules += [
         _rule(
             series(gpu_rows.CLOCK_EVENT_ACTIVE),
-            f"floor(\n  {_indent(mask)}\n  / {bit}\n) % 2",
+            f"floor(\n  {indent(mask)}\n  / {bit}\n) % 2",
             reason=reason,
         )
         for reason, bit in CLOCK_EVENT_REASON_BITS
@@ -290,15 +287,15 @@ def dcgm_groups(settings: Settings) -> list[dict[str, Any]]:
     # instance has too) is up, with its descriptive labels on gpuscope_gpu_info.
     fb = normalized(settings, "DCGM_FI_DEV_FB_USED")
     info = (
-        f"label_replace(\n  label_replace(\n    {_indent(_indent(fb))},\n"
+        f"label_replace(\n  label_replace(\n    {indent(indent(fb))},\n"
         f'    "name", "$1", "modelName", "(.*)"\n  ),\n'
         f'  "driver_version", "$1", "DCGM_FI_DRIVER_VERSION", "(.*)"\n)'
     )
     rules += [
-        _rule(series(gpu_rows.UP), f"group by ({KEYS}) (\n  {_indent(fb)}\n)"),
+        _rule(series(gpu_rows.UP), f"group by ({KEYS}) (\n  {indent(fb)}\n)"),
         _rule(
             series(gpu_rows.INFO),
-            f"group by ({KEYS}, name, pci_bus_id, driver_version) (\n  {_indent(info)}\n)",
+            f"group by ({KEYS}, name, pci_bus_id, driver_version) (\n  {indent(info)}\n)",
         ),
     ]
     rules += xid_rules(settings)

@@ -1,6 +1,6 @@
 """Recording rules over each engine's own ``/metrics``, from its row.
 
-Each engine (``pack/engines.py``: ``ENGINES``, with the release its names were
+Each engine (``pack/engines/``: ``ENGINES``, with the release its names were
 read from) is scraped by Prometheus as a job of its own (its selector:
 ``Settings.engine_jobs``). These rules write the numbers of every row of ``ROW_RULED``
 (Triton, TGI, SGLang, TensorRT-LLM, and any row added) into the series the boards, the
@@ -31,13 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.pod_join import by_pod
-from alerts.recording import (
-    error_ratio,
-    indent,
-    le_matcher,
-    slo_ratio,
-    with_host,
-)
+from alerts.promql import copy_label, indent, record_rule, with_host
+from alerts.recording import error_ratio, le_matcher, slo_ratio
 from pack.contract import MODEL, SERVICE
 from pack.engines import (
     HISTOGRAM_KEY,
@@ -68,10 +63,6 @@ from pack.settings import GPU, SERVICE_MODEL, Settings, Slo, seconds_of
 BOTTLENECK_GROUP = "gpuscope-bottleneck"
 
 
-def _copy_label(expr: str, dst: str, src: str) -> str:
-    return f'label_replace(\n  {indent(expr)},\n  "{dst}", "$1", "{src}", "(.*)"\n)'
-
-
 def _sum(settings: Settings, engine: Engine, expr: str, by: str, agg: str = "sum") -> str:
     """``agg by (by)`` (``sum`` unless told) of ``expr`` over the engine's series with
     gpuscope's label names: service from the scrape's ``job``, model from the engine's
@@ -82,8 +73,8 @@ def _sum(settings: Settings, engine: Engine, expr: str, by: str, agg: str = "sum
     if "host" in by:
         expr = with_host(settings, expr)
     if engine.model_label and engine.model_label != MODEL:
-        expr = _copy_label(expr, MODEL, engine.model_label)
-    expr = _copy_label(expr, SERVICE, "job")
+        expr = copy_label(expr, MODEL, engine.model_label)
+    expr = copy_label(expr, SERVICE, "job")
     if "host" in by:
         expr = by_pod(expr)
         by = by.replace("host", f"host, {GPU}", 1)
@@ -114,10 +105,6 @@ def _gauge(settings: Settings, engine: Engine, spec: str) -> str:
     return name + settings.engine_sel(engine, matcher.removesuffix("}"))
 
 
-def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
-    return {"record": record, "expr": expr, **({"labels": labels} if labels else {})}
-
-
 # --- request timings ------------------------------------------------------------------
 
 
@@ -139,12 +126,12 @@ def _timing_rules(settings: Settings, engine: Engine, timing: EngineTiming) -> l
         seconds = f"(\n  {indent(seconds)}\n)\n/ {timing.per_second:g}"
     count = _sum(settings, engine, _rate(timing.count, sel, w), by)
     rules = [
-        _rule(rate_record(timing.gpuscope, "sum") + w, seconds, **labels),
-        _rule(rate_record(timing.gpuscope, "count") + w, count, **labels),
+        record_rule(rate_record(timing.gpuscope, "sum") + w, seconds, **labels),
+        record_rule(rate_record(timing.gpuscope, "count") + w, count, **labels),
     ]
     if timing.bucket:
         rules.append(
-            _rule(
+            record_rule(
                 rate_record(timing.gpuscope, "bucket") + w,
                 _buckets(settings, engine, timing),
                 **labels,
@@ -224,7 +211,7 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
     rules = []
     for engine in ROW_RULED:
         source = {"source": engine.source}
-        rules.append(_rule(REQUESTS_RATE + w, _finished(settings, engine, w), **source))
+        rules.append(record_rule(REQUESTS_RATE + w, _finished(settings, engine, w), **source))
         counter, matcher = engine.errors
         if not counter:
             continue  # the engine counts no failed requests: no ratio, not 0
@@ -237,7 +224,8 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
             )
             finished = _finished(settings, engine, window)
             # no failure series at all is a ratio of 0; no request, no ratio (not NaN)
-            rules.append(_rule(ERRORS_RATIO + window, error_ratio(failed, finished), **source))
+            ratio = error_ratio(failed, finished)
+            rules.append(record_rule(ERRORS_RATIO + window, ratio, **source))
     for slo in (settings.latency_slo, settings.ttft_slo):
         rules += _slo_rules(settings, slo)
     return rules
@@ -269,7 +257,7 @@ def _slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
                     SERVICE_MODEL,
                 )
                 rules.append(
-                    _rule(
+                    record_rule(
                         slo_errors_ratio(slo) + window,
                         slo_ratio(good, total),
                         source=engine.source,
@@ -296,13 +284,13 @@ def state_rules(settings: Settings) -> list[dict[str, Any]]:
                 series = _gauge(settings, engine, gauge)
                 expr = f"sum by ({INSTANCE}) (avg_over_time({series}[{w}]))"
                 rules.append(
-                    _rule(record + w, f"label_replace(\n  {expr},\n  {endpoint}\n)", **source)
+                    record_rule(record + w, f"label_replace(\n  {expr},\n  {endpoint}\n)", **source)
                 )
         if engine.kv_usage:
             # the fullest rank's pool
             gauge = _gauge(settings, engine, engine.kv_usage)
             expr = f"max by ({INSTANCE}) (avg_over_time({gauge}[{w}]))"
-            rules.append(_rule(KV_USAGE + w, expr, **source))
+            rules.append(record_rule(KV_USAGE + w, expr, **source))
     by = f"{SERVICE_MODEL}, host"
     triton, tgi = TRITON_ENGINE, TGI_ENGINE
     inferences = _sum(
@@ -326,12 +314,12 @@ def state_rules(settings: Settings) -> list[dict[str, Any]]:
     rules += [
         # inferences (a request's batch dimension, 1 for most LLM requests) per execution,
         # failed ones included
-        _rule(
+        record_rule(
             BATCH_SIZE_MEAN + w,
             f"{inferences}\n/\n(\n  {indent(executions)}\n  > 0\n)",
             source=triton.source,
         ),
-        _rule(
+        record_rule(
             BATCH_SIZE_MEAN + w,
             _sum(settings, tgi, running_batch, by, agg="avg"),
             source=tgi.source,

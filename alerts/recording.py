@@ -6,7 +6,7 @@ adds ``host``, the exporter's ``instance`` without its port. ``service_model_gpu
 keeps ``source``, ``service``, ``model``, ``host``, ``gpu`` and ``uuid``;
 ``service_model`` keeps ``source``, ``service`` and ``model``.
 
-``source`` says which path the numbers came through (``pack/engines.py``):
+``source`` says which path the numbers came through (``pack/engines/``):
 ``spans`` from gpuscope's exporter, ``vllm`` from vLLM's own ``/metrics`` mapped onto
 the same names. Every statistic is computed within one source, so requests seen
 through both paths are never added up. vLLM's ``/metrics`` names no GPU: its series
@@ -14,7 +14,8 @@ take the GPU their scrape target's pod holds (``pod_join``: dcgm-exporter's hold
 ``pod`` / ``namespace``); so do the exporter's series that name none, through the
 pod their spans came from (``spans_by_pod``). Requests that still name no GPU (a pod
 holding several GPUs or none dcgm-exporter names, a target or spans without a pod)
-meet the GPU conditions of their ``host`` instead of their GPU's.
+meet the GPU conditions of their ``host`` instead of their GPU's (``gpu_rules.py``
+records the GPU side and its conditions).
 
 The serving engine's series (``gpuscope_worker_*``, the worker's own ``/metrics``, or
 vLLM's, each scraped as a job of its own) are recorded per ``instance`` (keeping
@@ -26,14 +27,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from alerts.gpu_rules import gpu_conditions, gpu_rules, host_conditions
 from alerts.pod_join import by_pod, mig_conditions, spans_by_pod
-from gpuscope.contract import gpu as gpu_rows
+from alerts.promql import INSTANCE, copy_label, indent, record_rule, with_host
 from gpuscope.contract.labels import UUID
 from pack.contract import (
     CODE,
     MODEL,
     PHASE,
-    REASON,
     SERVICE,
     WORKER_INFO,
     WORKER_KV_USAGE,
@@ -42,12 +43,10 @@ from pack.contract import (
     WORKER_RUNNING,
     WORKER_WAITING,
     phase,
-    series,
 )
 
-# The PCIe per-lane table is the dashboards' (pack/pcie.py), so that the panels
-# and the rules agree on every generation's capacity; so is the table of sources and
-# of vLLM's series (pack/engines.py), which the boards' notes use too.
+# The table of sources and of vLLM's series is the dashboards' (pack/engines/), which
+# the boards' notes use too.
 from pack.engines import (
     DURATION_HISTOGRAM,
     HISTOGRAM_KEY,
@@ -65,13 +64,11 @@ from pack.engines import (
     VLLM_WAITING,
     vllm_histograms_for,
 )
-from pack.pcie import LINK_GENERATIONS, lane_bytes_per_second
 from pack.recorded import (
     BATCH_WAIT,
     COMPUTE,
     ERRORS_RATIO,
     FINISHED_RATE,
-    GPU_HOST,
     KV_USAGE,
     QUEUE,
     REQUESTS_RATE,
@@ -88,31 +85,12 @@ from pack.settings import (
     REQUEST,
     SERVICE_MODEL,
     SMG,
-    THROTTLE_REASONS,
     Settings,
     Slo,
     seconds_of,
 )
 
-
-def _rule(record: str, expr: str, **labels: str) -> dict[str, Any]:
-    rule: dict[str, Any] = {"record": record, "expr": expr}
-    if labels:
-        rule["labels"] = labels
-    return rule
-
-
 # --- sources ------------------------------------------------------------------------
-
-
-def _copy_label(expr: str, dst: str, src: str, regex: str = "(.*)") -> str:
-    """``expr`` with label ``dst`` set from ``src`` (``$1`` of the anchored ``regex``)."""
-    return f'label_replace(\n  {indent(expr)},\n  "{dst}", "$1", "{src}", "{regex}"\n)'
-
-
-def with_host(settings: Settings, expr: str) -> str:
-    """``expr`` with a ``host`` label: its ``instance`` without the port."""
-    return _copy_label(expr, "host", "instance", settings.host_from_instance)
 
 
 def _vllm(settings: Settings, expr: str, by: str) -> str:
@@ -122,7 +100,7 @@ def _vllm(settings: Settings, expr: str, by: str) -> str:
     ``host``, ``gpu`` and ``uuid`` of the one GPU the target's pod holds (``pod_join``)."""
     if "host" in by:
         expr = with_host(settings, expr)
-    relabelled = _copy_label(_copy_label(expr, MODEL, "model_name"), SERVICE, "job")
+    relabelled = copy_label(copy_label(expr, MODEL, "model_name"), SERVICE, "job")
     if "host" in by:
         relabelled = by_pod(relabelled)
         by = by.replace("host", f"host, {GPU}", 1)
@@ -163,12 +141,12 @@ def histogram_rate_rules(settings: Settings, hist: str) -> list[dict[str, Any]]:
             for sel in (unnamed_sel, named_sel)
         )
         spans = spans_by_pod(unnamed, named)
-        rules.append(_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
+        rules.append(record_rule(record, f"sum by ({by}) (\n  {indent(spans)}\n)", source=SPANS))
         for native in vllm_histograms_for(hist):
             labels = {"source": VLLM, **({key: native.key_value} if key else {})}
             rate = f"rate({native.native}_{suffix}{settings.engine_sel(VLLM)}[{w}])"
             expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
-            rules.append(_rule(record, expr, **labels))
+            rules.append(record_rule(record, expr, **labels))
     return rules
 
 
@@ -180,10 +158,10 @@ def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list
     total, count = rate_record(hist, "sum") + w, rate_record(hist, "count") + w
     rules = [
         # "> 0": an idle series has no mean (and no share or verdict), not a NaN one
-        _rule(mean, f"{total}\n/\n({count} > 0)"),
+        record_rule(mean, f"{total}\n/\n({count} > 0)"),
         # ">= 0": an idle histogram's quantile is NaN (0/0); latencies are never
         # negative, so this keeps every real P99 and drops only the NaN
-        _rule(p99, f"histogram_quantile(0.99, {rate_record(hist, 'bucket')}{w})\n>= 0"),
+        record_rule(p99, f"histogram_quantile(0.99, {rate_record(hist, 'bucket')}{w})\n>= 0"),
     ]
     if not shares:
         return rules
@@ -193,7 +171,7 @@ def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list
         # Phases add up to the request, so each mean's share of their sum is its
         # share of the mean latency (per source: never one source's phases over
         # another's).
-        _rule(
+        record_rule(
             stat_record(hist, "share_mean") + w,
             f"{mean}\n/ on ({SMG}) group_left ()\nsum by ({SMG}) ({mean})",
         ),
@@ -204,7 +182,7 @@ def histogram_stat_rules(settings: Settings, hist: str, *, shares: bool) -> list
         # its shares describe no request. A phase is part of its request, so its P99
         # is at most the request's (up to the buckets' interpolation); the ratios need
         # not add up to 1.
-        _rule(
+        record_rule(
             stat_record(hist, "share_p99_") + w,
             f"{p99}\n/ on ({SMG}) group_left ()\n({request_p99} > 0)",
         ),
@@ -232,16 +210,16 @@ def engine_histogram_rules(settings: Settings, hist: str) -> list[dict[str, Any]
             le = ", le" if suffix == "bucket" else ""
             rate = f"rate({native.native}_{suffix}{settings.engine_sel(VLLM)}[{w}])"
             expr = _vllm(settings, rate, f"{SERVICE_MODEL}, host{le}")
-            rules.append(_rule(rate_record(hist, suffix) + w, expr, source=VLLM))
+            rules.append(record_rule(rate_record(hist, suffix) + w, expr, source=VLLM))
     return rules
 
 
 def finished_rules(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     rate = f"rate({VLLM_FINISHED}{settings.engine_sel(VLLM)}[{w}])"
-    reason = _copy_label(rate, "reason", "finished_reason")
+    reason = copy_label(rate, "reason", "finished_reason")
     expr = _vllm(settings, reason, f"{SERVICE_MODEL}, host, reason")
-    return [_rule(FINISHED_RATE + w, expr, source=VLLM)]
+    return [record_rule(FINISHED_RATE + w, expr, source=VLLM)]
 
 
 def request_rules(settings: Settings) -> list[dict[str, Any]]:
@@ -251,8 +229,8 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
     finished = f"{VLLM_FINISHED}{settings.engine_sel(VLLM)}"
     failed = f"{VLLM_FINISHED}{settings.engine_sel(VLLM, VLLM_ERROR_REASON)}"
     rules = [
-        _rule(f"{REQUESTS_RATE}{w}", _sum_rate(count, w), source=SPANS),
-        _rule(
+        record_rule(f"{REQUESTS_RATE}{w}", _sum_rate(count, w), source=SPANS),
+        record_rule(
             f"{REQUESTS_RATE}{w}",
             _vllm(settings, f"rate({finished}[{w}])", SERVICE_MODEL),
             source=VLLM,
@@ -263,11 +241,11 @@ def request_rules(settings: Settings) -> list[dict[str, Any]]:
         record = f"{ERRORS_RATIO}{window}"
         # "or ... * 0": no 5xx series at all is a ratio of 0, not no data
         spans = error_ratio(_sum_rate(errors, window), _sum_rate(count, window))
-        rules.append(_rule(record, spans, source=SPANS))
+        rules.append(record_rule(record, spans, source=SPANS))
         # vLLM: requests the engine finished with an error, of all it finished
         vllm_failed = _vllm(settings, f"rate({failed}[{window}])", SERVICE_MODEL)
         vllm_finished = _vllm(settings, f"rate({finished}[{window}])", SERVICE_MODEL)
-        rules.append(_rule(record, error_ratio(vllm_failed, vllm_finished), source=VLLM))
+        rules.append(record_rule(record, error_ratio(vllm_failed, vllm_finished), source=VLLM))
     return rules
 
 
@@ -284,7 +262,7 @@ def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
     for window in settings.slo_windows():
         record = f"{slo_errors_ratio(slo)}{window}"
         spans = slo_ratio(_sum_rate(good, window), _sum_rate(total, window))
-        rules.append(_rule(record, spans, source=SPANS))
+        rules.append(record_rule(record, spans, source=SPANS))
         # vLLM's histogram, where the objective's bound is one of its buckets (a bound
         # between two buckets cannot be counted; no ratio rather than a wrong one)
         for native in vllm_histograms_for(slo.histogram):
@@ -300,7 +278,7 @@ def slo_rules(settings: Settings, slo: Slo) -> list[dict[str, Any]]:
                 f"rate({native.native}_count{settings.engine_sel(VLLM)}[{window}])",
                 SERVICE_MODEL,
             )
-            rules.append(_rule(record, slo_ratio(vllm_good, vllm_total), source=VLLM))
+            rules.append(record_rule(record, slo_ratio(vllm_good, vllm_total), source=VLLM))
     return rules
 
 
@@ -326,130 +304,6 @@ def le_matcher(le: str) -> str:
 
 def _sum_rate(selector: str, window: str) -> str:
     return f"sum by ({SERVICE_MODEL}) (rate({selector}[{window}]))"
-
-
-# Per-GPU series the conditions, the alerts and the verdict read; those with a window
-# in their name end with it. Each keeps the exporter's job and instance next to the
-# GPU's index and UUID (``instance_gpu``): GPU indexes repeat on every host, and so do
-# UUIDs where hosts run the simulated GPUs, so no rule adds up or averages GPUs of two
-# scrape targets, and a page says which host it is about.
-INSTANCE = "job, instance"
-INSTANCE_GPU = f"{INSTANCE}, {GPU}"
-OCCUPANCY_AVG = f"instance_gpu:{gpu_rows.SM_OCCUPANCY.name}:avg"
-UTILIZATION_AVG = f"instance_gpu:{gpu_rows.UTILIZATION.name}:avg"
-SM_CLOCK_RATIO = "instance_gpu:gpuscope_gpu_sm_clock:ratio"
-SM_CLOCK_RATIO_AVG = "instance_gpu:gpuscope_gpu_sm_clock:ratio_avg"
-THROTTLE_ACTIVE = "instance_gpu:gpuscope_gpu_clock_throttle_reasons:active"
-PCIE_CAPACITY = "instance_gpu:gpuscope_gpu_pcie_link:capacity_bytes_per_second"
-PCIE_UTILIZATION = "instance_gpu_direction:gpuscope_gpu_pcie_bytes:utilization_rate"
-MEMORY_USED_RATIO = "instance_gpu:gpuscope_gpu_memory_used:ratio"
-HOST_OCCUPANCY = f"host:{gpu_rows.SM_OCCUPANCY.name}:max_avg"
-
-
-def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
-    w = settings.window
-    occupancy, utilization = series(gpu_rows.SM_OCCUPANCY), series(gpu_rows.UTILIZATION)
-    capacity = "\n    + ".join(
-        f"({series(gpu_rows.PCIE_LINK_GENERATION)}{settings.gpu_sel()} == bool {gen})"
-        f" * {lane_bytes_per_second(gen):.6g}"
-        for gen in sorted(LINK_GENERATIONS)
-    )
-    throttling = settings.gpu_sel(f'{REASON}=~"{"|".join(THROTTLE_REASONS)}"')
-    pcie = {"receive": gpu_rows.PCIE_RECEIVE, "transmit": gpu_rows.PCIE_TRANSMIT}
-    info = series(gpu_rows.INFO) + settings.gpu_sel()
-    return [
-        _rule(
-            f"{OCCUPANCY_AVG}{w}",
-            f"avg by ({INSTANCE_GPU}) (avg_over_time({occupancy}{settings.gpu_sel()}[{w}]))",
-        ),
-        _rule(
-            f"{UTILIZATION_AVG}{w}",
-            f"avg by ({INSTANCE_GPU}) (avg_over_time({utilization}{settings.gpu_sel()}[{w}]))",
-        ),
-        _rule(
-            SM_CLOCK_RATIO,
-            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK)}{settings.gpu_sel()})\n/\n"
-            f"avg by ({INSTANCE_GPU}) ({series(gpu_rows.SM_CLOCK_MAX)}{settings.gpu_sel()})",
-        ),
-        _rule(
-            f"{SM_CLOCK_RATIO_AVG}{w}",
-            f"avg_over_time({SM_CLOCK_RATIO}[{w}])",
-        ),
-        # 1 per GPU while a thermal or power reason holds its clocks down
-        _rule(
-            THROTTLE_ACTIVE,
-            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.CLOCK_EVENT_ACTIVE)}{throttling})",
-        ),
-        # "> 0": a generation outside the table (or a width of 0) has no known capacity;
-        # dividing by 0 would give +Inf, a saturated link, under any traffic
-        _rule(
-            PCIE_CAPACITY,
-            f"max by ({INSTANCE_GPU}) (\n  {series(gpu_rows.PCIE_LINK_WIDTH)}{settings.gpu_sel()}\n"
-            f"  * on ({INSTANCE_GPU}) (\n    {capacity}\n  )\n)\n> 0",
-        ),
-        _rule(
-            f"{PCIE_UTILIZATION}{w}",
-            " or ".join(
-                f"label_replace(\n"
-                f"  sum by ({INSTANCE_GPU}) (rate({series(row)}{settings.gpu_sel()}[{w}]))\n"
-                f"  / on ({INSTANCE_GPU}) {PCIE_CAPACITY},\n"
-                f'  "direction", "{direction}", "", ""\n)'
-                for direction, row in pcie.items()
-            ),
-        ),
-        _rule(
-            MEMORY_USED_RATIO,
-            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_USED)}{settings.gpu_sel()})\n/\n"
-            f"max by ({INSTANCE_GPU}) ({series(gpu_rows.MEMORY_TOTAL)}{settings.gpu_sel()})",
-        ),
-        # Each GPU's host (the exporter's instance without the port), for the boards'
-        # GPU panels of a host; and the best-fed GPU of each host, for requests that
-        # name no GPU.
-        _rule(
-            GPU_HOST,
-            f"max by ({INSTANCE}, {HOST_GPU}) (\n  {indent(with_host(settings, info))}\n)",
-        ),
-        _rule(
-            f"{HOST_OCCUPANCY}{w}",
-            _max_by_host(
-                with_host(settings, f"avg_over_time({occupancy}{settings.gpu_sel()}[{w}])")
-            ),
-        ),
-    ]
-
-
-def _max_by_host(expr: str) -> str:
-    return f"max by (host) (\n  {indent(expr)}\n)"
-
-
-def gpu_conditions(settings: Settings) -> dict[str, str]:
-    """Per-GPU conditions (labels job, instance, gpu, uuid) shared by the verdict and
-    the alerts."""
-    w = settings.window
-    return {
-        "throttled": (
-            f"{SM_CLOCK_RATIO_AVG}{w} < {settings.throttle_clock_ratio:g}\n"
-            f"and on ({INSTANCE_GPU}) {UTILIZATION_AVG}{w} > "
-            f"{settings.throttle_min_utilization:g}\n"
-            f"and on ({INSTANCE_GPU}) {THROTTLE_ACTIVE} == 1"
-        ),
-        "pcie": (
-            f"max by ({INSTANCE_GPU}) ({PCIE_UTILIZATION}{w}) > {settings.pcie_utilization:g}"
-        ),
-        "underfed": f"{OCCUPANCY_AVG}{w} < {settings.underfed_occupancy:g}",
-    }
-
-
-def host_conditions(settings: Settings) -> dict[str, str]:
-    """The same conditions per host (label host), for requests that name no GPU: a host
-    is throttled or saturates PCIe when one of its GPUs does (a request may run on any
-    of them, and a tensor-parallel group runs at its slowest GPU's pace); it is
-    underfed only when every one of its GPUs is."""
-    gpu = gpu_conditions(settings)
-    return {
-        **{cause: _max_by_host(with_host(settings, gpu[cause])) for cause in ("throttled", "pcie")},
-        "underfed": f"{HOST_OCCUPANCY}{settings.window} < {settings.underfed_occupancy:g}",
-    }
 
 
 def on_request_gpu(settings: Settings, cause: str) -> str:
@@ -509,14 +363,10 @@ def verdict_rules(settings: Settings) -> list[dict[str, Any]]:
     rank = "service_model_gpu:gpuscope_bottleneck:rank"
     return [
         # one series per candidate cause, valued by precedence
-        _rule(rank, candidates),
+        record_rule(rank, candidates),
         # the highest-precedence cause wins; value 1
-        _rule(VERDICT, f"topk by ({SMG}) (1, {rank}) * 0 + 1"),
+        record_rule(VERDICT, f"topk by ({SMG}) (1, {rank}) * 0 + 1"),
     ]
-
-
-def indent(text: str) -> str:
-    return text.replace("\n", "\n  ")
 
 
 # Per-instance series of the serving engine's own /metrics (the worker's
@@ -536,19 +386,19 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
     completions = f'"endpoint", "{VLLM_ENDPOINT}", "", ""'
     return [
         # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)
-        _rule(
+        record_rule(
             f"{KV_USAGE}{w}",
             f"max by ({INSTANCE}) (avg_over_time({WORKER_KV_USAGE}{sel}[{w}]))"
             f"\nor\nmax by ({INSTANCE}) (avg_over_time({VLLM_KV_USAGE}{vllm}[{w}]))",
         ),
-        _rule(
+        record_rule(
             f"{PREEMPTIONS}{w}",
             f"sum by ({INSTANCE}) (rate({WORKER_PREEMPTIONS}{sel}[{w}]))"
             f"\nor\nsum by ({INSTANCE}) (rate({VLLM_PREEMPTIONS}{vllm}[{w}]))",
         ),
         # requests queued, or preempted and waiting to resume, per endpoint
         *(
-            _rule(
+            record_rule(
                 f"{record}{w}",
                 f"sum by ({INSTANCE}, endpoint) (avg_over_time({worker}{sel}[{w}]))\nor\n"
                 f"label_replace(\n  sum by ({INSTANCE}) (avg_over_time({native}{vllm}[{w}])),\n"
@@ -560,7 +410,7 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
             )
         ),
         # the largest configured window among the workers serving a model
-        _rule(
+        record_rule(
             QUEUE_DELAY,
             f"max by (model) (\n  {WORKER_MAX_QUEUE_DELAY}{sel}\n"
             f"  * on ({INSTANCE}) group_left (model)\n  {WORKER_INFO}{sel}\n)",

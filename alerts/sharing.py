@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.alert_rule import alert
-from alerts.recording import INSTANCE, INSTANCE_GPU, PHASE_SHARE_MEAN, indent, phase_is, with_host
+from alerts.gpu_rules import INSTANCE_GPU
+from alerts.promql import INSTANCE, indent, with_host
+from alerts.recording import PHASE_SHARE_MEAN, phase_is
 from gpuscope.contract import gpu as gpu_rows
 from pack.contract import series
 from pack.recorded import COMPUTE

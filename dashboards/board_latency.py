@@ -366,7 +366,7 @@ def add_source_rows(board: Dashboard) -> None:
     latencies as above, for gpuscope's spans and for an engine's own /metrics alike,
     with what only some sources report (prompt and generation lengths, finish reasons)
     and the SLOs' error budget burn. A panel over something the source does not
-    report says so (the table in pack/engines.py)."""
+    report says so (the table in pack/engines/)."""
     board.with_row(row("Per source: $source (recording rules)", repeat="source"))
     board.with_panel(
         timeseries(

@@ -107,7 +107,7 @@ OVERFLOWED_METRIC = label(L.METRIC, exporter_rows.SERIES_OVERFLOW)
 VERSION = label(L.VERSION, exporter_rows.BUILD_INFO)
 
 # The reference worker's own /metrics (``gpuscope.contract.worker``): the sample names
-# the boards and rules read (``pack/engines.py`` maps vLLM's engine state onto them).
+# the boards and rules read (``pack/engines/vllm.py`` maps vLLM's engine state onto them).
 WORKER_INFO = series(worker_rows.INFO)
 WORKER_RUNNING = series(worker_rows.REQUESTS_RUNNING)
 WORKER_WAITING = series(worker_rows.REQUESTS_WAITING)

@@ -4,7 +4,7 @@
 Request timings seen through more than one path (gpuscope's spans, vLLM's own
 ``/metrics``, another engine's) are only comparable per source, so the boards read
 them from the recording rules, which label each series with its ``source``
-(``pack/engines.py``) and its ``host``. Names of windowed series leave out the
+(``pack/engines/``) and its ``host``. Names of windowed series leave out the
 window, which the rules append from the one table (``pack/settings.py``); ``rate``
 and ``WINDOW`` give the boards the same. Change the window there, then ``make pack``.
 """

@@ -23,7 +23,7 @@ from pack import engines
 from pack.contract import GPU_INDEX, MODEL, SERVICE, UUID
 
 # The labels of service_model_gpu:* series: the source the numbers came through (see
-# pack/engines.py), then what the request ran on. ``host`` is the scrape
+# pack/engines/), then what the request ran on. ``host`` is the scrape
 # target's host (its ``instance`` without the port): the GPU join of requests that
 # name no GPU (``gpu`` and ``uuid`` empty).
 SERVICE_MODEL = f"{SERVICE}, {MODEL}"
@@ -63,7 +63,7 @@ def _row_selectors() -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class EngineJobs:
-    """The scrape job selector of each engine of ``ENGINES`` (pack/engines.py), by its
+    """The scrape job selector of each engine of ``ENGINES`` (pack/engines/), by its
     source: each row's own by default, as ``alerts/build.py``'s
     ``--<source>-job-selector`` sets them otherwise."""
 

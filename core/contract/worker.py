@@ -1,7 +1,7 @@
 """The reference worker's rows: its own ``/metrics`` (``gpuscope.worker.metrics``, in
 the order a scrape shows them after the connection families).
 
-The pack's boards and rules read the worker's engine state from these (``pack/engines.py``
+The pack's boards and rules read the worker's engine state from these (``pack/engines/vllm.py``
 maps vLLM's onto them).
 """
 

@@ -1,5 +1,5 @@
 """Each engine's own ``/metrics`` (the ``ENGINES`` rows): the rules read only what each
-engine exposes (``pack/engines.py``, taken from its source at a release), and their
+engine exposes (``pack/engines/``, taken from its source at a release), and their
 promtool cases feed series shaped exactly as the engine writes them."""
 
 from __future__ import annotations

@@ -99,9 +99,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("exporter/http/auth.py", "gpuscope_exporter_auth"): "an aiohttp AppKey's name",
     ("exporter/state.py", "gpuscope_exporter_state"): "an aiohttp AppKey's name",
     # Series the pack's rules record from the engines' own token histograms: no gpuscope
-    # process serves them, so they have no row; pack/engines.py is the pack's table.
-    ("pack/engines.py", "gpuscope_request_prompt_tokens"): "recorded by the pack, not served",
-    ("pack/engines.py", "gpuscope_request_generation_tokens"): "recorded by the pack, not served",
+    # process serves them, so they have no row; pack/engines/ is the pack's table.
+    ("pack/engines/base.py", "gpuscope_request_prompt_tokens"): (
+        "recorded by the pack, not served"
+    ),
+    ("pack/engines/base.py", "gpuscope_request_generation_tokens"): (
+        "recorded by the pack, not served"
+    ),
     ("scripts/engines/ray_serve_app.py", "/healthz"): "the example Ray app's own route",
 }
 

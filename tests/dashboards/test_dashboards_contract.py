@@ -155,7 +155,7 @@ def test_series_names_samples_by_the_row_type() -> None:
 
 
 def test_no_builder_writes_a_gpuscope_metric_name() -> None:
-    """Outside the worker's names (engines.py, which has no table to read them from),
+    """Outside the worker's names (pack/engines/, which has no table to read them from),
     the names the rules give what they record, and the histograms only engines report
     (recorded under a gpuscope name, engines.RECORDED_ONLY), a builder reads names from
     the tables."""

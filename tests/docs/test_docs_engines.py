@@ -1,4 +1,4 @@
-"""docs/engines/: the table says what ``SOURCE_DETAILS`` (pack/engines.py) says, and
+"""docs/engines/: the table says what ``SOURCE_DETAILS`` (pack/engines/) says, and
 each engine's page names the release its metric names were read from."""
 
 from __future__ import annotations

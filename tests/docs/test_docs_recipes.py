@@ -388,9 +388,30 @@ def test_an_engine_adapter_declares_every_attribute_it_reads() -> None:
 
 # --- an engine's own /metrics ------------------------------------------------------
 
-# Run in a fresh interpreter: ``pack/engines.py`` with one more row in ``ENGINES`` (and
-# nothing else edited), then every builder, imported after it.
-_ENGINE_ROW = """
+# Run in a fresh interpreter over a copy of the pack with the recipe's edits: one more
+# module in ``pack/engines/`` holding the row, and that row in ``ENGINES``
+# (``pack/engines/__init__.py``), nothing else edited; then every builder, imported
+# after it.
+_ENGINE_MODULE = '''
+"""FakeLLM's own /metrics: its row of ``ENGINES``."""
+
+from __future__ import annotations
+
+from pack.contract import phase
+from pack.engines.base import (
+    DURATION_HISTOGRAM,
+    END_TO_END,
+    ERRORS,
+    PHASE_HISTOGRAM,
+    PHASE_TIMES,
+    Capability,
+    Engine,
+    EngineTiming,
+    Exposition,
+    Release,
+    histogram_samples,
+)
+
 FAKE_ENGINE = Engine(
     source="fakellm",
     name="FakeLLM",
@@ -399,8 +420,8 @@ FAKE_ENGINE = Engine(
     job_selector='job="fakellm"',
     model_label="model_name",
     exposition={
-        **_histogram_samples("fakellm_e2e_seconds", ("model_name",), ("0.5", "1.0", "5.0")),
-        **_histogram_samples("fakellm_queue_seconds", ("model_name",), ()),
+        **histogram_samples("fakellm_e2e_seconds", ("model_name",), ("0.5", "1.0", "5.0")),
+        **histogram_samples("fakellm_queue_seconds", ("model_name",), ()),
         "fakellm_requests_total": Exposition("counter", ("model_name", "status")),
         "fakellm_queue_size": Exposition("gauge", ("model_name",)),
     },
@@ -437,27 +458,29 @@ FAKE_ENGINE = Engine(
     ),
     reports=frozenset({PHASE_TIMES, END_TO_END, ERRORS}),
 )
-"""
+'''
 
 _ENGINE_SCRIPT = """
-import contextlib, importlib.util, io, json, sys, tempfile, types
+import contextlib, importlib.util, io, json, shutil, sys, tempfile
 from pathlib import Path
 
-repo, row = Path(sys.argv[1]), sys.argv[2]
-sys.path[:0] = [str(repo), str(repo / "tests")]
-path = repo / "pack" / "engines.py"
-source = path.read_text()
-old = "\\nENGINES = ("
-assert source.count(old) == 1
+repo, module = Path(sys.argv[1]), sys.argv[2]
+copy = Path(tempfile.mkdtemp())
+shutil.copytree(repo / "pack", copy / "pack", ignore=shutil.ignore_patterns("__pycache__"))
+package = copy / "pack" / "engines"
+(package / "fakellm.py").write_text(module)
+init = package / "__init__.py"
+source = init.read_text()
+old, exports = "\\nENGINES = (", "\\n__all__ = ["
+assert source.count(old) == 1 and source.count(exports) == 1
 head, tail = source.split(old)
 rows, rest = tail.split(")\\n", 1)
-source = head + "\\n" + row + old + rows + ", FAKE_ENGINE)\\n" + rest
-import pack
-engines = types.ModuleType("pack.engines")
-engines.__file__ = str(path)
-sys.modules["pack.engines"] = engines
-exec(compile(source, engines.__file__, "exec"), engines.__dict__)
-pack.engines = engines
+source = head + old + rows + ", FAKE_ENGINE)\\n" + rest
+source = source.replace(exports, "from pack.engines.fakellm import FAKE_ENGINE\\n" + exports)
+init.write_text(source)
+sys.path[:0] = [str(copy), str(repo), str(repo / "tests")]
+from pack import engines
+assert Path(engines.__file__) == init, engines.__file__
 fake = engines.FAKE_ENGINE
 found = {"sources": list(engines.SOURCES)}
 
@@ -535,19 +558,20 @@ found["page"] = missing(
     "test_each_engine_page_names_its_release_and_source_files",
     fake,
 )
+shutil.rmtree(copy)
 print(json.dumps(found))
 """
 
 
 def test_a_new_engine_is_one_row_its_promtool_cases_and_a_doc_page() -> None:
-    """One ``Engine`` row added to ``ENGINES``, nothing else edited: its job selector
-    and ``--<source>-job-selector`` flag, its rules (timings at the head of the
-    bottleneck group, requests, errors, objectives and state in engines.yml), the
-    "engine metrics down" and "spans not arriving" alerts, the latency board's job and
-    instance variables and its notes all take it; the engine tests ask for the rest of
-    the recipe, its promtool cases and its page."""
+    """One ``Engine`` row in a module of its own, added to ``ENGINES``, nothing else
+    edited: its job selector and ``--<source>-job-selector`` flag, its rules (timings at
+    the head of the bottleneck group, requests, errors, objectives and state in
+    engines.yml), the "engine metrics down" and "spans not arriving" alerts, the latency
+    board's job and instance variables and its notes all take it; the engine tests ask
+    for the rest of the recipe, its promtool cases and its page."""
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_ENGINE_SCRIPT), str(REPO), _ENGINE_ROW],
+        [sys.executable, "-c", textwrap.dedent(_ENGINE_SCRIPT), str(REPO), _ENGINE_MODULE],
         capture_output=True,
         text=True,
         timeout=180,
@@ -593,7 +617,13 @@ def test_the_engine_recipe_is_one_row_its_cases_and_a_page() -> None:
     """The recipe asks for the row, its promtool cases and its page, and nothing the
     rows give (a selector field, a flag, an alert)."""
     text = recipe("An engine's own /metrics")
-    for needed in ("`ENGINES`", "alerts/tests/<source>_test.yml", "docs/engines/"):
+    needed_parts = (
+        "`pack/engines/<source>.py`",
+        "`ENGINES`",
+        "alerts/tests/<source>_test.yml",
+        "docs/engines/",
+    )
+    for needed in needed_parts:
         assert needed in text, needed
     for derived in ("EngineJobs", "vllm_job_selector"):
         assert derived not in text, derived

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from gpuscope.loadgen import record
 from gpuscope.loadgen.server_command import log_tail, render
 from gpuscope.loadgen.tune import TuneOptions
 from support.gpuscope_processes import GPUSCOPE, gpuscope_processes
+from support.waiting import wait_until
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -283,6 +285,11 @@ def test_a_config_template_is_rendered_per_value_and_named_by_the_command(
     assert float(rows(tmp_path)[1]["p50 ms"]) >= 30
 
 
+def utc_second() -> str:
+    """Now as the record's run column writes it."""
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def test_the_record_grows_across_runs_each_row_with_its_run_and_verdict(tmp_path: Path) -> None:
     outputs = []
     # the first run plots its own steps, the second the whole record (both runs)
@@ -292,7 +299,14 @@ def test_the_record_grows_across_runs_each_row_with_its_run_and_verdict(tmp_path
         done = tune(tmp_path, f"{SERVE} --delay-ms {{value}}", "1,40", "--csv", "-", *plot)
         assert done.returncode == 0, done.stderr
         outputs.append((done.stdout, done.stderr))  # with the CSV on stdout, the table is on stderr
-        time.sleep(1.0)  # the run column is to the second
+        # the run column is to the second (UTC): the next run starts in a later one (a
+        # run takes seconds, so this is at once where a fixed second's sleep was)
+        stamp = rows(tmp_path)[-1]["run"]
+
+        def later(stamp: str = stamp) -> bool:
+            return utc_second() != stamp
+
+        wait_until(later, "a second after the run's")
     text = (tmp_path / "record.md").read_text()
     got = rows(tmp_path)
     assert len(got) == 4 and text.count("| when |") == 1

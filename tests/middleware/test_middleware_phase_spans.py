@@ -130,7 +130,8 @@ class _BackendHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def backend() -> Iterator[Backend]:
     server = Backend()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop's next look at its flag: every 50 ms, not 0.5 s
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server
     server.shutdown()
     server.server_close()

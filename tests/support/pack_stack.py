@@ -76,7 +76,7 @@ SCENARIOS = REPO / "exporter" / "gpu" / "scenarios"
 JOB = "gpuscope"
 WORKER_JOB = "gpuscope-worker"
 VLLM_JOB = "vllm"  # the job pack/settings.py selects (engine_jobs, vLLM's row)
-TRITON_JOB = "triton"  # the job the engine rules select (pack/engines.py)
+TRITON_JOB = "triton"  # the job the engine rules select (pack/engines/triton.py)
 SERVICE = "pack-worker"
 # The worker's sizes and batching: small synthetic models, dynamic batching, short outputs.
 WORKER_CONFIG = replace(SMALL, max_new_tokens=32)

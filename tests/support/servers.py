@@ -66,3 +66,32 @@ async def serve_exposition(text: str) -> AsyncIterator[str]:
     app.router.add_get("/metrics", metrics)
     async with serve_aiohttp(app) as url:
         yield url.removeprefix("http://")
+
+
+def accept_queue(port: int) -> int | None:
+    """The connections queued on the listening TCP socket of loopback ``port``: the
+    handshakes the kernel completed that the server has not ``accept()``-ed yet (the rx
+    queue ``/proc/net/tcp`` gives a LISTEN socket); None where the kernel does not say.
+    Past a full queue (the ``listen()`` backlog) the kernel drops each new SYN and the
+    client sends it again a second later: a test that opens many connections can wait
+    for room here instead."""
+    try:
+        with open("/proc/net/tcp", encoding="ascii") as table:
+            lines = table.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+            return int(queues.split(":")[1], 16)
+    return None
+
+
+def accept_queue_has_room(port: int, backlog: int = 8) -> bool:
+    """Whether the listener on ``port`` takes one more handshake without a SYN dropped:
+    fewer queued than ``backlog`` (by default 8, the least backlog gpuscope listens
+    with: ``gpuscope.connections.listen_backlog``); or the kernel does not say (then the
+    client's own retries wait)."""
+    queued = accept_queue(port)
+    return queued is None or queued < backlog

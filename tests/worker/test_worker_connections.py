@@ -19,6 +19,7 @@ import pytest
 
 from gpuscope.connections import ConnectionGuard
 from gpuscope.worker.backends import numpy_models
+from support.servers import accept_queue_has_room
 from support.waiting import await_until
 from support.worker_servers import SMALL, Gate, GatedGenerator, serve_guarded_worker
 
@@ -240,6 +241,10 @@ async def test_healthz_answers_past_the_descriptor_limit_and_the_log_stays_quiet
         host, port = address(worker.url)
         started = len(worker.lines)
         for number in range(300):
+            # Open each once the worker's accept queue has room: past a full one the
+            # kernel drops the SYN and the client resends it a second later (8-20 s of
+            # this test's time went to those retries). The worker still holds 300.
+            await await_until(lambda: accept_queue_has_room(port), "room in the accept queue")
             connection = await asyncio.open_connection(host, port)
             if number % 2:
                 connection[1].write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -318,6 +323,11 @@ async def test_trickled_bodies_at_the_cap_are_cut_for_new_clients() -> None:
                 cut.append(await asyncio.wait_for(reader.read(), 1))
         for _, writer in trickling:
             writer.close()
+        # closed before the server stops: leaving the block blocks this loop in its
+        # thread's join, so a close not yet sent kept the uncut uploads' handlers
+        # reading, and the server from stopping, for the join's whole 10 s
+        for _, writer in trickling:
+            await writer.wait_closed()
     assert answers == [200] * clients
     assert cut, "no upload was cut, so no new client could have been let in"
     for answer in cut:  # each cut upload was told why, then closed

@@ -22,6 +22,8 @@ from gpuscope.exporter.http.connections import AcceptErrorLog
 from gpuscope.exporter.service import RunningExporter, start_exporter
 from gpuscope.exporter.state import STATE
 from support.exporter_fixtures import loopback_config, samples, scrape, value
+from support.servers import accept_queue_has_room
+from support.waiting import await_until
 
 # starts child processes: not part of the fast tier (tests/support/fast_tier.py)
 pytestmark = pytest.mark.processes
@@ -224,6 +226,11 @@ async def test_the_cap_is_fitted_under_the_file_descriptor_limit() -> None:
     async with exporter_with_fd_limit(128, *flags) as exporter:
         try:
             for _ in range(80):
+                # each once the accept queue has room: a SYN dropped past a full one is
+                # resent a second later (support.servers.accept_queue)
+                await await_until(
+                    lambda: accept_queue_has_room(exporter.port), "room in the accept queue"
+                )
                 held.append(await asyncio.open_connection(exporter.host, exporter.port))
             async with aiohttp.ClientSession() as session:
                 text = await scrape_url(session, exporter.url + "/metrics")

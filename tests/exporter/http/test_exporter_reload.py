@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gpuscope.exporter.http import reload
 from gpuscope.exporter.service import RunningExporter, start_exporter
 from support.exporter_fixtures import SpanFactory, encode, loopback_config, make_self_signed
 from support.raw_http import get_request, raw_exchange, status_of
@@ -37,6 +38,14 @@ async def web_config(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher checks the files every 50 ms instead of every second (each test that
+    waits for it waited a second for nothing); only for the tests that wait on the
+    watcher: the others reload by hand, which a watcher this fast would race."""
+    monkeypatch.setattr(reload, "CHECK_INTERVAL_S", 0.05)
+
+
+@pytest.fixture
 async def guarded(web_config: Path) -> AsyncIterator[RunningExporter]:
     exporter = await start_exporter(loopback_config(web_config_file=web_config))
     try:
@@ -45,6 +54,7 @@ async def guarded(web_config: Path) -> AsyncIterator[RunningExporter]:
         await exporter.stop()
 
 
+@pytest.mark.usefixtures("fast_checks")
 async def test_a_revoked_user_is_refused_as_soon_as_the_file_changes(
     guarded: RunningExporter, web_config: Path
 ) -> None:
@@ -55,6 +65,7 @@ async def test_a_revoked_user_is_refused_as_soon_as_the_file_changes(
     assert await metrics_status(guarded, basic("bob", "b-pass")) == 200
 
 
+@pytest.mark.usefixtures("fast_checks")
 @pytest.mark.parametrize(
     ("text", "named"),
     [
@@ -79,6 +90,7 @@ async def test_a_file_that_does_not_load_keeps_the_previous_config_with_one_line
     assert await metrics_status(guarded, basic("alice", "a-pass")) == 200
 
 
+@pytest.mark.usefixtures("fast_checks")
 async def test_a_rotated_bearer_token_replaces_the_old_one(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("first\n")
