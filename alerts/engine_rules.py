@@ -38,7 +38,7 @@ from alerts.recording import (
     slo_ratio,
     with_host,
 )
-from pack.contract import MODEL, SERVICE
+from pack.contract import ENDPOINT, MODEL, SERVICE
 from pack.engines import (
     HISTOGRAM_KEY,
     ROW_RULED,
@@ -290,7 +290,7 @@ def state_rules(settings: Settings) -> list[dict[str, Any]]:
         # labelled with the engine: the worker's and vLLM's rules record the same names
         # unlabelled, and two rules of one name and labels are duplicates to promtool
         source = {"source": engine.source}
-        endpoint = f'"endpoint", "{engine.endpoint}", "", ""'
+        endpoint = f'"{ENDPOINT}", "{engine.endpoint}", "", ""'
         for record, gauge in ((WAITING, engine.waiting), (RUNNING, engine.running)):
             if gauge:
                 series = _gauge(settings, engine, gauge)
