@@ -10,16 +10,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo soak test test-fast pack pack-check lint typecheck unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check tune-vllm-check tune-ray-check alerts-check pynvml-versions
+.PHONY: demo soak test test-fast pack pack-check lint typecheck typecheck-tree unit extras install system-deps bench clean rules dashboards kubernetes vllm-venv vllm-check ray-venv ray-check triton-venv triton-check tune-triton-check tune-vllm-check tune-ray-check alerts-check pynvml-versions
 
+# Editable in setuptools' lenient mode: an import hook maps gpuscope's folders
+# (pyproject.toml's package-dir), so a new module imports at once, in Python, pytest and
+# every process the venv starts. mypy cannot follow the hook: it reads the package
+# from build/typecheck/ instead (the typecheck-tree target). The install target runs
+# again on every make call so that the version the metadata gives stays the source's.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=lenient
 	touch $(STAMP)
 
 install: $(STAMP)
-	$(BIN)/pip install --quiet --no-deps -e . --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet --no-deps -e . --config-settings editable_mode=lenient
 
 system-deps:
 	@bash scripts/install-system-deps
@@ -28,10 +33,15 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The package as installed (the editable install's tree of links), then the code that
-# uses it (the builders of dashboards/ and alerts/ are packages of the checkout); mypy
-# does not report errors of an installed package it only follows into.
-typecheck: install
+# build/typecheck/gpuscope/: links that map the folders as the install does (mypy_path
+# in pyproject.toml points there), rebuilt on every run so that a module added to core/
+# is in it; the other folders are links to the folder, so theirs are there anyway.
+typecheck-tree: install
+	$(BIN)/python scripts/typecheck_tree.py
+
+# The package (all its modules, imported or not), then the code that uses it (the
+# builders of dashboards/ and alerts/ are packages of the checkout).
+typecheck: typecheck-tree
 	$(BIN)/mypy -p gpuscope
 	$(BIN)/mypy $(wildcard pack/*.py pack/*/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py tests/*/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
@@ -81,9 +91,8 @@ kubernetes: install
 	$(BIN)/python deploy/kubernetes/build.py
 
 # Only the commands the demo runs (the all extra), installed once into .venv-demo and
-# again only when pyproject.toml changes. Setuptools' default (lenient) editable mode
-# maps the package folders by an import hook, so a module added later is found without
-# a reinstall; type checkers cannot follow that hook, which the demo does not need.
+# again only when pyproject.toml changes; editable in the lenient mode as .venv is, so a
+# module added later is found without a reinstall.
 # Flags reach the demo through their environment twins: GPUSCOPE_EXPORTER_PORT=0 make demo
 DEMO_VENV  := .venv-demo
 DEMO_STAMP := $(DEMO_VENV)/.installed

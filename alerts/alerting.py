@@ -20,7 +20,15 @@ from alerts.recording import (
 from alerts.sharing import sharing_alerts
 from gpuscope.contract import exporter as exporter_rows
 from gpuscope.contract import gpu as gpu_rows
-from pack.contract import ECC_TYPE, OVERFLOWED_METRIC, REASON, WORKER_REQUESTS, series
+from pack.contract import (
+    ECC_TYPE,
+    MODEL,
+    OVERFLOWED_METRIC,
+    REASON,
+    REQUESTED,
+    WORKER_REQUESTS,
+    series,
+)
 from pack.engines import ENGINES, ROW_RULED
 from pack.recorded import (
     BATCH_WAIT,
@@ -105,16 +113,16 @@ def batch_wait_expr(settings: Settings, p99: str) -> str:
     # rounded: 0.005 * 2 + 0.02 is 0.030000000000000002 in binary floating point
     table = round(settings.batch_wait_window_seconds * tolerance + slack, 9)
     return (
-        f"(\n  {p99}\n  > on (model) group_left ()\n"
+        f"(\n  {p99}\n  > on ({MODEL}) group_left ()\n"
         f"  {tolerance:g} * {configured} + {slack:g}\n)\nor\n"
         f"(\n  {p99} > {table:g}\n"
-        f"  unless on (model)\n  {configured}\n)"
+        f"  unless on ({MODEL})\n  {configured}\n)"
     )
 
 
 def _window_text(settings: Settings) -> str:
     """The window in the alert's text: the exported one, else the table's."""
-    lookup = f'printf "{QUEUE_DELAY}{{model=%q}} > 0" $labels.model | query'
+    lookup = f'printf "{QUEUE_DELAY}{{{MODEL}=%q}} > 0" $labels.{MODEL} | query'
     return (
         f"{{{{ with {lookup} }}}}{{{{ . | first | value | humanizeDuration }}}}"
         f"{{{{ else }}}}{settings.batch_wait_window_seconds * 1000:g}ms{{{{ end }}}}"
@@ -243,7 +251,7 @@ def gpu_source_alerts(settings: Settings) -> list[dict[str, Any]]:
     but ``none``): ``auto`` that found no driver, or a source that found no GPU. The
     expectation is the exporter's own flag, served on ``gpuscope_gpu_source_info``, so
     the rule needs nothing per site; a host without GPUs says ``--gpu-source none``."""
-    source = series(exporter_rows.GPU_SOURCE) + settings.sel('requested!="none"')
+    source = series(exporter_rows.GPU_SOURCE) + settings.sel(f'{REQUESTED}!="none"')
     return [
         alert(
             settings,

@@ -44,19 +44,20 @@ from alerts.promql import indent
 from gpuscope.contract import gpu as gpu_rows
 from gpuscope.contract.gpu import CLOCK_EVENT_REASON_BITS
 from gpuscope.contract.rows import MetricDef
-from pack.contract import series
-from pack.settings import Settings
+from pack.contract import DRIVER_VERSION, GPU_NAME, PCI_BUS_ID, UUID, series
+from pack.contract import XID as XID_LABEL
+from pack.settings import GPU, Settings
 
 SOURCE = "dcgm-exporter"
 RELEASE = "4.5.3-4.8.2"
 # What tells one GPU (or one MIG instance) from another: its scrape target, dcgm-exporter's
 # index, the UUID, the MIG instance and the node. The rebuilt counters and the GPU's
 # info are kept per these labels only, so a pod that comes or goes does not restart them.
-KEYS = "job, instance, gpu, uuid, GPU_I_ID, GPU_I_PROFILE, hostname"
+KEYS = f"job, instance, {GPU}, GPU_I_ID, GPU_I_PROFILE, hostname"
 # The whole GPU's: a property of the board, which dcgm-exporter repeats on each MIG
 # instance and on each pod sharing the GPU. Recorded once per GPU, as the pack's rules
 # multiply them one-to-one per GPU (the PCIe link's capacity).
-GPU_KEYS = "job, instance, gpu, uuid, hostname"
+GPU_KEYS = f"job, instance, {GPU}, hostname"
 XID_LAST = "instance_gpu:DCGM_FI_DEV_XID_ERRORS:last"
 # The labels dcgm-exporter names a GPU's holder pod with (the join by pod reads pod and
 # namespace, alerts/pod_join.py). A scrape that gives its target labels of these names
@@ -189,7 +190,7 @@ def normalized(settings: Settings, name: str, extra: str = "") -> str:
     the scrape renamed them (``HOLDER``); the metric name goes, as any aggregation
     drops it."""
     selector = name + settings.dcgm_sel(extra)
-    uuid = f'label_replace({selector}, "uuid", "$1", "UUID", "(.+)")'
+    uuid = f'label_replace({selector}, "{UUID}", "$1", "UUID", "(.+)")'
     labelled = f'label_replace({uuid}, "hostname", "$1", "Hostname", "(.+)")'
     for holder in HOLDER:
         renamed = f'"{holder}", "$1", "exported_{holder}", "(.+)"'
@@ -238,7 +239,7 @@ def xid_rules(settings: Settings) -> list[dict[str, Any]]:
     by_code = (
         f"max without (err_code) (\n  label_replace(\n    max by ({KEYS}, err_code) (\n      "
         f"{indent(indent(indent(normalized(settings, XID))))}\n    ),\n"
-        f'    "xid", "$1", "err_code", "(.*)"\n  )\n)'
+        f'    "{XID_LABEL}", "$1", "err_code", "(.*)"\n  )\n)'
     )
     new_xid = f"(\n  {indent(last)}\n  > bool 0\n)"
     changed = f"(\n  {indent(last)}\n  != bool on ({KEYS}) {XID_LAST}\n)\n* on ({KEYS}) {new_xid}"
@@ -258,9 +259,9 @@ def xid_rules(settings: Settings) -> list[dict[str, Any]]:
             errors,
             # the current code's count goes up; the other codes' counts carry on while
             # the GPU is there; a code seen for the first time starts
-            f"(\n  {own_errors}\n  + on ({KEYS}, xid)\n  {indent(changed_code)}\n)\n"
-            f"or on ({KEYS}, xid)\n({own_errors} and on ({KEYS}) {last})\n"
-            f"or on ({KEYS}, xid)\n{changed_code}",
+            f"(\n  {own_errors}\n  + on ({KEYS}, {XID_LABEL})\n  {indent(changed_code)}\n)\n"
+            f"or on ({KEYS}, {XID_LABEL})\n({own_errors} and on ({KEYS}) {last})\n"
+            f"or on ({KEYS}, {XID_LABEL})\n{changed_code}",
         ),
         {"record": XID_LAST, "expr": last},
     ]
@@ -288,14 +289,14 @@ def dcgm_groups(settings: Settings) -> list[dict[str, Any]]:
     fb = normalized(settings, "DCGM_FI_DEV_FB_USED")
     info = (
         f"label_replace(\n  label_replace(\n    {indent(indent(fb))},\n"
-        f'    "name", "$1", "modelName", "(.*)"\n  ),\n'
-        f'  "driver_version", "$1", "DCGM_FI_DRIVER_VERSION", "(.*)"\n)'
+        f'    "{GPU_NAME}", "$1", "modelName", "(.*)"\n  ),\n'
+        f'  "{DRIVER_VERSION}", "$1", "DCGM_FI_DRIVER_VERSION", "(.*)"\n)'
     )
     rules += [
         _rule(series(gpu_rows.UP), f"group by ({KEYS}) (\n  {indent(fb)}\n)"),
         _rule(
             series(gpu_rows.INFO),
-            f"group by ({KEYS}, name, pci_bus_id, driver_version) (\n  {indent(info)}\n)",
+            f"group by ({KEYS}, {GPU_NAME}, {PCI_BUS_ID}, {DRIVER_VERSION}) (\n  {indent(info)}\n)",
         ),
     ]
     rules += xid_rules(settings)

@@ -33,7 +33,7 @@ from typing import Any
 from alerts.pod_join import by_pod
 from alerts.promql import copy_label, indent, record_rule, with_host
 from alerts.recording import error_ratio, le_matcher, slo_ratio
-from pack.contract import MODEL, SERVICE
+from pack.contract import ENDPOINT, MODEL, SERVICE
 from pack.engines import (
     HISTOGRAM_KEY,
     ROW_RULED,
@@ -278,7 +278,7 @@ def state_rules(settings: Settings) -> list[dict[str, Any]]:
         # labelled with the engine: the worker's and vLLM's rules record the same names
         # unlabelled, and two rules of one name and labels are duplicates to promtool
         source = {"source": engine.source}
-        endpoint = f'"endpoint", "{engine.endpoint}", "", ""'
+        endpoint = f'"{ENDPOINT}", "{engine.endpoint}", "", ""'
         for record, gauge in ((WAITING, engine.waiting), (RUNNING, engine.running)):
             if gauge:
                 series = _gauge(settings, engine, gauge)

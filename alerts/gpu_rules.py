@@ -10,7 +10,7 @@ from typing import Any
 
 from alerts.promql import INSTANCE, indent, record_rule, with_host
 from gpuscope.contract import gpu as gpu_rows
-from pack.contract import REASON, series
+from pack.contract import DIRECTION, REASON, series
 
 # The PCIe per-lane table is the dashboards' (pack/pcie.py), so that the panels
 # and the rules agree on every generation's capacity.
@@ -82,7 +82,7 @@ def gpu_rules(settings: Settings) -> list[dict[str, Any]]:
                 f"label_replace(\n"
                 f"  sum by ({INSTANCE_GPU}) (rate({series(row)}{settings.gpu_sel()}[{w}]))\n"
                 f"  / on ({INSTANCE_GPU}) {PCIE_CAPACITY},\n"
-                f'  "direction", "{direction}", "", ""\n)'
+                f'  "{DIRECTION}", "{direction}", "", ""\n)'
                 for direction, row in pcie.items()
             ),
         ),

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuscope.contract import gpu as gpu_rows
-from pack.contract import series
+from pack.contract import GPU_INDEX, series
 from pack.settings import GPU, Settings
 
 POD = "namespace, pod"
@@ -70,7 +70,8 @@ def _indent(text: str) -> str:
 def mig_gpu(expr: str) -> str:
     """``expr`` (MIG instances' series) with ``gpu`` as ``<gpu>/<GPU_I_ID>``: the instance
     as the request series and the verdict name it."""
-    return f'label_join(\n  {_indent(expr)},\n  "gpu", "{MIG_SEPARATOR}", "gpu", "GPU_I_ID"\n)'
+    joined = f'"{GPU_INDEX}", "{MIG_SEPARATOR}", "{GPU_INDEX}", "GPU_I_ID"'
+    return f"label_join(\n  {_indent(expr)},\n  {joined}\n)"
 
 
 def mig_conditions(settings: Settings, conditions: dict[str, str]) -> dict[str, str]:

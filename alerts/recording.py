@@ -33,6 +33,7 @@ from alerts.promql import INSTANCE, copy_label, indent, record_rule, with_host
 from gpuscope.contract.labels import UUID
 from pack.contract import (
     CODE,
+    ENDPOINT,
     MODEL,
     PHASE,
     SERVICE,
@@ -383,7 +384,7 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
     """The engine's state per scrape target: the worker's series, or vLLM's (one rule
     each, ``or``: a target is one engine or the other)."""
     w, sel, vllm = settings.window, settings.worker_sel(), settings.engine_sel(VLLM)
-    completions = f'"endpoint", "{VLLM_ENDPOINT}", "", ""'
+    completions = f'"{ENDPOINT}", "{VLLM_ENDPOINT}", "", ""'
     return [
         # vLLM's usage is 0-1 too; the largest of its engines' (data-parallel ranks)
         record_rule(
@@ -400,7 +401,7 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
         *(
             record_rule(
                 f"{record}{w}",
-                f"sum by ({INSTANCE}, endpoint) (avg_over_time({worker}{sel}[{w}]))\nor\n"
+                f"sum by ({INSTANCE}, {ENDPOINT}) (avg_over_time({worker}{sel}[{w}]))\nor\n"
                 f"label_replace(\n  sum by ({INSTANCE}) (avg_over_time({native}{vllm}[{w}])),\n"
                 f"  {completions}\n)",
             )
@@ -412,8 +413,8 @@ def worker_rules(settings: Settings) -> list[dict[str, Any]]:
         # the largest configured window among the workers serving a model
         record_rule(
             QUEUE_DELAY,
-            f"max by (model) (\n  {WORKER_MAX_QUEUE_DELAY}{sel}\n"
-            f"  * on ({INSTANCE}) group_left (model)\n  {WORKER_INFO}{sel}\n)",
+            f"max by ({MODEL}) (\n  {WORKER_MAX_QUEUE_DELAY}{sel}\n"
+            f"  * on ({INSTANCE}) group_left ({MODEL})\n  {WORKER_INFO}{sel}\n)",
         ),
     ]
 

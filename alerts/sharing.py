@@ -23,7 +23,7 @@ from alerts.gpu_rules import INSTANCE_GPU
 from alerts.promql import INSTANCE, indent, with_host
 from alerts.recording import PHASE_SHARE_MEAN, phase_is
 from gpuscope.contract import gpu as gpu_rows
-from pack.contract import series
+from pack.contract import LOCALITY, PARENT_UUID, UUID, series
 from pack.recorded import COMPUTE
 from pack.settings import HOST_GPU, Settings
 
@@ -52,11 +52,11 @@ def clock_swings(settings: Settings) -> str:
         f"increase({series(gpu_rows.SM_CLOCK_CHANGES)}{settings.sel()}[{w}]) "
         f">= {settings.clock_swing_changes:g}"
     )
-    parent = f'label_replace(\n  {changes},\n  "parent_uuid", "$1", "uuid", "(.+)"\n)'
+    parent = f'label_replace(\n  {changes},\n  "{PARENT_UUID}", "$1", "{UUID}", "(.+)"\n)'
     mig = (
         f"max by ({INSTANCE_GPU}) (\n"
         f"  {series(gpu_rows.MIG_INFO)}{settings.sel()}\n"
-        f"  * on ({INSTANCE}, parent_uuid) group_left ()\n"
+        f"  * on ({INSTANCE}, {PARENT_UUID}) group_left ()\n"
         f"  {indent(parent)}\n)"
     )
     return f"{changes}\nor\n{mig}"
@@ -65,15 +65,16 @@ def clock_swings(settings: Settings) -> str:
 def sharing_alerts(settings: Settings) -> list[dict[str, Any]]:
     w = settings.window
     contended = series(gpu_rows.CONTENDED) + settings.sel()
-    remote = series(gpu_rows.PROCESS_NUMA_LOCALITY) + settings.sel('locality="remote"')
+    remote = series(gpu_rows.PROCESS_NUMA_LOCALITY) + settings.sel(f'{LOCALITY}="remote"')
     processes = (
-        f'{{{{ with printf "{series(gpu_rows.COMPUTE_PROCESSES)}{{instance=%q, uuid=%q}}" '
-        "$labels.instance $labels.uuid | query }}{{ . | first | value }}{{ else }}more "
+        f'{{{{ with printf "{series(gpu_rows.COMPUTE_PROCESSES)}{{instance=%q, {UUID}=%q}}" '
+        f"$labels.instance $labels.{UUID} | query }}}}"
+        "{{ . | first | value }}{{ else }}more "
         "than one{{ end }}"
     )
     target = (
-        f'{{{{ with printf "{series(gpu_rows.SM_CLOCK_TARGET)}{{instance=%q, uuid=%q}}" '
-        "$labels.instance $labels.uuid | query }}"
+        f'{{{{ with printf "{series(gpu_rows.SM_CLOCK_TARGET)}{{instance=%q, {UUID}=%q}}" '
+        f"$labels.instance $labels.{UUID} | query }}}}"
         "the applications clock target ({{ . | first | value | humanize }}Hz) does not "
         "hold it{{ else }}NVML reports no applications clock target for it{{ end }}"
     )

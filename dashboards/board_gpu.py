@@ -27,7 +27,20 @@ from dashboards.panels import (
 from dashboards.sharing import sharing_row
 from gpuscope.contract import gpu as gpu_rows
 from gpuscope.contract.rows import MetricDef
-from pack.contract import COLLECTOR, ECC_TYPE, GPU_INDEX, REASON, UUID, XID, series
+from pack.contract import (
+    COLLECTOR,
+    DRIVER_VERSION,
+    ECC_TYPE,
+    GPU_INDEX,
+    GPU_NAME,
+    JOIN_STATUS,
+    NUMA_NODE,
+    PCI_BUS_ID,
+    REASON,
+    UUID,
+    XID,
+    series,
+)
 from pack.pcie import capacity_expr
 
 UID = "gpuscope-gpu"
@@ -196,16 +209,17 @@ def _fleet(board: Dashboard) -> None:
             "PCIe link's current generation and width.",
             [
                 query(
-                    f"max by ({PER_GPU}, uuid, name, driver_version, pci_bus_id, numa_node) "
+                    f"max by ({PER_GPU}, {UUID}, {GPU_NAME}, {DRIVER_VERSION}, {PCI_BUS_ID}, "
+                    f"{NUMA_NODE}) "
                     f"({info}{GPU})",
                     LEGEND,
                 ),
                 query(
-                    f"max by ({PER_GPU}, uuid) ({series(gpu_rows.PCIE_LINK_GENERATION)}{GPU})",
+                    f"max by ({PER_GPU}, {UUID}) ({series(gpu_rows.PCIE_LINK_GENERATION)}{GPU})",
                     LEGEND,
                 ),
                 query(
-                    f"max by ({PER_GPU}, uuid) ({series(gpu_rows.PCIE_LINK_WIDTH)}{GPU})", LEGEND
+                    f"max by ({PER_GPU}, {UUID}) ({series(gpu_rows.PCIE_LINK_WIDTH)}{GPU})", LEGEND
                 ),
             ],
             {"Value #B": "PCIe generation", "Value #C": "PCIe lanes"},
@@ -295,7 +309,7 @@ def _health(board: Dashboard) -> None:
             "and the processes on the GPUs it can join spans to (gpuscope's exporter only).",
             [
                 query(
-                    f"max by (instance, status) "
+                    f"max by (instance, {JOIN_STATUS}) "
                     f"({series(gpu_rows.PROCESS_JOIN_STATUS)}{EXPORTER} == 1)",
                     "{{instance}} {{status}}",
                 ),

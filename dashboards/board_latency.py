@@ -62,7 +62,7 @@ from pack.recorded import (
     slo_errors_ratio,
 )
 from pack.recorded import rate as recorded_rate
-from pack.settings import Settings, Slo
+from pack.settings import SOURCE, Settings, Slo
 
 UID = "gpuscope-inference-latency"
 # P50, P90 and P99 with the mean beside them, as engines' own boards draw them: a mean
@@ -432,7 +432,11 @@ def add_source_rows(board: Dashboard) -> None:
             "service and model, not per GPU.",
             [
                 query(f"sum ({requests})", "finished"),
-                query(f"sum ({requests}\n* on (source, service, model)\n{errors})", "failed"),
+                query(
+                    f"sum ({requests}\n"
+                    f"* on ({SOURCE}, {contract.SERVICE}, {contract.MODEL})\n{errors})",
+                    "failed",
+                ),
             ],
             "reqps",
             THIRD,
@@ -624,7 +628,7 @@ def add_other_instrumentation(board: Dashboard) -> None:
     exporter = selector("job", "instance")
     calls = series(exporter_rows.SPAN_CALLS)
     bucket = series(exporter_rows.SPAN_DURATION, "bucket")
-    by = "service_name, span_name"
+    by = f"{contract.SERVICE_NAME}, {contract.SPAN_NAME}"
     board.with_panel(
         timeseries(
             "Calls by status",
@@ -632,7 +636,7 @@ def add_other_instrumentation(board: Dashboard) -> None:
             "ASGI, FastAPI or gRPC instrumentation), by service, span and status code.",
             [
                 query(
-                    f"sum by ({by}, status_code) (rate({calls}{exporter}[{RATE}]))",
+                    f"sum by ({by}, {contract.STATUS_CODE}) (rate({calls}{exporter}[{RATE}]))",
                     "{{service_name}} {{span_name}} {{status_code}}",
                 )
             ],

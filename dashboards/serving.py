@@ -17,6 +17,8 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from dashboards.panels import RATE, THIRD, query, row, selector, timeseries
 from pack.contract import (
+    ENDPOINT,
+    MODEL,
     WORKER_BATCH_ITERATIONS,
     WORKER_INFO,
     WORKER_KV_BLOCKS,
@@ -34,14 +36,15 @@ from pack.engines import (
     VLLM_WAITING,
 )
 from pack.recorded import KV_USAGE, RUNNING, WAITING, WINDOW
+from pack.settings import SOURCE
 
 # Every series of the row is one scrape target's: filtered by the board's $job, $instance.
 TARGET = selector("job", "instance")
-WORKER_MODEL = WORKER_INFO + selector("job", "instance", extra=['model=~"$model"'])
+WORKER_MODEL = WORKER_INFO + selector("job", "instance", extra=[f'{MODEL}=~"$model"'])
 VLLM_MODEL = selector("job", "instance", extra=['model_name=~"$model"'])
 # The engines' state the rules record per scrape target, labelled with the engine (the
 # worker's and vLLM's records of the same names carry no source).
-ENGINE_STATE = selector("job", "instance", extra=['source!=""'])
+ENGINE_STATE = selector("job", "instance", extra=[f'{SOURCE}!=""'])
 
 
 def vllm_per_instance(expr: str, aggregation: str = "sum") -> str:
@@ -51,7 +54,7 @@ def vllm_per_instance(expr: str, aggregation: str = "sum") -> str:
 
 def for_model(metric: str) -> str:
     """``metric`` of the workers serving ``$model``, labelled with their model."""
-    return f"{metric}\n* on (job, instance) group_left (model)\n{WORKER_MODEL}"
+    return f"{metric}\n* on (job, instance) group_left ({MODEL})\n{WORKER_MODEL}"
 
 
 def engine_state(record: str, by: str, aggregation: str = "sum") -> str:
@@ -63,7 +66,7 @@ def engine_queue() -> str:
     """The engines' running and waiting requests in one query, told apart by ``state``
     (an engine may record either: Triton and TGI count only those waiting)."""
     return "\nor\n".join(
-        f"label_replace(\n{engine_state(record, 'source, instance, endpoint')},\n"
+        f"label_replace(\n{engine_state(record, f'{SOURCE}, instance, {ENDPOINT}')},\n"
         f'"state", "{state}", "", ""\n)'
         for record, state in ((RUNNING, "running"), (WAITING, "waiting"))
     )
@@ -118,8 +121,8 @@ def add_row(board: Dashboard) -> None:
                 # vLLM's, or an engine's (SGLang's) the rules record labelled with it
                 query(
                     f"label_replace(\n{vllm_per_instance(VLLM_KV_USAGE + VLLM_MODEL, 'max')},\n"
-                    '"source", "vLLM", "", ""\n)\nor\n'
-                    + engine_state(KV_USAGE, "source, instance", "max"),
+                    f'"{SOURCE}", "vLLM", "", ""\n)\nor\n'
+                    + engine_state(KV_USAGE, f"{SOURCE}, instance", "max"),
                     "{{source}} {{instance}}",
                 ),
             ],

@@ -27,13 +27,12 @@ from dashboards.panels import (
 )
 from gpuscope.contract import gpu as gpu_rows
 from gpuscope.contract.rows import MetricDef
-from pack.contract import GPU_INDEX, series
+from pack.contract import COMPUTE_MODE, GPU_INDEX, LOCALITY, MIG_LABELS, UUID, series
 
 PER_GPU = f"instance, {GPU_INDEX}"
 LEGEND = "{{instance}} GPU {{gpu}}"
 PER_PROCESS = f"{PER_GPU}, pid"
 PROCESS_LEGEND = "{{instance}} GPU {{gpu}} pid {{pid}}"
-MIG = ("parent_gpu", "parent_uuid", "profile", "gpu_instance_id", "compute_instance_id")
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,7 @@ def sharing_row(board: Dashboard, scope: Scope = GPU_BOARD) -> None:
             "exclusive_process (one process, or one MPS server) or prohibited.",
             [
                 query(
-                    f"max by ({PER_GPU}, mode) ({scope.of(gpu_rows.COMPUTE_MODE)} == 1)",
+                    f"max by ({PER_GPU}, {COMPUTE_MODE}) ({scope.of(gpu_rows.COMPUTE_MODE)} == 1)",
                     f"{LEGEND} {{{{mode}}}}",
                 )
             ],
@@ -176,7 +175,8 @@ def sharing_row(board: Dashboard, scope: Scope = GPU_BOARD) -> None:
             "and compute instance ids. Its clocks, power, PCIe and GPM are the parent's.",
             [
                 query(
-                    f"max by ({PER_GPU}, uuid, {', '.join(MIG)}) ({scope.of(gpu_rows.MIG_INFO)})",
+                    f"max by ({PER_GPU}, {UUID}, {', '.join(MIG_LABELS)}) "
+                    f"({scope.of(gpu_rows.MIG_INFO)})",
                     f"{LEGEND} {{{{profile}}}}",
                 )
             ],
@@ -191,7 +191,7 @@ def sharing_row(board: Dashboard, scope: Scope = GPU_BOARD) -> None:
             "(unbound) or remote; gpuscope doctor prints the numactl line that fixes it.",
             [
                 query(
-                    f"max by ({PER_PROCESS}, locality) "
+                    f"max by ({PER_PROCESS}, {LOCALITY}) "
                     f"({scope.of(gpu_rows.PROCESS_NUMA_LOCALITY)})",
                     f"{PROCESS_LEGEND} {{{{locality}}}}",
                 ).instant()

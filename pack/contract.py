@@ -105,6 +105,28 @@ ECC_TYPE = label(L.ECC_TYPE, gpu_rows.ECC_ERRORS)
 COLLECTOR = label(L.COLLECTOR, gpu_rows.COLLECTOR_SUCCESS, gpu_rows.COLLECTOR_DURATION)
 OVERFLOWED_METRIC = label(L.METRIC, exporter_rows.SERIES_OVERFLOW)
 VERSION = label(L.VERSION, exporter_rows.BUILD_INFO)
+# The stock spans' (spanmetrics-style) labels.
+SERVICE_NAME = label(L.SERVICE_NAME, exporter_rows.SPAN_CALLS, exporter_rows.SPAN_DURATION)
+SPAN_NAME = label(L.SPAN_NAME, exporter_rows.SPAN_CALLS, exporter_rows.SPAN_DURATION)
+STATUS_CODE = label(L.STATUS_CODE, exporter_rows.SPAN_CALLS, exporter_rows.SPAN_DURATION)
+# Which GPU source the exporter was asked for (``none`` when it runs without GPUs).
+REQUESTED = label(L.REQUESTED, exporter_rows.GPU_SOURCE)
+# A GPU's identity, its MIG parent, its compute mode, and its processes' NUMA side.
+GPU_NAME = label(L.NAME, gpu_rows.INFO)
+PCI_BUS_ID = label(L.PCI_BUS_ID, gpu_rows.INFO)
+NUMA_NODE = label(L.NUMA_NODE, gpu_rows.INFO)
+DRIVER_VERSION = label(L.DRIVER_VERSION, gpu_rows.INFO)
+PARENT_UUID = label(L.PARENT_UUID, gpu_rows.MIG_INFO)
+MIG_LABELS = tuple(
+    label(name, gpu_rows.MIG_INFO)
+    for name in (L.PARENT_GPU, L.PARENT_UUID, L.PROFILE, L.GPU_INSTANCE_ID, L.COMPUTE_INSTANCE_ID)
+)
+COMPUTE_MODE = label(L.MODE, gpu_rows.COMPUTE_MODE)
+LOCALITY = label(L.LOCALITY, gpu_rows.PROCESS_NUMA_LOCALITY)
+JOIN_STATUS = label(L.STATUS, gpu_rows.PROCESS_JOIN_STATUS)
+# The reference worker's endpoint (completions, embeddings), on its request-state rows;
+# the rules write it onto the engines' records of the same state.
+ENDPOINT = label(L.ENDPOINT, *worker_rows.REQUEST_STATE)
 
 # The reference worker's own /metrics (``gpuscope.contract.worker``): the sample names
 # the boards and rules read (``pack/engines/vllm.py`` maps vLLM's engine state onto them).

@@ -20,16 +20,20 @@ from typing import Final
 from gpuscope.contract import exporter as exporter_rows
 from gpuscope.contract.http import DEFAULT_PORT
 from pack import engines
-from pack.contract import GPU_INDEX, MODEL, SERVICE, UUID
+from pack.contract import ENDPOINT, GPU_INDEX, MODEL, SERVICE, UUID
 
 # The labels of service_model_gpu:* series: the source the numbers came through (see
 # pack/engines/), then what the request ran on. ``host`` is the scrape
 # target's host (its ``instance`` without the port): the GPU join of requests that
 # name no GPU (``gpu`` and ``uuid`` empty).
+# ``source`` is the pack's own label (no gpuscope process serves it; the exporter's
+# gpuscope_exporter_gpu_source has a label of the same name and another meaning):
+# written here once for the builders that select and group by it.
+SOURCE = "source"
 SERVICE_MODEL = f"{SERVICE}, {MODEL}"
 GPU = f"{GPU_INDEX}, {UUID}"
 REQUEST = f"{SERVICE_MODEL}, host, {GPU}"
-SMG = "source, " + REQUEST
+SMG = f"{SOURCE}, {REQUEST}"
 HOST_GPU = "host, " + GPU
 # The runbook as shipped, from the repository root: the default of ``Settings.runbook``.
 RUNBOOK_PATH = "alerts/runbook.md"
@@ -115,7 +119,7 @@ class Settings:
     # with alerts/build.py --runbook-url or GPUSCOPE_RUNBOOK_URL (alerts/README.md).
     runbook: str = RUNBOOK_PATH
     # requests an SLO counts: model calls, not /v1/models or health checks
-    slo_selector: str = 'model!=""'
+    slo_selector: str = f'{MODEL}!=""'
     interval: str = "30s"  # rule group evaluation interval
     window: str = "5m"  # window of rates and averages outside the SLOs
     for_override: str | None = None  # tests: every alert's ``for`` set to this
@@ -141,7 +145,7 @@ class Settings:
     # (measured on the reference worker), not 100 %.
     kv_cache_full_ratio: float = 0.8
     # the requests that hold KV-cache blocks (generation; embeddings hold none)
-    kv_cache_endpoints: str = 'endpoint="completions"'
+    kv_cache_endpoints: str = f'{ENDPOINT}="completions"'
     kv_cache_waiting_requests: float = 1.0
     # throttling: SM clock under this fraction of its maximum while utilisation is high
     throttle_clock_ratio: float = 0.8

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuscope.contract import exporter as exporter_rows
+from gpuscope.contract import gpu as gpu_rows
 from gpuscope.contract import http as http_paths
 from gpuscope.contract import labels as L
 from gpuscope.contract import worker as worker_rows
@@ -190,6 +191,140 @@ def test_the_paths_and_port_are_what_the_servers_answer_on() -> None:
     assert http_paths.DEFAULT_TRACES_URL == "http://127.0.0.1:9420/v1/traces"
     assert http_paths.PROBE_PATHS == ("/healthz", "/readyz")
     assert http_paths.METRICS_PATH == "/metrics"
+
+
+# --- label names inside the pack's PromQL --------------------------------------------
+
+# The label names the contract owns: those its rows carry (not ``labels``' values, such
+# as ``direction``'s input and output). The rows are every MetricDef of the contract.
+OWNED_LABELS = frozenset(
+    name
+    for module in (exporter_rows, gpu_rows, worker_rows)
+    for row in vars(module).values()
+    if isinstance(row, MetricDef)
+    for name in row.labels
+)
+# The pack's builders: what writes PromQL (rules, boards, manifests).
+PACK_CODE = ("pack", "alerts", "dashboards", "deploy")
+# A placeholder for an f-string's replacement field: never part of a label name.
+FIELD = "\x00"
+# Where PromQL names a label: a grouping or a vector match's list (up to its ``)``, or to
+# the end of a string that a later one closes); a matcher (``{gpu="0"}``, and a Go
+# template's printf ``uuid=%q``); a quoted name, as label_replace / label_join /
+# count_values take them (a matcher's value excepted: it follows ``=`` or ``~``).
+GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)(?:\)|$)")
+MATCHER = re.compile(r"(?:^|(?<=[{,\s]))([A-Za-z_]\w*)\s*(?:=~|!~|!=|=(?!=))\s*[\"'%\x00]")
+QUOTED = re.compile(r"(?<![=~])(?<![=~]\s)([\"'])([A-Za-z_]\w*)\1")
+
+# (file, label) -> why it stays. A file ``pack/engines.py`` stands for the package
+# ``pack/engines/`` too. Each must still occur (a stale entry fails).
+PROMQL_ALLOWED: dict[tuple[str, str], str] = {
+    ("pack/engines.py", "reason"): "Triton's own label of nv_inference_request_failure",
+    ("alerts/pod_join.py", "pod"): "dcgm-exporter's holder pod on its GPU series",
+    ("dashboards/board_latency.py", "reason"): (
+        "the finish reason the rules record from the engines' (alerts/recording.py), "
+        "not the exporter's rejection or clock-event reason"
+    ),
+    ("dashboards/serving.py", "state"): (
+        "running or waiting, written by the query for its own legend; not the "
+        "exporter's connection state"
+    ),
+}
+
+
+def _pack_files() -> Iterator[Path]:
+    for folder in PACK_CODE:
+        yield from sorted(p for p in (REPO / folder).rglob("*.py") if "tests" not in p.parts)
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, text) of each string of ``tree``'s code, an f-string whole with ``FIELD``
+    for each replacement field (its parts are not strings of their own)."""
+    docstrings = _docstrings(tree)
+    parts: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts.update(id(inner) for inner in ast.walk(node) if inner is not node)
+    for node in ast.walk(tree):
+        if id(node) in parts or id(node) in docstrings:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(
+                str(v.value) if isinstance(v, ast.Constant) else FIELD for v in node.values
+            )
+            yield node.lineno, text
+
+
+def promql_labels(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, label) of each label name the contract owns written into PromQL in
+    ``path``'s strings (rather than read from ``pack.contract``)."""
+    for line, text in _strings(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [n.strip() for m in GROUPING.finditer(text) for n in m.group(1).split(",")]
+        names += [m.group(1) for m in MATCHER.finditer(text)]
+        names += [m.group(2) for m in QUOTED.finditer(text)]
+        yield from ((line, name) for name in names if name in OWNED_LABELS)
+
+
+def _allowed_key(relative: str, label: str) -> tuple[str, str]:
+    parts = relative.split("/")
+    if parts[:2] == ["pack", "engines"] and len(parts) > 2:
+        return "pack/engines.py", label
+    return relative, label
+
+
+def test_no_label_name_of_the_contract_is_written_into_the_packs_promql() -> None:
+    found, used = [], set()
+    walked = 0
+    for path in _pack_files():
+        walked += 1
+        relative = path.relative_to(REPO).as_posix()
+        for line, label in promql_labels(path):
+            key = _allowed_key(relative, label)
+            if key in PROMQL_ALLOWED:
+                used.add(key)
+            else:
+                found.append(f"{relative}:{line}: {label}")
+    assert walked > 25  # the walk found the builders
+    assert not found, (
+        "a label name of gpuscope.contract written into PromQL (read it from pack.contract, "
+        "or allow it in PROMQL_ALLOWED with a reason): " + ", ".join(found)
+    )
+    stale = set(PROMQL_ALLOWED) - used
+    assert not stale, f"stale PROMQL_ALLOWED entries: {sorted(stale)}"
+
+
+def test_the_contract_owns_the_labels_its_rows_carry() -> None:
+    assert {L.GPU, L.UUID, L.MODEL, L.PHASE, L.ENDPOINT, L.STATUS_CODE} <= OWNED_LABELS
+    # values of a label, and other systems' labels, are not the contract's
+    assert not {L.INPUT, L.OUTPUT, "le", "instance", "job", "UUID", "model_name"} & OWNED_LABELS
+
+
+@pytest.mark.parametrize(
+    ("code", "caught"),
+    [
+        ('X = "sum by (phase, model) (rate(x[5m]))"', ["phase", "model"]),
+        ('X = f"max by ({K}, uuid, name) ({e})"', ["uuid", "name"]),
+        ('X = f"sum by (job, instance, " + f"{R}, model) (x)"', []),  # split by +: unseen
+        ('X = f"a\\n* on (job, instance) group_left (model)\\n{b}"', ["model"]),
+        ('X = f"x{{gpu=\\"{g}\\", uuid=~\\"a.*\\"}}"', ["gpu", "uuid"]),
+        ("X = 'model!=\"\"'", ["model"]),
+        ("X = '{{instance=%q, uuid=%q}}'", ["uuid"]),
+        ('X = f\'label_replace({e}, "uuid", "$1", "UUID", "(.+)")\'', ["uuid"]),
+        ('X = f\'label_replace({e}, "{UUID}", "$1", "UUID", "(.+)")\'', []),
+        ('X = \'x{phase="queue", direction="input"}\'', ["phase", "direction"]),
+        ('X = "sum by (le, job, host, model_name) (x)"', []),  # not the contract's
+        ('X = f"sum by ({SMG}) (x) == 1"', []),
+        ('"""sum by (model) (x)"""', []),  # a docstring
+    ],
+)
+def test_the_promql_walk_catches_what_it_should(
+    tmp_path: Path, code: str, caught: list[str]
+) -> None:
+    path = tmp_path / "module.py"
+    path.write_text(code + "\n")
+    assert sorted(label for _, label in promql_labels(path)) == sorted(caught)
 
 
 # --- label tuples by name -----------------------------------------------------------

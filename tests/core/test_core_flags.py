@@ -6,6 +6,7 @@ import enum
 import importlib
 import pkgutil
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,21 +244,27 @@ def test_the_naming_lint_finds_a_bare_timing_word_and_a_unit_given_twice() -> No
 
 
 OPTIONAL_LIBRARIES = frozenset({"torch"})
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _every_settings_class() -> list[type[flags.Settings]]:
-    """Every ``Settings`` subclass in the installed package (each module imported)."""
-    import gpuscope
-
-    for module in pkgutil.walk_packages(gpuscope.__path__, "gpuscope."):
-        if module.name.endswith("__main__"):
-            continue
-        try:
-            importlib.import_module(module.name)
-        except ModuleNotFoundError as exc:
-            # an optional backend's own library (torch): it declares no settings
-            if exc.name not in OPTIONAL_LIBRARIES:
-                raise
+    """Every ``Settings`` subclass of the package (each module of each package that
+    pyproject.toml lists imported: under the editable install the folders are mapped,
+    so walking ``gpuscope.__path__`` alone would not reach them)."""
+    packages = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "packages"
+    ]
+    for package in packages:
+        for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            name = f"{package}.{module.name}"
+            if module.name == "__main__":
+                continue
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                # an optional backend's own library (torch): it declares no settings
+                if exc.name not in OPTIONAL_LIBRARIES:
+                    raise
     found: list[type[flags.Settings]] = []
     todo = list(flags.Settings.__subclasses__())
     while todo:
