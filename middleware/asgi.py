@@ -98,9 +98,10 @@ def _with_propagation_headers(scope: Scope, context: Context) -> Scope:
     propagate.inject(carrier, context=context)
     if not carrier:
         return scope
-    replaced = {name.lower().encode("latin-1") for name in carrier}
-    headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in replaced]
-    headers.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items())
+    added = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items()]
+    replaced = {name.lower() for name, _ in added}
+    headers = [item for item in scope.get("headers", ()) if item[0].lower() not in replaced]
+    headers += added
     return {**scope, "headers": headers}
 
 

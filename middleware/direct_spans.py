@@ -13,14 +13,15 @@ tracing API's ``Span`` with a plain dict of attributes, and on ``end()`` hand on
 ``ReadableSpan`` (the SDK's public read-only span, what every processor and exporter
 takes) to the provider's processors. What the SDK guarantees is kept: values are
 checked as the SDK checks them (the common scalar types by type, anything else through
-the API's own ``BoundedAttributes``), the attribute, event and link limits are the
-SDK's ``SpanLimits`` from the same environment variables, ids come from the provider's
-``id_generator``, the parent and its trace state from the context. It applies only
-where it cannot change what anyone sees: the provider is ``BoundedTracerProvider``
-with the ``ALWAYS_ON`` sampler, and each of its processors says it takes direct spans
-(``takes_direct_spans``). A processor that a user adds with ``add_span_processor``
-(which may call SDK-only methods in ``on_start``) switches every later span back to
-the SDK's own path.
+the API's own ``BoundedAttributes``; event and link attributes always through it, as
+the SDK's ``Span`` does), the attribute, event and link limits are the SDK's
+``SpanLimits`` from the same environment variables, with what they drop counted, ids
+come from the provider's ``id_generator``, the parent and its trace state from the
+context. It applies only where it cannot change what anyone sees: the provider is
+``BoundedTracerProvider`` with the ``ALWAYS_ON`` sampler, and each of its processors
+says it takes direct spans (``takes_direct_spans``). A processor that a user adds with
+``add_span_processor`` (which may call SDK-only methods in ``on_start``) switches every
+later span back to the SDK's own path.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
@@ -94,9 +95,11 @@ class _Attributes:
         first = type(values[0])
         return first in _SCALARS and all(type(item) is first for item in values)
 
-    def put_all(self, into: dict[str, AttributeValue], values: Mapping[str, object]) -> None:
+    def put_all(self, into: dict[str, AttributeValue], values: Mapping[str, object]) -> int:
         """``put`` each of ``values``; the common case (a scalar under a new key, room
-        left, no length limit) inline, since a span sets twenty at a time."""
+        left, no length limit) inline, since a span sets twenty at a time. Returns how
+        many values the count limit dropped."""
+        dropped = 0
         room = self.limit if self.limit is not None else len(into) + len(values)
         plain = self.max_length is None
         for key, value in values.items():
@@ -111,21 +114,26 @@ class _Attributes:
             ):
                 into[key] = value  # type: ignore[assignment]
             else:
-                self.put(into, key, value)
+                dropped += self.put(into, key, value)
+        return dropped
 
-    def put(self, into: dict[str, AttributeValue], key: str, value: object) -> None:
+    def put(self, into: dict[str, AttributeValue], key: str, value: object) -> int:
         """Store ``value`` under ``key`` as the SDK's ``BoundedAttributes`` does: a key
-        set again moves to the end, and past the count limit the oldest is dropped."""
+        set again moves to the end, and past the count limit the oldest is dropped.
+        Returns how many values that dropped (0 or 1), which the SDK counts."""
         keep, cleaned = self.clean(key, value)
         if not keep:
-            return
+            return 0
         if key in into:
             del into[key]
         elif self.limit is not None and len(into) >= self.limit:
             if self.limit == 0:
-                return
+                return 1
             del into[next(iter(into))]
+            into[key] = cleaned
+            return 1
         into[key] = cleaned
+        return 0
 
 
 class DirectSpan(trace.Span):
@@ -150,8 +158,11 @@ class DirectSpan(trace.Span):
         self.start_time = start_time
         self.end_time: int | None = None
         self.attributes: dict[str, AttributeValue] = {}
-        self.events: deque[Event] | None = None
-        self.links: deque[Link] | None = None
+        self.dropped_attributes = 0
+        # The SDK's own bounded list: it counts what its limit drops, and ReadableSpan
+        # reports that count (dropped_events, dropped_links) to the exporter.
+        self.events: BoundedList[Event] | None = None
+        self.links: BoundedList[Link] | None = None
         self.status = Status(StatusCode.UNSET)
         self._tracer = tracer
         self._processors = processors
@@ -168,33 +179,48 @@ class DirectSpan(trace.Span):
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         if not self._ended("set_attributes"):
-            self._tracer.attributes.put_all(self.attributes, attributes)
+            self.dropped_attributes += self._tracer.attributes.put_all(self.attributes, attributes)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         if not self._ended("set_attribute"):
-            self._tracer.attributes.put(self.attributes, key, value)
+            self.dropped_attributes += self._tracer.attributes.put(self.attributes, key, value)
 
     def add_event(
         self, name: str, attributes: Attributes = None, timestamp: int | None = None
     ) -> None:
         if self._ended("add_event"):
             return
+        limits = self._tracer.limits
         if self.events is None:
-            self.events = deque(maxlen=self._tracer.limits.max_events)
-        self.events.append(
-            Event(
-                name,
-                attributes,
-                time.time_ns() if timestamp is None else timestamp,
-                limit=self._tracer.limits.max_event_attributes,
-            )
+            self.events = BoundedList(limits.max_events)
+        # As the SDK's Span: every value checked and the event limits applied (an
+        # Event keeps whatever it is given, and one value the encoder cannot write
+        # would fail the export of its whole batch).
+        checked = BoundedAttributes(
+            limits.max_event_attributes,
+            attributes,
+            immutable=True,
+            max_value_len=limits.max_attribute_length,
         )
+        self.events.append(Event(name, checked, time.time_ns() if timestamp is None else timestamp))
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
-        if self._ended("add_link") or not context.is_valid:
+        # The SDK keeps a link to an invalid context that carries attributes or a trace
+        # state, and checks the link's attributes as it checks an event's.
+        if self._ended("add_link") or not (
+            context and (context.is_valid or attributes or context.trace_state)
+        ):
             return
+        limits = self._tracer.limits
         if self.links is None:
-            self.links = deque(maxlen=self._tracer.limits.max_links)
+            self.links = BoundedList(limits.max_links)
+        if attributes:
+            attributes = BoundedAttributes(
+                limits.max_link_attributes,
+                attributes,
+                immutable=True,
+                max_value_len=limits.max_attribute_length,
+            )
         self.links.append(Link(context, attributes))
 
     def update_name(self, name: str) -> None:
@@ -243,14 +269,22 @@ class DirectSpan(trace.Span):
         if self._ended("end"):
             return
         self.end_time = time.time_ns() if end_time is None else end_time
+        attributes: Mapping[str, AttributeValue] = self.attributes
+        if self.dropped_attributes:
+            # ReadableSpan reports dropped attributes only from the SDK's own mapping.
+            bounded = BoundedAttributes(
+                self._tracer.limits.max_span_attributes, self.attributes, immutable=True
+            )
+            bounded.dropped = self.dropped_attributes
+            attributes = bounded
         finished = ReadableSpan(
             self.name,
             self.context,
             self.parent,
             self._tracer.resource,
-            self.attributes,
-            tuple(self.events or ()),
-            tuple(self.links or ()),
+            attributes,
+            self.events if self.events is not None else (),
+            self.links if self.links is not None else (),
             self.kind,
             status=self.status,
             start_time=self.start_time,

@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 class EngineSpanBridge(SpanProcessor):
     """Pairs engine request spans with the in-flight server spans they belong to."""
 
-    # on_start reads a span's name and parent only, on_end a ReadableSpan: gpuscope's
-    # direct spans (direct_spans) will do
-    takes_direct_spans = True
+    # It acts on engine request spans only, and gpuscope's direct spans (direct_spans)
+    # are the gpuscope tracer's own (server, batch, phase), never one: they need not be
+    # handed to it, and the provider does not (the "ignored" below).
+    takes_direct_spans = "ignored"
 
     def __init__(self) -> None:
         # Every access is one dict operation, atomic under the GIL: no lock on the

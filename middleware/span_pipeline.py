@@ -189,8 +189,12 @@ class BoundedTracerProvider(TracerProvider):
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         super().add_span_processor(span_processor)
-        takes_direct = getattr(span_processor, "takes_direct_spans", False) is True
-        if self._direct is not None and takes_direct:
+        # ``takes_direct_spans``: True, hand it direct spans; "ignored", it would do
+        # nothing with one, so skip it; anything else, it needs the SDK's spans.
+        takes_direct = getattr(span_processor, "takes_direct_spans", False)
+        if self._direct is None or takes_direct == "ignored":
+            return
+        if takes_direct is True:
             self._direct = (*self._direct, span_processor)
         else:
             self._direct = None
