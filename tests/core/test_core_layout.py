@@ -12,6 +12,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,3 +155,20 @@ def test_mypy_checks_a_new_module_through_the_tree(
         )
     assert result.returncode == 1, result.stdout + result.stderr
     assert 'expression has type "int", variable has type "str"' in result.stdout, result.stdout
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    """The editable install imports any folder with an ``__init__.py`` under a mapped
+    folder; the wheel ships only the packages pyproject.toml lists. One left out would
+    work here and be missing from every install."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *relative)))
+    assert found - listed == set(), "folders the wheel would leave out"
+    assert found, "the walk found no package"
