@@ -46,8 +46,14 @@ typecheck: typecheck-tree
 	$(BIN)/mypy $(wildcard pack/*.py pack/*/*.py dashboards/*.py alerts/*.py deploy/*.py deploy/*/*.py tests/*.py tests/*/*.py tests/*/*/*.py \
 		benchmarks/*.py scripts/*.py scripts/*/*.py)
 
+# Two pytest workers (pytest-xdist): most of the suite's time is waiting on real servers,
+# Prometheus rule windows and promtool, so two at once nearly halve it on two cores.
+# More workers than cores would starve the tests that time real servers.
+# PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+
 unit: install system-deps pynvml-versions
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 # The lowest nvidia-ml-py the project declares and the newest, beside (not in) the venv,
 # for the GPU tests that load their pynvml.py: tests/exporter/gpu/test_gpu_pynvml_floor.py, and
