@@ -15,8 +15,10 @@ drops the bytes, with the encoder each side ships: the SDK's ``encode_spans`` (u
 ``OTLPSpanExporter``) for OpenTelemetry's middleware, gpuscope's ``otlp_encoding``
 (used by ``setup_tracing()``) for gpuscope. CPU time is ``process_time``, so
 the processor's export thread is included. Requests arrive in groups of
-``BATCH_SIZE``; under gpuscope the app marks every phase and the group runs as one
-batch through ``BatchRecorder``, so each request carries its share of a batch span.
+``BATCH_SIZE`` and the app serves each group as one batch (every request waits until
+its batch is full) in every configuration, the bare app's included; under gpuscope the
+app also marks every phase and records the batch through ``BatchRecorder``, so each
+request carries its share of a batch span.
 
     .venv/bin/python benchmarks/middleware_overhead.py [--requests 3000] [--rounds 7]
 """
@@ -74,19 +76,26 @@ BATCH_SIZE = 8
 
 
 def make_app(chunks: int, recorder: BatchRecorder | None) -> ASGIApp:
+    """An app that serves requests in batches of ``BATCH_SIZE``, whichever middleware
+    wraps it: each request waits on a future until its batch is full. Only with a
+    ``recorder`` (under gpuscope) does it mark the phases and record the batch, so the
+    waiting, an application's own cost, is in every configuration's baseline alike."""
     body = b"x" * 64
-    forming: list[tuple[RequestTimeline, asyncio.Future[None]]] = []
+    forming: list[tuple[RequestTimeline | None, asyncio.Future[None]]] = []
 
-    async def run_in_batch(timeline: RequestTimeline, recorder: BatchRecorder) -> None:
-        timeline.enqueued()
+    async def run_in_batch(timeline: RequestTimeline | None) -> None:
+        if timeline is not None:
+            timeline.enqueued()
         done = asyncio.get_running_loop().create_future()
         forming.append((timeline, done))
         if len(forming) == BATCH_SIZE:
-            batch = recorder.batch()
-            for member, _ in forming:
-                batch.admit(member)
-            with batch.compute(trigger="full"):
-                pass
+            if recorder is not None:
+                batch = recorder.batch()
+                for member, _ in forming:
+                    if member is not None:
+                        batch.admit(member)
+                with batch.compute(trigger="full"):
+                    pass
             for _, waiter in forming:
                 waiter.set_result(None)
             forming.clear()
@@ -94,9 +103,7 @@ def make_app(chunks: int, recorder: BatchRecorder | None) -> ASGIApp:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await receive()
-        timeline = current_timeline()
-        if timeline is not None and recorder is not None:
-            await run_in_batch(timeline, recorder)
+        await run_in_batch(current_timeline() if recorder is not None else None)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for i in range(chunks):
             await send({"type": "http.response.body", "body": body, "more_body": i < chunks - 1})
@@ -214,9 +221,23 @@ async def drive_and_flush(app: ASGIApp, requests: int, provider: TracerProvider 
     return (time.process_time_ns() - start) / requests / 1000
 
 
-def summarize(samples: list[float]) -> str:
+def summarize(samples: list[float], digits: int = 1) -> str:
     q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
-    return f"{statistics.median(samples):7.1f} (IQR {q[0]:.1f}–{q[2]:.1f})"
+    d = digits
+    return f"{statistics.median(samples):7.{d}f} (IQR {q[0]:.{d}f}–{q[2]:.{d}f})"
+
+
+def round_ratios(
+    samples: dict[tuple[str, int, bool], list[float]], name: str, peer: str, encode: bool
+) -> list[float]:
+    """The overhead ratio within each round (one chunk). The cases of a round run
+    minutes apart at most, so a machine that is slower for a while slows both sides
+    of its ratio alike; the spread of these says how far the ratio of medians is from
+    a chance reading."""
+    bare = samples[("bare", 1, False)]
+    ours = samples[(name, 1, encode)]
+    theirs = samples[(peer, 1, encode)]
+    return [(o - b) / (t - b) for o, t, b in zip(ours, theirs, bare, strict=True)]
 
 
 SPANS = ("gpuscope", "gpuscope-children", "otel-asgi-server", "otel-asgi")
@@ -250,7 +271,11 @@ def main() -> None:
             ("gpuscope-children", "otel-asgi-server"),
         ):
             ratio = over(samples, name, 1, encode) / over(samples, peer, 1, encode)
-            print(f"[{suffix}] {name}/{peer} overhead ratio (1 chunk): {ratio:.2f}")
+            rounds = summarize(round_ratios(samples, name, peer, encode), digits=2)
+            print(
+                f"[{suffix}] {name}/{peer} overhead ratio (1 chunk): {ratio:.2f}"
+                f"; per round {rounds.strip()}"
+            )
     ratio = over(samples, "gpuscope", 1, False) / over(samples, "starlette-exporter", 1, False)
     print(f"[discarded] gpuscope/starlette-exporter overhead ratio (1 chunk): {ratio:.2f}")
     stream = over(samples, "gpuscope", 32, False) / over(samples, "gpuscope", 1, False)

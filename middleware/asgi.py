@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.propagators.textmap import Getter
+from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gpuscope import __version__, spans
@@ -92,16 +92,28 @@ def _parent_context(scope: Scope) -> Context:
     return propagate.extract(scope, getter=_GETTER, context=current)
 
 
+class _HeaderSetter(Setter[dict[bytes, bytes]]):
+    """Collects what a propagator injects as ASGI header items (lower-case names)."""
+
+    def set(self, carrier: dict[bytes, bytes], key: str, value: str) -> None:
+        carrier[key.lower().encode("latin-1")] = value.encode("latin-1")
+
+
+_SETTER = _HeaderSetter()
+
+
 def _with_propagation_headers(scope: Scope, context: Context) -> Scope:
     """A copy of ``scope`` whose propagation headers carry ``context`` (the server span)."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=context)
-    if not carrier:
+    injected: dict[bytes, bytes] = {}
+    propagate.inject(injected, context=context, setter=_SETTER)
+    if not injected:
         return scope
-    added = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items()]
-    replaced = {name.lower() for name, _ in added}
-    headers = [item for item in scope.get("headers", ()) if item[0].lower() not in replaced]
-    headers += added
+    # This runs per request: the caller's own propagation headers are usually absent,
+    # and then the list is copied once, not filtered.
+    headers = list(scope.get("headers", ()))
+    if any(name.lower() in injected for name, _ in headers):
+        headers = [item for item in headers if item[0].lower() not in injected]
+    headers += injected.items()
     return {**scope, "headers": headers}
 
 

@@ -205,23 +205,14 @@ class DirectSpan(trace.Span):
         self.events.append(Event(name, checked, time.time_ns() if timestamp is None else timestamp))
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
-        # The SDK keeps a link to an invalid context that carries attributes or a trace
-        # state, and checks the link's attributes as it checks an event's.
-        if self._ended("add_link") or not (
-            context and (context.is_valid or attributes or context.trace_state)
-        ):
+        if self._ended("add_link"):
             return
-        limits = self._tracer.limits
+        link = self._tracer.checked_link(context, attributes)
+        if link is None:
+            return
         if self.links is None:
-            self.links = BoundedList(limits.max_links)
-        if attributes:
-            attributes = BoundedAttributes(
-                limits.max_link_attributes,
-                attributes,
-                immutable=True,
-                max_value_len=limits.max_attribute_length,
-            )
-        self.links.append(Link(context, attributes))
+            self.links = BoundedList(self._tracer.limits.max_links)
+        self.links.append(link)
 
     def update_name(self, name: str) -> None:
         if not self._ended("update_name"):
@@ -332,6 +323,26 @@ class DirectTracer(trace.Tracer):
             self.limits.max_span_attributes, self.limits.max_span_attribute_length
         )
 
+    def checked_link(
+        self, context: SpanContext, attributes: Attributes, given: Link | None = None
+    ) -> Link | None:
+        """The link the SDK keeps for ``context`` and ``attributes``, or None if it keeps
+        none: it keeps a link to an invalid context only if it carries attributes or a
+        trace state, and checks the link's attributes as it checks an event's. A
+        ``given`` link without attributes is kept as it is (a link is immutable)."""
+        if not (context and (context.is_valid or attributes or context.trace_state)):
+            return None
+        if not attributes:
+            return given if given is not None else Link(context)
+        limits = self.limits
+        checked = BoundedAttributes(
+            limits.max_link_attributes,
+            attributes,
+            immutable=True,
+            max_value_len=limits.max_attribute_length,
+        )
+        return Link(context, checked)
+
     def start_span(
         self,
         name: str,
@@ -379,8 +390,12 @@ class DirectTracer(trace.Tracer):
         )
         if attributes:
             span.set_attributes(attributes)
-        for link in links or ():
-            span.add_link(link.context, link.attributes)
+        if links:
+            # One list for all of them: a batch span links every member request.
+            kept = [self.checked_link(link.context, link.attributes, link) for link in links]
+            span.links = BoundedList.from_seq(
+                self.limits.max_links, [link for link in kept if link is not None]
+            )
         for processor in processors:
             processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
         return span
