@@ -16,8 +16,10 @@ C call (0.5 s for the largest body, ``docs/reliability.md``) that no hook could 
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -87,12 +89,21 @@ def cpu_budget(budget_s: float, given_up: Callable[[], bool]) -> Iterator[None]:
         sys.setprofile(None)
 
 
+# The standard library's weak-reference callbacks (a WeakValueDictionary's or WeakSet's
+# removal, weakref.finalize): CPython runs them when an object dies, on whichever thread
+# dropped it, right after its __del__.
+_WEAKREF_FILES: Final = frozenset((weakref.__file__, inspect.getfile(weakref.WeakSet)))
+
+
 def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether ``frame`` runs inside a ``__del__``: the garbage collector runs other
-    threads' finalizers on whichever thread allocates, and an exception raised there is
-    swallowed (printed as unraisable), not delivered to the decode."""
+    """Whether ``frame`` runs inside a ``__del__`` or a standard weak-reference callback:
+    the garbage collector runs other threads' finalizers on whichever thread allocates,
+    and an exception raised there is swallowed (printed as unraisable), not delivered to
+    the decode; and CPython unsets a profile function that raises, so the budget would
+    not stop the rest of the decode."""
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename in _WEAKREF_FILES:
             return True
         frame = frame.f_back
     return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 
 import pytest
 
@@ -45,6 +46,33 @@ def test_a_budget_spent_in_a_finalizer_is_still_refused(
     assert refused.value.status == 413 and refused.value.reason == DECODE_BUDGET
     assert _Finalized.finished  # the finalizer ran to its end
     assert unraisable == []  # nothing raised inside it
+
+
+class _Registered:
+    """Spends the rest of the budget in its ``__del__``; CPython then clears its weak
+    references, so a ``WeakValueDictionary``'s removal callback runs next, on this
+    thread, in no ``__del__`` (seen in CI: ``_Spent`` raised in ``weakref.remove``)."""
+
+    def __del__(self) -> None:
+        _spend(0.05)
+
+
+def test_a_budget_spent_before_a_weakref_callback_is_still_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    registry: weakref.WeakValueDictionary[str, _Registered] = weakref.WeakValueDictionary()
+    reached: list[bool] = []
+    with pytest.raises(otlp.OtlpError) as refused:
+        with cpu_budget(0.01, lambda: False):
+            registry["held"] = _Registered()  # dropped at once: __del__, then the callback
+            _spend(1.0)  # the decode goes on: the hook must still be there to stop it
+            reached.append(True)
+    assert refused.value.status == 413 and refused.value.reason == DECODE_BUDGET
+    assert "held" not in registry  # the callback ran to its end
+    assert unraisable == []  # nothing raised inside it
+    assert reached == []  # and the decode was stopped, not run to its end
 
 
 def test_a_decode_within_its_budget_passes() -> None:
