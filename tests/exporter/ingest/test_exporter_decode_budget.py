@@ -65,10 +65,7 @@ def test_a_budget_spent_before_a_weakref_callback_is_still_refused(
     registry: weakref.WeakValueDictionary[str, _Registered] = weakref.WeakValueDictionary()
     reached: list[bool] = []
     with pytest.raises(otlp.OtlpError) as refused:
-        with cpu_budget(0.01, lambda: False):
-            registry["held"] = _Registered()  # dropped at once: __del__, then the callback
-            _spend(1.0)  # the decode goes on: the hook must still be there to stop it
-            reached.append(True)
+        _decode_beside_a_weakref_callback(registry, reached)
     assert refused.value.status == 413 and refused.value.reason == DECODE_BUDGET
     assert "held" not in registry  # the callback ran to its end
     assert unraisable == []  # nothing raised inside it
@@ -91,6 +88,15 @@ def _decode_beside_a_finalizer() -> None:
     with cpu_budget(0.01, lambda: False):
         _Finalized()  # collected at once, its __del__ on this thread
         _work(10)  # the decode goes on, short, and ends
+
+
+def _decode_beside_a_weakref_callback(
+    registry: weakref.WeakValueDictionary[str, _Registered], reached: list[bool]
+) -> None:
+    with cpu_budget(0.01, lambda: False):
+        registry["held"] = _Registered()  # dropped at once: __del__, then the callback
+        _spend(1.0)  # the decode goes on: the hook must still be there to stop it
+        reached.append(True)
 
 
 def _decode_past_the_budget(reached: list[bool]) -> None:
