@@ -182,16 +182,19 @@ async def scalar(session: aiohttp.ClientSession, base: str, query: str) -> float
 async def successes_when_recorded(
     session: aiohttp.ClientSession, base: str, model: str
 ) -> float | None:
-    """Triton's successes per second at the instant the requests rate was recorded (two
-    rates of different instants are extrapolated differently; even at one instant a
-    scrape may land between the rule's evaluation and this query, so the two are only
-    close: ``ACROSS_RULES``)."""
+    """Triton's successes per second at the instant the requests rate was recorded: the
+    recorded sample's own timestamp (an instant query's is the query's, up to an
+    evaluation interval later, when the 5m window may hold one more scrape: a few
+    seconds into the replay that moved the ratio by 10%). Two rates of different
+    instants are extrapolated differently; even at one instant a scrape may be stored
+    between the rule's evaluation and this query, so the two are only close:
+    ``ACROSS_RULES``."""
     result = await instant_query(
-        session, base, f"service_model:gpuscope_requests:rate5m{_on(model)}"
+        session, base, f"timestamp(service_model:gpuscope_requests:rate5m{_on(model)})"
     )
     if not result:
         return None
-    at = result[0]["value"][0]
+    at = result[0]["value"][1]
     rate = f'sum(rate(nv_inference_request_success{{job="triton", model="{model}"}}[5m]))'
     async with session.get(
         base + "/api/v1/query", params={"query": rate, "time": str(at)}
