@@ -9,11 +9,13 @@ span instead of four spans. starlette-exporter makes no spans: it observes Prome
 metrics in the process (``group_paths=False, filter_unhandled_paths=False`` so that the
 raw ASGI app's path is counted), the usual alternative to tracing for RED metrics.
 
-Every configuration uses the same SDK ``TracerProvider`` set-up: a ``BatchSpanProcessor``
-feeding either a discarding exporter or one that encodes spans to OTLP protobuf and
-drops the bytes, with the encoder each side ships: the SDK's ``encode_spans`` (used by
-``OTLPSpanExporter``) for OpenTelemetry's middleware, gpuscope's ``otlp_encoding``
-(used by ``setup_tracing()``) for gpuscope. CPU time is ``process_time``, so
+Each tool runs on the provider it ships with: OpenTelemetry's middleware on the SDK's
+``TracerProvider`` with a ``BatchSpanProcessor``, gpuscope on ``setup_tracing()``'s
+``BoundedTracerProvider`` with its ``CountingBatchSpanProcessor``. The processor feeds
+either a discarding exporter or one that encodes spans to OTLP protobuf and drops the
+bytes, with the encoder each side ships: the SDK's ``encode_spans`` (used by
+``OTLPSpanExporter``) for OpenTelemetry's middleware, gpuscope's ``otlp_encoding`` for
+gpuscope (``gpuscope-sdk-encoder`` swaps in the SDK's). CPU time is ``process_time``, so
 the processor's export thread is included. Requests arrive in groups of
 ``BATCH_SIZE`` and the app serves each group as one batch (every request waits until
 its batch is full) in every configuration, the bare app's included; under gpuscope the
