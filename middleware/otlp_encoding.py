@@ -3,8 +3,10 @@
 The SDK's encoder builds one protobuf object per attribute value, key-value pair and
 span, then serialises the tree: for a server span with twenty attributes that is the
 largest single cost of tracing a request. This module writes the wire format
-directly (https://protobuf.dev/programming-guides/encoding/), with the encoded
-attribute keys, resources and scopes cached. It produces the same message as the
+directly (https://protobuf.dev/programming-guides/encoding/), with resources, scopes
+and attribute keys cached, and whole attributes for the short strings, ints and bools
+that repeat from request to request (a float attribute, a phase duration, reuses
+everything but its eight value bytes). It produces the same message as the
 SDK's ``encode_spans`` (``tests/middleware/test_middleware_otlp_encoding.py`` parses
 both and compares), for the field numbers of opentelemetry-proto's trace.proto,
 common.proto and resource.proto.
@@ -82,10 +84,44 @@ def _key_value(key: str, value: Any) -> bytes:
     return encoded + _field(b"\x12", _any_value(value))
 
 
+# Whole encoded attributes (tag, length, ``KeyValue``) by (tag, key, type, value), for
+# the short strings, ints and bools that repeat from span to span (method, route,
+# status, model, addresses); the type is part of the key because ``1 == True == 1.0``.
+_encoded_attributes: dict[tuple[bytes, str, type, object], bytes] = {}
+_CACHED_STRING_LENGTH = 128  # a longer value (a user agent) is encoded, not kept
+# For a float only the value changes: everything before its eight bytes, by (tag, key).
+_float_prefixes: dict[tuple[bytes, str], bytes] = {}
+
+
+def _attribute(tag: bytes, key: str, value: Any) -> bytes:
+    """One attribute field: ``tag``, length and ``KeyValue``; the common cases cached."""
+    kind = type(value)
+    if kind is float:
+        prefix = _float_prefixes.get((tag, key))
+        if prefix is None:
+            encoded_key = _field(b"\x0a", key.encode("utf-8"))
+            # KeyValue: the key, then field 2 (AnyValue, 9 bytes: 0x21 and a double)
+            prefix = tag + _varint(len(encoded_key) + 11) + encoded_key + b"\x12\x09\x21"
+            if len(_float_prefixes) >= _CACHE_LIMIT:
+                _float_prefixes.clear()
+            _float_prefixes[(tag, key)] = prefix
+        return prefix + _DOUBLE.pack(value)
+    if kind is int or kind is bool or (kind is str and len(value) <= _CACHED_STRING_LENGTH):
+        pair = (tag, key, kind, value)
+        encoded = _encoded_attributes.get(pair)
+        if encoded is None:
+            encoded = _field(tag, _key_value(key, value))
+            if len(_encoded_attributes) >= _CACHE_LIMIT:
+                _encoded_attributes.clear()  # unique values (batch ids) must not pile up
+            _encoded_attributes[pair] = encoded
+        return encoded
+    return _field(tag, _key_value(key, value))
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
     if not attributes:
         return b""
-    return b"".join(_field(tag, _key_value(k, v)) for k, v in attributes.items())
+    return b"".join([_attribute(tag, k, v) for k, v in attributes.items()])
 
 
 def _flags(context: SpanContext | None) -> int:

@@ -81,3 +81,28 @@ def test_same_message_as_the_sdk_encoder() -> None:
 def test_no_spans_is_an_empty_request() -> None:
     assert encode_export_request([]) == b""
     assert ExportTraceServiceRequest.FromString(b"") == ExportTraceServiceRequest()
+
+
+def test_cached_attributes_are_encoded_as_the_sdk_encodes_them() -> None:
+    """The encoder keeps whole encoded attributes for repeating values: a value equal to
+    another of a different type (``1``, ``True``, ``1.0``) must not reuse its bytes, nor
+    must the same pair under another field (a span's attribute, an event's, a link's),
+    and unique values past the cache's size (batch ids) must still encode right."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "embed"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("gpuscope")
+    long_key = "k" * 130  # a KeyValue over 127 bytes: a two-byte length
+    for value in (1, True, 1.0, "1", 0, False, 0.0, -0.0, float("inf"), "x" * 300):
+        span = tracer.start_span("s", attributes={"v": value, long_key: value})
+        span.add_event("e", {"v": value})
+        span.end()
+        linked = tracer.start_span("b", links=[Link(span.get_span_context(), {"v": value})])
+        linked.end()
+    for number in range(5000):
+        tracer.start_span("u", attributes={"gpuscope.batch.id": f"b-{number}", "n": number}).end()
+    spans = list(exporter.get_finished_spans())
+    provider.shutdown()
+    for _ in range(2):  # the second time from the cache
+        ours = encode_export_request(spans)
+        assert ours == encode_spans(spans).SerializeToString(deterministic=True)
