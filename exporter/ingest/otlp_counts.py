@@ -166,8 +166,8 @@ def _entries(data: bytes, pos: int, end: int, field: int, limit: int) -> list[tu
                 if len(found) > limit:
                     return found
             pos = stop
-        elif kind == 0:
-            _, pos = _varint(data, pos, end, 0x80)
+        elif kind == 0:  # up to ten bytes: a negative int64 or enum takes all ten
+            _, pos = _read_varint(data, pos, end)
         elif kind == 1:
             pos += 8
         elif kind == 5:
