@@ -99,7 +99,7 @@ kubernetes: install
 # Only the commands the demo runs (the all extra), installed once into .venv-demo and
 # again only when pyproject.toml changes; editable in the lenient mode as .venv is, so a
 # module added later is found without a reinstall.
-# Flags reach the demo through their environment twins: GPUSCOPE_EXPORTER_PORT=0 make demo
+# Flags reach the demo through their environment twins: GPUSCOPE_DEMO_EXPORTER_PORT=0 make demo
 DEMO_VENV  := .venv-demo
 DEMO_STAMP := $(DEMO_VENV)/.installed
 

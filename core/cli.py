@@ -49,7 +49,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "tune": Subcommand(
         "gpuscope.loadgen.tune",
         ("exporter", "worker", "loadgen"),
-        "sweep one worker flag, run the ladder, name the best",
+        "sweep one flag of the worker or any engine (--command), name the best",
     ),
 }
 
@@ -64,7 +64,11 @@ def usage() -> str:
         "commands:",
     ]
     lines += [f"  {name.ljust(width)}  {command.help}" for name, command in SUBCOMMANDS.items()]
-    lines += ["", "Run 'gpuscope <command> --help' for the options of one command."]
+    lines += [
+        "",
+        "Run 'gpuscope <command> --help' for the options of one command;"
+        " 'gpuscope --version' prints the version.",
+    ]
     return "\n".join(lines)
 
 

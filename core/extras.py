@@ -72,24 +72,62 @@ def missing(extras: Iterable[str]) -> list[str]:
 
 
 def install_hint(extras: Sequence[str]) -> str:
-    """The pip command that adds ``extras``: from the checkout gpuscope was installed
-    from, when it was (``pip install '/src/gpuscope[exporter]'``), else by name."""
+    """The pip command that adds ``extras`` to gpuscope from where it was installed: the
+    checkout (``pip install '/src/gpuscope[exporter]'``), the git repository at the
+    installed commit or the archive URL (``'gpuscope[exporter] @ git+https://…@<commit>'``),
+    else by name. gpuscope is on no public index, where the bare name would find
+    nothing, or somebody else's package."""
+    direct_url = direct_url_record()
+    wanted = f"[{','.join(extras)}]"
+    directory = installed_from_directory(direct_url)
+    url = None if directory else installed_from_url(direct_url)
+    if directory:
+        target = directory + wanted
+    elif url:
+        target = f"{DISTRIBUTION}{wanted} @ {url}"
+    else:
+        target = DISTRIBUTION + wanted
+    return "pip install " + shlex.quote(target)
+
+
+def direct_url_record() -> str | None:
+    """pip's ``direct_url.json`` for gpuscope (PEP 610): where it was installed from."""
     try:
-        direct_url = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+        return metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
     except metadata.PackageNotFoundError:
-        direct_url = None
-    source = installed_from_directory(direct_url) or DISTRIBUTION
-    return "pip install " + shlex.quote(f"{source}[{','.join(extras)}]")
+        return None
+
+
+def _direct_url_record(direct_url: str | None) -> dict[str, object] | None:
+    try:
+        record = json.loads(direct_url or "null")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def installed_from_url(direct_url: str | None) -> str | None:
+    """The PEP 508 URL of a VCS or archive install in pip's ``direct_url.json`` record
+    (PEP 610): ``git+https://host/gpuscope.git@<commit>``, the installed commit so that
+    the extras join the same version; None for a directory, an index or a bad record."""
+    record = _direct_url_record(direct_url)
+    url = record.get("url") if record else None
+    if record is None or not isinstance(url, str) or not url:
+        return None
+    vcs = record.get("vcs_info")
+    if isinstance(vcs, dict) and isinstance(vcs.get("vcs"), str):
+        revision = vcs.get("commit_id") or vcs.get("requested_revision")
+        return f"{vcs['vcs']}+{url}" + (f"@{revision}" if isinstance(revision, str) else "")
+    if isinstance(record.get("archive_info"), dict):
+        return url
+    return None
 
 
 def installed_from_directory(direct_url: str | None) -> str | None:
     """The local directory in pip's ``direct_url.json`` record (PEP 610), or None when
     gpuscope came from an index, a wheel file or a VCS URL, or the record is unreadable."""
-    try:
-        record = json.loads(direct_url or "null")
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or "dir_info" not in record:
+    record = _direct_url_record(direct_url)
+    if record is None or "dir_info" not in record:
         return None
     url = urlsplit(str(record.get("url", "")))
     return unquote(url.path) if url.scheme == "file" and url.path else None

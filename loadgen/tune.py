@@ -146,7 +146,8 @@ class TuneOptions(
     server_metrics_format: str = option(
         "exporter",
         help="what --server-metrics serves: exporter (gpuscope's, from the engine's spans), "
-        "triton (Triton's nv_inference_* counters) or none (client side only)",
+        "triton (Triton's nv_inference_* counters), vllm (vLLM's own request histograms, "
+        "no spans needed) or none (client side only)",
         check=one_of(METRICS_FORMATS),
     )
     engine_metrics: str = option(

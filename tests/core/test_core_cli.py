@@ -118,3 +118,49 @@ def test_the_checkout_is_read_from_pips_direct_url_record(
     record: str | None, directory: str | None
 ) -> None:
     assert extras.installed_from_directory(record) == directory
+
+
+@pytest.mark.parametrize(
+    ("record", "url"),
+    [
+        (
+            '{"url": "https://git.example.com/gpuscope.git", "vcs_info": {"vcs": "git",'
+            ' "commit_id": "4f2a9c1", "requested_revision": "main"}}',
+            "git+https://git.example.com/gpuscope.git@4f2a9c1",
+        ),
+        (
+            '{"url": "https://git.example.com/gpuscope.git", "vcs_info": {"vcs": "git"}}',
+            "git+https://git.example.com/gpuscope.git",
+        ),
+        (
+            '{"archive_info": {}, "url": "file:///tmp/gpuscope-0.1.0-py3-none-any.whl"}',
+            "file:///tmp/gpuscope-0.1.0-py3-none-any.whl",
+        ),
+        ('{"dir_info": {}, "url": "file:///tmp/newcomer"}', None),
+        ('{"vcs_info": {"vcs": "git"}}', None),
+        ("not json", None),
+        (None, None),
+    ],
+)
+def test_a_vcs_or_archive_install_is_read_from_pips_direct_url_record(
+    record: str | None, url: str | None
+) -> None:
+    assert extras.installed_from_url(record) == url
+
+
+def test_installed_from_git_the_hint_names_that_repository_not_the_index(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The README's way to install without a checkout: a name with extras at a git URL.
+    # The bare name would look gpuscope up on PyPI, where it is not (or someone else is).
+    record = (
+        '{"url": "https://git.example.com/gpuscope.git",'
+        ' "vcs_info": {"vcs": "git", "commit_id": "4f2a9c1"}}'
+    )
+    monkeypatch.setattr(extras, "direct_url_record", lambda: record)
+    monkeypatch.setattr(extras, "is_installed", lambda name: name != "numpy")
+    assert main(["worker", "--help"]) == 1
+    assert capsys.readouterr().err.endswith(
+        "install it with: pip install "
+        "'gpuscope[worker] @ git+https://git.example.com/gpuscope.git@4f2a9c1'\n"
+    )
