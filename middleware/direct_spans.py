@@ -71,22 +71,23 @@ class _Attributes:
         self.limit = limit
         self.max_length = max_length
 
-    def clean(self, key: str, value: object) -> tuple[bool, AttributeValue | None]:
-        """Whether to store ``value`` under ``key``, and as what. The SDK stores what
-        its cleaning returns, None for a value it could not convert (the API logs why)."""
+    def clean(self, key: str, value: object) -> tuple[bool, AttributeValue | None, int]:
+        """Whether to store ``value`` under ``key``, as what, and how many values the
+        SDK would count as dropped if not (an invalid key). The SDK stores what its
+        cleaning returns, None for a value it could not convert (the API logs why)."""
         if isinstance(key, str) and key:
             if _is_scalar(value) and (self.max_length is None or type(value) is not str):
-                return True, value  # type: ignore[return-value]
+                return True, value, 0  # type: ignore[return-value]
             if type(value) in (list, tuple) and self._homogeneous(value):  # type: ignore[arg-type]
-                return True, tuple(value)  # type: ignore[arg-type]
+                return True, tuple(value), 0  # type: ignore[arg-type]
         checked = BoundedAttributes(
-            maxlen=1, attributes=None, immutable=False, max_value_len=self.max_length
+            maxlen=None, attributes=None, immutable=False, max_value_len=self.max_length
         )
         checked[key] = value  # type: ignore[assignment]
         if key not in checked:
-            return False, None
+            return False, None, checked.dropped
         cleaned: AttributeValue | None = checked[key]
-        return True, cleaned
+        return True, cleaned, 0
 
     def _homogeneous(self, values: Sequence[object]) -> bool:
         """A sequence the SDK keeps unchanged but as a tuple: one scalar type, no None."""
@@ -102,6 +103,7 @@ class _Attributes:
         dropped = 0
         room = self.limit if self.limit is not None else len(into) + len(values)
         plain = self.max_length is None
+        invalid_keys: dict[object, object] | None = None
         for key, value in values.items():
             kind = type(value)
             if (
@@ -113,17 +115,39 @@ class _Attributes:
                 and len(into) < room
             ):
                 into[key] = value  # type: ignore[assignment]
+            elif type(key) is not str or not key:
+                invalid_keys = invalid_keys or {}
+                invalid_keys[key] = value
             else:
                 dropped += self.put(into, key, value)
+        if invalid_keys:
+            dropped += self._put_invalid_keys(into, invalid_keys)
+        return dropped
+
+    def _put_invalid_keys(
+        self, into: dict[str, AttributeValue], values: dict[object, object]
+    ) -> int:
+        """Keys that are no non-empty str, as the SDK's ``set_attributes`` takes them:
+        through the API's own cleaning of a mapping (which, depending on its release,
+        converts a key with ``str()`` or drops it, and counts what it drops)."""
+        checked = BoundedAttributes(
+            maxlen=None,
+            attributes=values,  # type: ignore[arg-type]
+            immutable=False,
+            max_value_len=self.max_length,
+        )
+        dropped = checked.dropped
+        for key, value in checked.items():
+            dropped += self.put(into, key, value)
         return dropped
 
     def put(self, into: dict[str, AttributeValue], key: str, value: object) -> int:
         """Store ``value`` under ``key`` as the SDK's ``BoundedAttributes`` does: a key
         set again moves to the end, and past the count limit the oldest is dropped.
         Returns how many values that dropped (0 or 1), which the SDK counts."""
-        keep, cleaned = self.clean(key, value)
+        keep, cleaned, invalid = self.clean(key, value)
         if not keep:
-            return 0
+            return invalid
         if key in into:
             del into[key]
         elif self.limit is not None and len(into) >= self.limit:

@@ -10,6 +10,7 @@ ids and times, and both must encode to the same OTLP message.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Sequence
 from typing import Any
 
@@ -285,6 +286,36 @@ def test_the_sdks_attribute_limits_apply(monkeypatch: pytest.MonkeyPatch) -> Non
         (finished,) = exporter.spans
         results.append(dict(finished.attributes or {}))
     assert results[0] == results[1] == {"c": ("long", "x"), "d": 2.5, "e": True}
+
+
+def test_keys_that_are_no_string_are_taken_as_the_sdk_takes_them() -> None:
+    """A hook or the app's own code may pass a key that is not a non-empty str (an
+    int, an enum): whatever the installed API does with it (converts it with str() or
+    drops it) and what it counts as dropped, a direct span does too. Only the place
+    of a converted key among the others may differ (it is set after them)."""
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    results = []
+    for direct in (True, False):
+        exporter = Captured()
+        provider = provider_with(exporter)
+        if not direct:
+            provider.add_span_processor(PlainProcessor())
+        tracer = provider.get_tracer("gpuscope")
+        attributes: Any = {5: "five", Colour.RED: "red", "": "empty", "ok": 1}
+        started = tracer.start_span("at start", attributes=attributes)
+        started.end()
+        later = tracer.start_span("later")
+        later.set_attributes(attributes)
+        later.set_attribute(7, "seven")  # type: ignore[arg-type]
+        later.set_attribute("", "empty")
+        later.end()
+        provider.force_flush()
+        provider.shutdown()
+        results.append([(dict(s.attributes or {}), s.dropped_attributes) for s in exporter.spans])
+    assert results[0] == results[1]
 
 
 def test_a_direct_span_ignores_calls_after_its_end() -> None:
