@@ -88,10 +88,12 @@ def check_help(command: str) -> None:
 
 
 def check_refused(*commands: str) -> None:
-    """Without its extra, a command names the extra to install instead of a traceback."""
+    """Without its extra, a command names the extra to install instead of a traceback,
+    from where gpuscope came: here a wheel file (``'gpuscope[exporter] @ file:///…whl'``),
+    as the bare name would be looked up on an index gpuscope is not on."""
     for command in commands:
         result = run(command, "--help")
-        hint = f"pip install 'gpuscope[{COMMANDS[command]}]'"
+        hint = f"pip install 'gpuscope[{COMMANDS[command]}] @ file://"
         if result.returncode != 1 or hint not in result.stderr or "Traceback" in result.stderr:
             raise SmokeFailure(
                 f"gpuscope {command} without its extra: exit {result.returncode}, "
