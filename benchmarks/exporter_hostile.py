@@ -16,6 +16,8 @@ prints what it measured:
 * ``forward``: a backend answering an endless body to the forwarder.
 * ``accept``: 400 connections at once against 300 descriptors, plain and TLS (TLS
   clients that never begin their handshake); ``accept()`` failures logged, scrapes.
+* ``span-scan`` (in-process, no exporter): the span count's walk of 20 MiB protobuf
+  bodies of junk where the spans are listed, against protobuf's own decode of each.
 
     nice .venv/bin/python benchmarks/exporter_hostile.py [case ...]
 """
@@ -494,6 +496,56 @@ async def accept() -> None:
             print(f"    lines, standing for at least {counted} failures")
 
 
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    size, length = len(payload), bytearray()
+    while size > 0x7F:
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    length.append(size)
+    return bytes([field << 3 | 2]) + bytes(length) + payload
+
+
+async def span_scan() -> None:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from gpuscope.exporter.ingest.otlp import OtlpError
+    from gpuscope.exporter.ingest.otlp_counts import check_protobuf_spans
+
+    half = 10 << 20  # 20 MiB bodies, the default --max-decompressed-bytes
+    in_a_scope = lambda junk: _length_delimited(1, _length_delimited(2, junk))  # noqa: E731
+    bodies = {
+        "nested groups": b"\x0b" * half + b"\x0c" * half,
+        "flat empty groups": b"\x0b\x0c" * half,
+        "one group of tiny varints": b"\x0b" + b"\x08\x00" * (half - 1) + b"\x0c",
+        "tiny unknown varints": b"\x08\x00" * half,
+        "tiny unknown fields in a scope": in_a_scope(b"\x1a\x00" * (half - 8)),
+        "ten-byte varints": (b"\x08" + b"\xff" * 9 + b"\x01") * (2 * half // 11),
+        "five-byte tags": b"\x88\x80\x80\x80\x00\x00" * (2 * half // 6),
+        "empty spans over the cap": in_a_scope(b"\x12\x00" * (half - 8)),
+    }
+    print("span-scan: CPU s of the walk (default caps) and of protobuf's decode, 20 MiB each")
+    for name, body in bodies.items():
+        started = time.process_time()
+        try:
+            check_protobuf_spans(body, 100_000)
+            verdict = "counted"
+        except OtlpError as refused:
+            verdict = f"{refused.status} {refused.reason}"
+        walk_s = time.process_time() - started
+        started = time.process_time()
+        try:
+            ExportTraceServiceRequest.FromString(body)
+            decoded = "decoded"
+        except DecodeError:
+            decoded = "refused"
+        decode_s = time.process_time() - started
+        walk = f"walk {walk_s:6.3f} s ({verdict:24})"
+        print(f"  {name:32} {walk} protobuf {decode_s:6.3f} s ({decoded})")
+
+
 CASES = {
     "slow-readers": slow_readers,
     "big-requests": big_requests,
@@ -502,6 +554,7 @@ CASES = {
     "enumeration": enumeration,
     "forward": forward,
     "accept": accept,
+    "span-scan": span_scan,
 }
 
 
