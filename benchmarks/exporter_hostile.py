@@ -515,7 +515,10 @@ async def span_scan() -> None:
     from gpuscope.exporter.ingest.otlp_counts import check_protobuf_spans
 
     half = 10 << 20  # 20 MiB bodies, the default --max-decompressed-bytes
-    in_a_scope = lambda junk: _length_delimited(1, _length_delimited(2, junk))  # noqa: E731
+
+    def in_a_scope(junk: bytes) -> bytes:
+        return _length_delimited(1, _length_delimited(2, junk))
+
     bodies = {
         "nested groups": b"\x0b" * half + b"\x0c" * half,
         "flat empty groups": b"\x0b\x0c" * half,
