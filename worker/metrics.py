@@ -14,7 +14,6 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,6 +21,7 @@ from starlette.responses import Response
 from gpuscope.contract import labels as L
 from gpuscope.contract import worker as rows
 from gpuscope.contract.rows import label_values
+from gpuscope.exposition import VARY, choose_format
 from gpuscope.families import family, one_value
 from gpuscope.middleware import stats
 from gpuscope.worker.kv_cache import KvStats
@@ -118,7 +118,8 @@ def metrics_endpoint(
     """A handler serving ``registry`` as text or OpenMetrics, as the Accept header asks."""
 
     async def metrics(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(registry), headers={"content-type": content_type})
+        encoder, content_type = choose_format(request.headers.get("accept", ""))
+        headers = {"content-type": content_type, "vary": VARY}
+        return Response(encoder(registry), headers=headers)
 
     return metrics

@@ -22,7 +22,6 @@ from asyncio import FIRST_COMPLETED
 from functools import partial
 
 from aiohttp import HttpVersion11, hdrs, web
-from prometheus_client.exposition import gzip_accepted
 
 from gpuscope import spans
 from gpuscope.exporter.http.auth import was_authenticated
@@ -31,6 +30,7 @@ from gpuscope.exporter.http.routes import otlp_error
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.ingest.memory import INGEST_MEMORY_FULL
 from gpuscope.exporter.state import STATE, ExporterState
+from gpuscope.exposition import VARY, gzip_wanted
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ async def serve_metrics(request: web.Request) -> web.StreamResponse:
     holds up no other scrape. A scrape that fits one piece goes out with its length."""
     state = request.app[STATE]
     accept = request.headers.get(hdrs.ACCEPT, "")
-    compress = gzip_accepted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
+    compress = gzip_wanted(request.headers.get(hdrs.ACCEPT_ENCODING, ""))
     pieces = scrape_pieces(state.registry, state.aggregator.histograms, accept, compress)
     next_piece = partial(next, pieces, b"")
 
@@ -197,7 +197,7 @@ async def serve_metrics(request: web.Request) -> web.StreamResponse:
         async with state.render_lock:
             return await asyncio.to_thread(next_piece)
 
-    headers = {hdrs.CONTENT_TYPE: content_type_for(accept)}
+    headers = {hdrs.CONTENT_TYPE: content_type_for(accept), hdrs.VARY: VARY}
     if compress:
         headers[hdrs.CONTENT_ENCODING] = "gzip"
     first, piece = await render_next(), await render_next()

@@ -16,13 +16,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.contract.labels import OMIT_EMPTY
 from gpuscope.contract.rows import unit_of
 from gpuscope.exporter.ingest.series import HistogramFamily, HistogramSeries
+from gpuscope.exposition import choose_format
 
 OPENMETRICS_EOF = b"# EOF\n"
 CHUNK_BYTES = 1 << 20
@@ -40,13 +40,13 @@ def render_chunks(
     """The scrape as pieces of about ``chunk_bytes``. Joining and encoding 100+ MiB at
     once holds the GIL for a tenth of a second, long enough to stall the event loop
     while this runs in a worker thread; a chunk at a time never does."""
-    content_type = choose_encoder(accept)[1]
+    content_type = choose_format(accept)[1]
     return list(iter_chunks(registry, histograms, accept, chunk_bytes)), content_type
 
 
 def content_type_for(accept: str) -> str:
     """The content type of a scrape asked for with ``accept``."""
-    return choose_encoder(accept)[1]
+    return choose_format(accept)[1]
 
 
 def iter_chunks(
@@ -56,7 +56,7 @@ def iter_chunks(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Iterator[bytes]:
     """``render_chunks``' pieces, each made when the one before has been taken."""
-    encoder, content_type = choose_encoder(accept)
+    encoder, content_type = choose_format(accept)
     openmetrics = content_type.startswith("application/openmetrics-text")
     source = _WithUnits(registry) if openmetrics else registry
     yield encoder(source).removesuffix(OPENMETRICS_EOF)
@@ -112,8 +112,10 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+def _help(text: str, openmetrics: bool) -> str:
+    """HELP text escaped as each format asks: OpenMetrics also escapes ``"``."""
+    escaped = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return escaped.replace('"', '\\"') if openmetrics else escaped
 
 
 def render_histograms(families: Iterable[HistogramFamily], *, openmetrics: bool) -> str:
@@ -125,7 +127,7 @@ def _histogram_pieces(families: Iterable[HistogramFamily], openmetrics: bool) ->
     """Each family's header, then one string per series."""
     for family in families:
         name = family.name
-        yield f"# HELP {name} {_help(family.documentation)}\n# TYPE {name} histogram\n"
+        yield f"# HELP {name} {_help(family.documentation, openmetrics)}\n# TYPE {name} histogram\n"
         if openmetrics and unit_of(name):
             yield f"# UNIT {name} {unit_of(name)}\n"
         bounds = [repr(b) for b in family.bounds] + ["+Inf"]

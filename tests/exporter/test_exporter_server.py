@@ -342,3 +342,26 @@ async def test_after_100_continue_the_answer_is_whole_and_an_error_still_answere
         assert answer.startswith(b"HTTP/1.1 400")
     finally:
         await exporter.stop()
+
+
+async def test_metrics_negotiation_survives_odd_headers_and_says_what_it_varies_by(
+    running_exporter: RunningExporter, exporter_http: aiohttp.ClientSession
+) -> None:
+    """A malformed ``version=`` was a 500 and a logged traceback for any client, and
+    ``gzip;q=0`` got gzip; a cache in between is told the answer varies by both."""
+    url = running_exporter.url + "/metrics"
+    cases = [
+        ({"Accept": "application/openmetrics-text; version=abc"}, "text/plain; version=0.0.4"),
+        ({"Accept": "text/plain; version=x"}, "text/plain; version=0.0.4"),
+        ({"Accept": "Application/OpenMetrics-Text; version=1.0.0"}, "application/openmetrics"),
+    ]
+    for headers, content_type in cases:
+        async with exporter_http.get(url, headers=headers) as response:
+            assert response.status == 200, headers
+            assert response.headers["Content-Type"].startswith(content_type), headers
+            assert response.headers["Vary"] == "Accept, Accept-Encoding"
+            await response.read()
+    refused = {"Accept-Encoding": "gzip;q=0"}
+    async with exporter_http.get(url, headers=refused, auto_decompress=False) as response:
+        assert "Content-Encoding" not in response.headers
+        assert b"# HELP" in await response.read()

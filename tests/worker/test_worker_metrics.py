@@ -115,10 +115,16 @@ async def test_worker_metrics_parse_and_gauges_move_under_load() -> None:
             open_metrics = await client.get(
                 "/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"}
             )
+            # a malformed version was a 500 with a logged traceback (prometheus_client raises)
+            odd = await client.get(
+                "/metrics", headers={"accept": "application/openmetrics-text; version=abc"}
+            )
             gate.open()
             answers = await asyncio.gather(*tasks)
             after = _samples((await client.get("/metrics")).text)
     assert [a.status_code for a in answers] == [200] * 5
+    assert odd.status_code == 200 and odd.headers["content-type"].startswith("text/plain")
+    assert odd.headers["vary"] == "Accept, Accept-Encoding"
     assert _gauge(idle, "gpuscope_worker_requests_running") == 0
     # The device is held by the first iteration: one or two sequences run, the rest wait.
     assert 1 <= _gauge(busy, "gpuscope_worker_requests_running") <= 2

@@ -10,6 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
@@ -148,3 +151,29 @@ def test_a_reader_never_sees_an_observation_half_written() -> None:
     series.version += 1
     reader.join(timeout=30)
     assert seen[0][:2] == ([1, 0, 0], 0.5)
+
+
+def test_help_text_is_escaped_as_each_format_asks() -> None:
+    """OpenMetrics escapes ``"`` in HELP text, the Prometheus text format does not: the
+    HELP line is prometheus_client's own, and both parsers read back the text."""
+    documentation = 'a "quoted" \\ help\nline'
+    family = HistogramFamily("gpuscope_probe_seconds", documentation, ["route"], [0.1, 1.0], 10)
+    family.observe(("/x",), 0.05, (b"\x01" * 16, b"\x02" * 8, 1_700_000_000_000_000_000))
+
+    class Reference(Collector):
+        def collect(self) -> Iterator[Metric]:
+            metric = HistogramMetricFamily("gpuscope_probe_seconds", documentation, labels=["r"])
+            metric.add_metric(["/x"], [("0.1", 1), ("1.0", 1), ("+Inf", 1)], 0.05)
+            yield metric
+
+    registry = CollectorRegistry()
+    registry.register(Reference())
+    for openmetrics, writer, parse in (
+        (False, generate_latest, text_string_to_metric_families),
+        (True, generate_openmetrics, openmetrics_families),
+    ):
+        text = render_histograms([family], openmetrics=openmetrics)
+        help_line = text.splitlines()[0]
+        assert help_line == writer(registry).decode().splitlines()[0], openmetrics
+        parsed = list(parse(text + ("# EOF\n" if openmetrics else "")))
+        assert parsed[0].documentation == documentation, openmetrics
