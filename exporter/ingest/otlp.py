@@ -64,8 +64,11 @@ REQUEST_REJECT_REASONS = (
     TOO_MANY_JSON_VALUES,
 )
 
-# Deep enough for nested AnyValue arrays and kvlists; a real request nests about 12 levels.
-MAX_JSON_DEPTH: Final = 64
+# Protobuf decodes messages nested 100 deep (its JSON mapping stops there too); in
+# OTLP/JSON an AnyValue array costs 3 JSON levels for 2 messages and a kvlist 4 for 3,
+# under an envelope of about 10: at most about 160 JSON levels for what protobuf takes.
+# (At 64, nesting protobuf accepted from 13 levels of kvlists up was refused in JSON.)
+MAX_JSON_DEPTH: Final = 160
 
 # google.rpc.Code of the Status body of error responses, by HTTP status.
 _RPC_CODE_FOR_HTTP = {
@@ -249,16 +252,30 @@ def _hex_ids_to_base64(document: dict[str, Any]) -> None:
                     _convert_ids(link, ("traceId", "trace_id", "spanId", "span_id"))
 
 
+def json_field(container: dict[str, Any], *names: str) -> Any:
+    """The value protobuf's JSON mapping takes for the field spelled ``names`` (its
+    camelCase and snake_case names): of those present, the last in the object, as
+    ``ParseDict`` sets each in turn. Taking the first let ``{"resourceSpans": [],
+    "resource_spans": [...]}`` past the span caps, which read the empty one."""
+    present = [name for name in names if name in container]
+    if len(present) < 2:
+        return container.get(present[0]) if present else None
+    found = None
+    for key, value in container.items():  # both names: the order of the object decides
+        if key in names:
+            found = value
+    return found
+
+
 def _items(container: Any, *keys: str) -> list[Any]:
     if not isinstance(container, dict):
         raise TypeError(f"expected an object, got {type(container).__name__}")
-    for key in keys:
-        value = container.get(key)
-        if value is not None:
-            if not isinstance(value, list):
-                raise TypeError(f"{key} must be an array")
-            return value
-    return []
+    value = json_field(container, *keys)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{keys[0]} must be an array")
+    return value
 
 
 def _convert_ids(message: Any, keys: tuple[str, ...]) -> None:

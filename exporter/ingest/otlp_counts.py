@@ -28,6 +28,7 @@ from gpuscope.exporter.ingest.otlp import (
     TOO_MANY_ATTRIBUTES,
     TOO_MANY_SPANS,
     OtlpError,
+    json_field,
 )
 
 # The fields walked: ExportTraceServiceRequest.resource_spans, ResourceSpans.scope_spans,
@@ -152,16 +153,12 @@ def _check_attributes(attributes: int, max_attributes: int) -> None:
 
 
 def _json_list(container: Any, *keys: str) -> list[Any]:
-    if isinstance(container, dict):
-        for key in keys:
-            value = container.get(key)
-            if isinstance(value, list):
-                return value
-    return []
+    value = json_field(container, *keys) if isinstance(container, dict) else None
+    return value if isinstance(value, list) else []
 
 
 def _json_dict(container: Any, key: str) -> Any:
-    return container.get(key) if isinstance(container, dict) else None
+    return json_field(container, key) if isinstance(container, dict) else None
 
 
 def _entries(

@@ -5,6 +5,8 @@ exist here)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import threading
 from asyncio.subprocess import DEVNULL
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -13,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -232,3 +235,15 @@ async def self_signed(tmp_path: Path) -> tuple[Path, Path]:
 async def exporter_http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+def otlp_json(request: object) -> bytes:
+    """OTLP/JSON as the spec writes it: protobuf JSON mapping, ids as hex not base64."""
+    document = json_format.MessageToDict(request)  # type: ignore[arg-type]
+    for resource in document["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(document).encode()

@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status  # type: ignore[import-untyped]
 from hypothesis import given, settings
@@ -20,27 +19,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from gpuscope.exporter.ingest import otlp
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from gpuscope.exporter.ingest.otlp_counts import count_protobuf_spans
 from gpuscope.exporter.ingest.pipeline import decode_within_limits
-from support.exporter_fixtures import SpanFactory, encode
+from support.exporter_fixtures import SpanFactory, encode, otlp_json
 from support.otlp_cases import mutate_bytes, random_request
 
 LIMITS = otlp.Limits(max_body_bytes=1 << 20, max_decompressed_bytes=1 << 16)
-
-
-def otlp_json(request: object) -> bytes:
-    """OTLP/JSON as the spec writes it: protobuf JSON mapping, ids as hex not base64."""
-    document = json_format.MessageToDict(request)  # type: ignore[arg-type]
-    for resource in document["resourceSpans"]:
-        for scope in resource["scopeSpans"]:
-            for span in scope["spans"]:
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if key in span:
-                        span[key] = __import__("base64").b64decode(span[key]).hex()
-    return json.dumps(document).encode()
 
 
 def test_media_type_accepts_both_otlp_encodings_and_refuses_others() -> None:
@@ -264,3 +252,59 @@ def test_the_json_value_cap_refuses_past_it_before_the_mapping(body: bytes) -> N
         otlp.load_json(body, max_values=10)
     assert (refused.value.status, refused.value.reason) == (413, "too_many_json_values")
     assert otlp.load_json(body, max_values=100)  # and under it, the document
+
+
+def test_a_field_under_both_its_names_is_read_as_protobuf_reads_it() -> None:
+    """Receivers accept ``resourceSpans`` and ``resource_spans``; protobuf's JSON mapping
+    takes whichever comes last in the object. The caps read the first one present, so
+    ``{"resourceSpans": [], "resource_spans": [50 spans]}`` passed a cap of 10."""
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331"}
+    many = [{"scopeSpans": [{"spans": [span] * 50}]}]
+    limits = otlp.Limits(1 << 20, 1 << 20, max_spans=10, max_attributes=10)
+    for document in (
+        {"resourceSpans": [], "resource_spans": many},
+        {"resourceSpans": [{"scopeSpans": [], "scope_spans": many[0]["scopeSpans"]}]},
+    ):
+        with pytest.raises(otlp.OtlpError) as refused:
+            decode_within_limits(json.dumps(document).encode(), otlp.JSON, limits)
+        assert (refused.value.status, refused.value.reason) == (413, "too_many_spans")
+    # the other order: protobuf keeps the empty list, and so do the caps and the ids
+    document = {"resource_spans": many, "resourceSpans": []}
+    request = decode_within_limits(json.dumps(document).encode(), otlp.JSON, limits)
+    assert request_counts(request) == (0, 0)
+    one = {"resourceSpans": [], "resource_spans": [{"scopeSpans": [{"spans": [span]}]}]}
+    request = decode_within_limits(json.dumps(one).encode(), otlp.JSON, limits)
+    decoded = request.resource_spans[0].scope_spans[0].spans[0]
+    assert decoded.trace_id.hex() == span["traceId"]  # hex, converted under that name too
+
+
+@pytest.mark.parametrize(("kind", "deepest"), [("array", 47), ("kvlist", 31)])
+def test_json_takes_attribute_values_as_deep_as_protobuf_does(kind: str, deepest: int) -> None:
+    """An AnyValue array nests 3 JSON levels for 2 messages, a kvlist 4 for 3: a JSON
+    depth cap of 64 refused from 18 and 14 levels what protobuf decodes up to 47 and 31
+    (a 400, so the whole batch was lost); now both encodings agree at every depth."""
+    limits = otlp.Limits(1 << 20, 1 << 20)
+    for depth in (deepest, deepest + 1):
+        value = AnyValue(string_value="leaf")
+        for _ in range(depth):
+            outer = AnyValue()
+            if kind == "array":
+                outer.array_value.values.add().CopyFrom(value)
+            else:
+                pair = outer.kvlist_value.values.add()
+                pair.key = "k"
+                pair.value.CopyFrom(value)
+            value = outer
+        request = encode([SpanFactory().server(0.01)])
+        attribute = request.resource_spans[0].scope_spans[0].spans[0].attributes.add()
+        attribute.key = "nested"
+        attribute.value.CopyFrom(value)
+        answers = []
+        bodies = [(request.SerializeToString(), otlp.PROTOBUF), (otlp_json(request), otlp.JSON)]
+        for body, media in bodies:
+            try:
+                decode_within_limits(body, media, limits)
+                answers.append("decoded")
+            except otlp.OtlpError as refused:
+                answers.append(f"{refused.status}")
+        assert answers[0] == answers[1] == ("decoded" if depth == deepest else "400"), depth
