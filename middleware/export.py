@@ -10,27 +10,45 @@ window (``span_pipeline.SHUTDOWN_RETRY_S``), after which a failed attempt is fin
 a backoff under way ends. Before, a worker whose exporter had gone with it (a SIGKILLed
 ``gpuscope demo``) backed off 0.25 + 0.5 + 1 + 2 + 4 s on one batch and lingered 8 s.
 Spans the receiver rejects in a ``partial_success`` are counted
-(``spans_rejected_by_receiver``), not retried. Each accepted answer also says whether
-the receiver keeps phase child spans (``keeps_phase_spans``: a gpuscope exporter's
-``Gpuscope-Phase-Spans`` header; without one, a trace backend), which the phase spans'
-``auto`` mode follows (``phase_spans``).
+(``spans_rejected_by_receiver``, at most the batch), not retried. Each accepted answer
+also says whether the receiver keeps phase child spans (``keeps_phase_spans``: a
+gpuscope exporter's ``Gpuscope-Phase-Spans`` header; without one, a trace backend),
+which the phase spans' ``auto`` mode follows (``phase_spans``).
 ``CountingExporter`` counts what was delivered and what was not in ``stats``, and
 never lets an exception out.
+
+Against a receiver that misbehaves: a redirect is not followed (urllib turned the POST
+into a GET without its body, sent the configured headers to the other host and took
+its 200 for delivery); it is a failure whose warning names the new location. An attempt
+has a deadline of its own, not only one per read (a receiver trickling a byte just
+under each read's timeout held the one export thread for hours): at the deadline, or
+when the pipeline shuts down, the connection is cut (``socket.shutdown``). A
+``Retry-After`` raises the backoff, never lowers it (``0`` made a busy loop of
+thousands of POSTs a second), and may be an HTTP date. Credentials in the endpoint URL
+(``https://user:pass@host/...``), which urllib cannot use, become Basic authentication
+and never reach a log. A certificate that fails verification is not retried.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import email.utils
 import gzip
 import http.client
 import logging
 import math
+import socket
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -73,15 +91,18 @@ class OtlpHttpExporter(SpanExporter):
     ) -> None:
         if compression not in (None, "none", "gzip"):
             raise ValueError(f"compression must be 'gzip' or 'none', got {compression!r}")
-        self.endpoint = endpoint
+        self.endpoint, credentials = _without_credentials(endpoint)
         self.timeout_s = timeout_s
         self.gzip = compression == "gzip"
         self._headers = {
             "Content-Type": "application/x-protobuf",
             "User-Agent": f"gpuscope/{__version__}",
             **({"Content-Encoding": "gzip"} if self.gzip else {}),
+            **({"Authorization": credentials} if credentials else {}),
             **(headers or {}),
         }
+        self._ssl_context = ssl.create_default_context()
+        self._attempt: _Attempt | None = None  # the POST on the wire, to cut
         # ``_closing`` and ``_retries_end`` change under ``_retry_rules``, which also
         # wakes a backoff under way so that it re-reads them.
         self._retry_rules = threading.Condition()
@@ -105,18 +126,22 @@ class OtlpHttpExporter(SpanExporter):
             try:
                 answer = self._post(body, max(remaining, 0.01))
             except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
-                problem, retryable = f"{type(exc).__name__}: {exc}", True
+                problem, retryable = f"{type(exc).__name__}: {exc}", not _certificate_failed(exc)
             else:
                 if 200 <= answer.status < 300:
                     self._recovered()
-                    self.keeps_phase_spans = answer.phase_spans != contract.PHASE_SPANS_DROPPED
-                    self._note_partial_success(answer)
+                    said = (answer.phase_spans or "").strip().lower()
+                    self.keeps_phase_spans = said != contract.PHASE_SPANS_DROPPED
+                    self._note_partial_success(answer, len(spans))
                     return SpanExportResult.SUCCESS
                 text = answer.body[:200].decode("utf-8", "replace")
                 problem = f"HTTP {answer.status}: {text}"
+                if 300 <= answer.status < 400:
+                    problem = f"HTTP {answer.status}, not followed: set the endpoint to {text}"
                 retryable = answer.status in RETRYABLE_STATUS
                 retry_after = _retry_after(answer.retry_after)
-            wait = backoff if retry_after is None else retry_after
+            # The receiver's Retry-After may ask for a longer wait, never a shorter one.
+            wait = backoff if retry_after is None else max(backoff, retry_after)
             if not retryable or not self._waited_to_retry(wait, deadline):
                 self._failed(len(spans), problem)
                 return SpanExportResult.FAILURE
@@ -143,12 +168,23 @@ class OtlpHttpExporter(SpanExporter):
             self._retry_rules.notify_all()
 
     def _post(self, body: bytes, timeout_s: float) -> _Answer:
-        """One POST; an HTTP error status is an answer, not an exception."""
+        """One POST within ``timeout_s`` in all; an HTTP error status (a redirect
+        included) is an answer, not an exception."""
         request = urllib.request.Request(
             self.endpoint, data=body, headers=self._headers, method="POST"
         )
+        attempt = _Attempt()
+        opener = urllib.request.build_opener(
+            _NoRedirects(), _WatchedHttp(attempt), _WatchedHttps(attempt, self._ssl_context)
+        )
+        self._attempt = attempt
+        deadline = threading.Timer(timeout_s, attempt.cut)
+        deadline.daemon = True
+        deadline.start()
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            if self._closing:  # shutdown came between the check in export() and here
+                attempt.cut()
+            with opener.open(request, timeout=timeout_s) as response:
                 return _Answer(
                     response.status,
                     response.headers.get("Content-Type", ""),
@@ -158,15 +194,22 @@ class OtlpHttpExporter(SpanExporter):
                 )
         except urllib.error.HTTPError as error:
             with error:
+                location = error.headers.get("Location", "")
                 return _Answer(
                     error.code,
                     error.headers.get("Content-Type", ""),
                     error.headers.get("Retry-After"),
-                    error.read(MAX_RESPONSE_BYTES),
+                    location.encode()
+                    if 300 <= error.code < 400
+                    else error.read(MAX_RESPONSE_BYTES),
                 )
+        finally:
+            deadline.cancel()
+            self._attempt = None
 
-    def _note_partial_success(self, answer: _Answer) -> None:
-        """Count spans the receiver accepted the request for but rejected (not retried)."""
+    def _note_partial_success(self, answer: _Answer, sent: int) -> None:
+        """Count spans the receiver accepted the request for but rejected (not retried),
+        at most the ``sent`` spans of the request."""
         if not answer.body or "protobuf" not in answer.content_type:
             return
         try:
@@ -174,12 +217,13 @@ class OtlpHttpExporter(SpanExporter):
         except DecodeError:
             logger.debug("unreadable OTLP response from %s", self.endpoint)
             return
-        if partial.rejected_spans:
-            stats.count(stats.SPANS_REJECTED_BY_RECEIVER, partial.rejected_spans)
+        rejected = min(max(partial.rejected_spans, 0), sent)
+        if rejected:
+            stats.count(stats.SPANS_REJECTED_BY_RECEIVER, rejected)
             logger.debug(
                 "%s rejected %d spans: %s",
                 self.endpoint,
-                partial.rejected_spans,
+                rejected,
                 partial.error_message,
             )
 
@@ -195,19 +239,139 @@ class OtlpHttpExporter(SpanExporter):
             self._failing = False
 
     def shutdown(self) -> None:
+        """Stop retrying and cut the POST on the wire, if any: its batch then fails at
+        once (and is counted) instead of outliving the process's shutdown."""
         with self._retry_rules:
             self._closing = True
             self._retry_rules.notify_all()
+        attempt = self._attempt
+        if attempt is not None:
+            attempt.cut()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # nothing is buffered here; the span processor holds the queue
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` (seconds or an HTTP date); None when it
+    says nothing usable (absent, negative, not a number)."""
+    if value is None:
+        return None
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value)
     except ValueError:
-        return None  # an HTTP date: fall back to our own backoff
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _without_credentials(endpoint: str) -> tuple[str, str | None]:
+    """``endpoint`` without the ``user:password@`` urllib cannot use, and the Basic
+    ``Authorization`` value they stand for. Only http and https endpoints are taken."""
+    parts = urlsplit(endpoint)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"the OTLP endpoint must be an http:// or https:// URL, got {_shown(endpoint)!r}"
+        )
+    if parts.username is None and parts.password is None:
+        return endpoint, None
+    host = parts.netloc.rpartition("@")[2]
+    user_pass = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    basic = "Basic " + base64.b64encode(user_pass.encode()).decode("ascii")
+    return urlunsplit(parts._replace(netloc=host)), basic
+
+
+def _shown(endpoint: str) -> str:
+    """``endpoint`` fit for a log line: any ``user:password@`` replaced."""
+    scheme, separator, rest = endpoint.partition("://")
+    authority, slash, path = rest.partition("/")
+    if separator and "@" in authority:
+        return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+    return endpoint
+
+
+def _certificate_failed(exc: BaseException) -> bool:
+    """A certificate that does not verify does not start verifying in a retry."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, ssl.SSLCertVerificationError)
+
+
+class _Attempt:
+    """One POST's socket, so that its deadline or a shutdown can cut it.
+
+    urllib's timeout bounds each read, not the attempt. Shutting the socket down
+    (``SHUT_RDWR``) wakes the read under way, which then fails. The socket object is
+    kept, not its descriptor number: once really closed it refuses the call, so a cut
+    that comes late never reaches another connection. (A TLS handshake is not cut: the
+    socket is known once it is connected.)
+    """
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.cut_off = False
+
+    def connected(self, sock: socket.socket | None) -> None:
+        if self.cut_off:
+            raise TimeoutError("the export attempt was cut off")
+        self.sock = sock
+        if self.cut_off:  # cut while this was being recorded
+            self.cut()
+
+    def cut(self) -> None:
+        self.cut_off = True
+        if self.sock is not None:
+            with contextlib.suppress(OSError):  # closed already
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+
+
+class _WatchedHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, attempt: _Attempt, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.attempt = attempt
+
+    def connect(self) -> None:
+        super().connect()
+        self.attempt.connected(self.sock)
+
+
+class _WatchedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, attempt: _Attempt, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.attempt = attempt
+
+    def connect(self) -> None:
+        super().connect()
+        self.attempt.connected(self.sock)
+
+
+class _WatchedHttp(urllib.request.HTTPHandler):
+    def __init__(self, attempt: _Attempt) -> None:
+        super().__init__()
+        self.attempt = attempt
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(partial(_WatchedHTTPConnection, attempt=self.attempt), req)
+
+
+class _WatchedHttps(urllib.request.HTTPSHandler):
+    def __init__(self, attempt: _Attempt, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self.attempt = attempt
+        self.ssl_context = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        connection = partial(_WatchedHTTPSConnection, attempt=self.attempt)
+        return self.do_open(connection, req, context=self.ssl_context)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it came: urllib would follow a 301-303 with a GET
+    without the spans, sending the configured headers to wherever it points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 @runtime_checkable
