@@ -280,7 +280,7 @@ def _without_credentials(endpoint: str) -> tuple[str, str | None]:
     host = parts.netloc.rpartition("@")[2]
     user_pass = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
     basic = "Basic " + base64.b64encode(user_pass.encode()).decode("ascii")
-    return urlunsplit(parts._replace(netloc=host)), basic
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), basic
 
 
 def _shown(endpoint: str) -> str:

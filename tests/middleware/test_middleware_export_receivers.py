@@ -143,7 +143,11 @@ def test_shutdown_cuts_the_export_on_the_wire_and_counts_its_batch() -> None:
     """A receiver that never answers: when shutdown returns, every span is in a counter
     (before, the batch on the wire was in none, and counted later only if the process
     lived long enough)."""
-    with receiver(lambda connection, body: time.sleep(30)) as endpoint:
+
+    def never_answers(connection: socket.socket, body: bytes) -> None:
+        time.sleep(30)  # timed: holds the connection open, unanswered, past the test
+
+    with receiver(never_answers) as endpoint:
         pipeline = CountingBatchSpanProcessor(
             CountingExporter(OtlpHttpExporter(endpoint.url, timeout_s=20.0)),
             schedule_delay_s=0.01,

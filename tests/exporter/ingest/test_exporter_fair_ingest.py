@@ -119,7 +119,10 @@ async def test_legitimate_exports_are_answered_in_time_and_counted_once(
     assert max(took) < 10
     assert state.metrics.spans_received == 75  # each span once
     assert answers[413] >= 4 and set(answers) <= {413}
-    assert state.metrics.requests_rejected["decode_budget"] == answers[413]
+    # Every 413 an attacker read was counted; an attacker cancelled while its body was
+    # decoded may be refused (and counted) after it left: at most one each.
+    rejected = state.metrics.requests_rejected["decode_budget"]
+    assert answers[413] <= rejected <= answers[413] + len(attackers)
 
 
 async def _hold_the_thread(exporter: RunningExporter) -> asyncio.Task[int]:
