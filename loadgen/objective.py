@@ -47,17 +47,16 @@ class Objective:
         return f"min p99 at rate {self.bound:g}/s"
 
     def candidate(self, steps: Sequence[StepResult]) -> StepResult | None:
-        """The step that scores this configuration; None when none qualifies."""
+        """The step that scores this configuration; None when none qualifies. Under
+        either objective only a clean step qualifies: no errors and no missed sends. The
+        P99 is the successes' and leaves out the arrivals never sent, so a value that
+        fails its slow requests, or could not send them, would score a better P99 (a
+        value answering every second request 500 was named best at a rate)."""
+        clean = [s for s in steps if s.p99_ms is not None and s.ok and _clean(s)]
         if self.kind == "max-throughput":
-            fitting = [
-                s for s in steps
-                if s.p99_ms is not None and s.p99_ms <= self.bound and not s.errors and s.ok
-            ]  # fmt: skip
+            fitting = [s for s in clean if s.p99_ms is not None and s.p99_ms <= self.bound]
             return max(fitting, key=lambda s: s.throughput_rps, default=None)
-        at_rate = [
-            s for s in steps
-            if s.load.mode == "rate" and s.load.value == self.bound and s.p99_ms is not None
-        ]  # fmt: skip
+        at_rate = [s for s in clean if s.load.mode == "rate" and s.load.value == self.bound]
         return at_rate[0] if at_rate else None
 
     def score(self, step: StepResult) -> float:
@@ -72,6 +71,10 @@ class Objective:
                 f"{step.throughput_rps:.1f} req/s at {step.load.label} (p99 {step.p99_ms:.1f} ms)"
             )
         return f"p99 {step.p99_ms:.1f} ms at {step.load.label}"
+
+
+def _clean(step: StepResult) -> bool:
+    return not step.errors and not step.missed
 
 
 def _number(text: str, whole: str) -> float:
@@ -136,7 +139,12 @@ def _why_lost(
     elif objective.kind == "max-throughput":
         head = f"no error-free step with p99 <= {objective.bound:g} ms"
     else:
-        head = f"no step at rate {objective.bound:g}/s"
+        at_rate = [s for s in steps if s.load.mode == "rate" and s.load.value == objective.bound]
+        head = (
+            f"its step at rate {objective.bound:g}/s had errors or missed sends"
+            if at_rate
+            else f"no step at rate {objective.bound:g}/s"
+        )
     return LOST, head + (_against(steps, winner) if winner is not None else "")
 
 

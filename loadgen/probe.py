@@ -27,6 +27,7 @@ from gpuscope.loadgen.server_view import (
     Snapshot,
     SnapshotBuilder,
     step_view,
+    went_down,
 )
 
 GAUGE_INTERVAL_S = 1.0
@@ -100,6 +101,8 @@ class ExporterProbe:
             after = await self.snapshot()
             if after.requests - before.requests >= answered or time.monotonic() > deadline:
                 return after
+            if went_down(before, after):
+                return after  # restarted: waiting would not make the difference right
             await asyncio.sleep(0.2)  # spans arrive in the worker's export batches
 
     def view(self, before: Snapshot, after: Snapshot) -> ServerStep:

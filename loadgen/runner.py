@@ -28,7 +28,7 @@ from gpuscope.loadgen.client import DEFAULT_MAX_BODY_BYTES, Outcome, discover_mo
 from gpuscope.loadgen.engine_metrics import BUILDERS
 from gpuscope.loadgen.probe import DEFAULT_MAX_METRICS_BYTES, ExporterProbe, ProbeFailed
 from gpuscope.loadgen.results import Load, StepResult, summarize
-from gpuscope.loadgen.server_view import Snapshot
+from gpuscope.loadgen.server_view import Snapshot, went_down
 from gpuscope.loadgen.workload import RequestSpec
 
 ARRIVALS = ("poisson", "constant")
@@ -176,12 +176,19 @@ class Runner:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+        started_unseen = probe is not None and before is None
         if probe is not None and not self.stop.is_set():
             if before is None:  # the scrape before failed: this one starts the next step
                 before = await self._scrape(probe.snapshot())
             else:
-                after = await self._scrape(probe.settle(before, _traced(live.outcomes)))
-                server = None if after is None else probe.view(before, after)
+                # The requests that timed out too: the server may still finish them, and
+                # then they belong to this step's view, not to the next one's.
+                settled = probe.settle(before, _traced(live.outcomes) + _timed_out(live.outcomes))
+                after = await self._scrape(settled)
+                if after is not None and went_down(before, after):
+                    self.probe_problem = "its counters went down during the step (a restart)"
+                else:
+                    server = None if after is None else probe.view(before, after)
                 before = after
         result = summarize(
             load,
@@ -199,7 +206,10 @@ class Runner:
                 f"{live.missed_full} with --max-in-flight requests open"
             )
         if probe is not None and server is None and not self.stop.is_set():
-            result.notes.append(f"no exporter view: {self.probe_problem}")
+            problem = self.probe_problem
+            if started_unseen:
+                problem = f"the scrape before this step failed ({problem})"
+            result.notes.append(f"no exporter view: {problem}")
         if server is not None and server.requests < _traced(live.outcomes):
             result.notes.append(
                 f"the exporter counted {server.requests} of {_traced(live.outcomes)} requests"
@@ -223,6 +233,9 @@ class Runner:
             result.notes.append(f"no engine view: {self.probe_problem}")
             return result, None
         self._keep(engine, index, "after")
+        if went_down(before, after):
+            result.notes.append("no engine view: its counters went down during the step")
+            return result, after
         view = engine.view(before, after)
         if view.requests < answered:
             result.notes.append(f"the engine counted {view.requests} of {answered} requests")
@@ -327,7 +340,10 @@ class Runner:
                 task = asyncio.create_task(self._record(session, spec, live))
                 open_tasks.add(task)
                 task.add_done_callback(open_tasks.discard)
-            due += rng.expovariate(rate) if self.plan.arrival == "poisson" else 1 / rate
+            if self.plan.arrival == "poisson":
+                due += rng.expovariate(rate)
+            else:  # by index: adding 1/rate up drifted, and 10/s for 10 s sent 101
+                due = live.started_s + scheduled / rate
 
     async def _record(self, session: aiohttp.ClientSession, spec: RequestSpec, live: Live) -> None:
         live.outcomes.append(await self._send(session, spec))
@@ -338,6 +354,10 @@ class Runner:
             session, self.url, self.model, spec,
             timeout_s=plan.timeout_s, max_body_bytes=plan.max_response_bytes,
         )  # fmt: skip
+
+
+def _timed_out(outcomes: list[Outcome]) -> int:
+    return sum(1 for o in outcomes if o.error == "timeout")
 
 
 def _traced(outcomes: list[Outcome]) -> int:

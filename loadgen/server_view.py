@@ -219,6 +219,21 @@ def _add(histogram: Histogram, base: str, name: str, labels: dict[str, str], val
         histogram.count += _count(name, value)
 
 
+def went_down(before: Snapshot, after: Snapshot) -> bool:
+    """Whether a counter fell between two scrapes: the server restarted and its counters
+    began again, so their differences mean nothing (a phase mean came out negative)."""
+    pairs = [
+        (before.requests, after.requests),
+        (before.duration.count, after.duration.count),
+        (before.batch_size.count, after.batch_size.count),
+        *(
+            (h.count, after.phases.get(phase, Histogram()).count)
+            for phase, h in before.phases.items()
+        ),
+    ]
+    return any(now < then for then, now in pairs)
+
+
 def step_view(before: Snapshot, after: Snapshot, during: Sequence[Snapshot] = ()) -> ServerStep:
     """The step between two scrapes; ``during`` are scrapes inside it (for the gauges)."""
     means: dict[str, float] = {}

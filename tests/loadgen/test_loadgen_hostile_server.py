@@ -298,6 +298,58 @@ async def test_a_poisoned_sum_leaves_that_phase_out_of_the_view(hostile: Hostile
     assert result.server.phase_mean_ms == {}  # not inf, nor NaN shares
 
 
+async def test_a_request_that_timed_out_stays_in_its_own_steps_view(hostile: Hostile) -> None:
+    """The server finishes a request after the client gave up on it; the step waited
+    only for the answered ones, and the late one landed in the next step's phases (a
+    compute mean of 594 ms for a step whose requests took 50)."""
+    finished = 0
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        nonlocal finished
+        await asyncio.sleep(1.0)  # timed: past the client's 0.3 s timeout
+        finished += 1
+        return web.json_response({})
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        lines = [
+            f'gpuscope_request_phase_seconds_bucket{{phase="compute",le="+Inf"}} {finished}',
+            f'gpuscope_request_phase_seconds_sum{{phase="compute"}} {finished * 1.0}',
+            f'gpuscope_request_phase_seconds_count{{phase="compute"}} {finished}',
+            f'gpuscope_request_duration_seconds_count{{route="/v1/c"}} {finished}',
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    hostile.completions = slow
+    hostile.metrics = metrics
+    result = await run_one_step(hostile, "completions", requests=1, exporter=True, timeout_s=0.3)
+    assert result.errors == {"timeout": 1}
+    assert result.server is not None and result.server.requests == 1
+
+
+async def test_an_exporter_restarted_during_the_step_gives_no_view_not_a_negative_one(
+    hostile: Hostile,
+) -> None:
+    """Its counters began again mid-step: the differences came out negative and were
+    printed as the step's phases (``compute -35.50 ms``), with exit 0."""
+    scrapes = iter([500, 3])  # before the step: 500 requests; after: 3 (restarted)
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        count = next(scrapes, 3)
+        lines = [
+            f'gpuscope_request_phase_seconds_bucket{{phase="compute",le="+Inf"}} {count}',
+            f'gpuscope_request_phase_seconds_sum{{phase="compute"}} {count * 0.05}',
+            f'gpuscope_request_phase_seconds_count{{phase="compute"}} {count}',
+            f'gpuscope_request_duration_seconds_count{{route="/v1/c"}} {count}',
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    hostile.completions = body(b"{}")
+    hostile.metrics = metrics
+    result = await run_one_step(hostile, "completions", exporter=True)
+    assert result.ok == 3 and result.server is None
+    assert any("counters went down" in note for note in result.notes), result.notes
+
+
 def test_the_command_reports_every_kind_and_the_note_then_exits_1(hostile_process: str) -> None:
     argv = [sys.executable, "-m", "gpuscope", "loadgen", "--url", f"{hostile_process}/v1"]
     argv += ["--exporter-url", hostile_process, "--concurrency", "1", "--requests", "6"]

@@ -175,4 +175,4 @@ async def test_open_loop_counts_missed_sends_under_overload() -> None:
     assert any("with --max-in-flight requests open" in note for note in result.notes)
     assert result.sent >= 2 and result.ok == result.sent
     # every arrival of the schedule was either sent or counted as missed
-    assert 190 <= result.sent + result.missed <= 201
+    assert result.sent + result.missed == 200  # 201 when 1/rate was added up

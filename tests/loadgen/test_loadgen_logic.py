@@ -579,3 +579,26 @@ def test_progress_rewrites_one_line_on_a_terminal_and_prints_plain_lines_otherwi
     progress(live)
     progress(live)  # within five seconds of the last line: nothing
     assert plain.getvalue().count("\n") == 1 and "\r" not in plain.getvalue()
+
+
+def test_a_step_with_errors_or_missed_sends_never_wins_at_a_rate() -> None:
+    """The P99 is the successes': a value answering every second request 500 had the
+    better P99 and was named best at the rate (found against a fake server)."""
+
+    def at(config: str, p99: float, **changes: object) -> StepResult:
+        step = _step(config, 1, p99, 20)
+        return StepResult(**{**step.__dict__, "load": Load("rate", 20), **changes})
+
+    sweep = {
+        "healthy": [at("healthy", 35.5)],
+        "failing": [at("failing", 23.3, errors={"status 500": 30})],
+        "dropping": [at("dropping", 20.0, missed=47)],
+    }
+    verdict = choose(Objective.parse("min p99 at rate 20"), sweep)
+    assert verdict.best == "healthy"
+    assert verdict.by_config["failing"] == (
+        "lost",
+        "its step at rate 20/s had errors or missed sends; at 20/s p99 23.3 ms vs 35.5 ms",
+    )
+    throughput = choose(Objective.parse("max throughput with p99 <= 50 ms"), sweep)
+    assert throughput.best == "healthy"
