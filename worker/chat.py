@@ -99,7 +99,7 @@ def parse_chat(body: Any, limits: Limits, encode: Encoder) -> ChatRequest:
     param = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    options = generation_options(body, limits, len(prompt), body.get(param), param)
+    options = generation_options(body, limits, len(prompt), body.get(param), param, default=None)
     return ChatRequest(prompt, options)
 
 

@@ -16,6 +16,7 @@ MAX_EMBEDDING_INPUTS: Final = 64
 MAX_PROMPTS: Final = 16
 MAX_STOP_SEQUENCES: Final = 4
 DEFAULT_MAX_TOKENS: Final = 16
+CONTEXT_LENGTH_EXCEEDED: Final = "context_length_exceeded"  # OpenAI's error code
 
 
 class InvalidRequest(Exception):
@@ -154,6 +155,7 @@ def tokenize(value: Any, param: str, limits: Limits, encode: Encoder) -> tuple[i
         raise InvalidRequest(
             f"'{param}' has {len(tokens)} tokens; this model's context is {limits.max_context}",
             param=param,
+            code=CONTEXT_LENGTH_EXCEEDED,
         )
     return tokens
 
@@ -213,7 +215,7 @@ def parse_completion(body: Any, limits: Limits, encode: Encoder) -> CompletionRe
     for name in ("logprobs", "suffix"):
         if body.get(name) is not None:
             raise InvalidRequest(f"'{name}' is not supported by this worker", param=name)
-    if body.get("echo", False) is not False:
+    if body.get("echo") not in (None, False):  # the openai client sends null for None
         raise InvalidRequest("'echo' is not supported by this worker", param="echo")
     max_tokens = body.get("max_tokens")
     options = generation_options(body, limits, max(map(len, prompts)), max_tokens, "max_tokens")
@@ -221,10 +223,27 @@ def parse_completion(body: Any, limits: Limits, encode: Encoder) -> CompletionRe
 
 
 def generation_options(
-    body: dict[str, Any], limits: Limits, longest_prompt: int, max_tokens: Any, param: str
+    body: dict[str, Any],
+    limits: Limits,
+    longest_prompt: int,
+    max_tokens: Any,
+    param: str,
+    *,
+    default: int | None = DEFAULT_MAX_TOKENS,
 ) -> GenerationOptions:
-    """The options both generation endpoints share; ``max_tokens`` was read as ``param``."""
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    """The options both generation endpoints share; ``max_tokens`` was read as ``param``.
+    Without one, ``default`` tokens (16 for completions, as OpenAI's legacy endpoint);
+    with ``default`` None (chat, which has no small default in OpenAI's API) as many as
+    the context leaves, up to the worker's ``--max-new-tokens``."""
+    if max_tokens is None:
+        room = limits.max_context - 1 - longest_prompt
+        max_tokens = min(limits.max_new_tokens, room) if default is None else default
+        if max_tokens < 1:
+            raise InvalidRequest(
+                f"the prompt ({longest_prompt} tokens) leaves no room for an answer in this "
+                f"model's context of {limits.max_context} tokens",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
     if not _is_int(max_tokens) or not 1 <= max_tokens <= limits.max_new_tokens:
         raise InvalidRequest(
             f"'{param}' must be an integer in 1..{limits.max_new_tokens}", param=param
@@ -234,8 +253,11 @@ def generation_options(
             f"prompt ({longest_prompt} tokens) plus {param} ({max_tokens}) exceed this "
             f"model's context of {limits.max_context} tokens",
             param=param,
+            code=CONTEXT_LENGTH_EXCEEDED,
         )
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    if stream is None:  # the openai client sends null for stream=None; the API's default
+        stream = False
     if not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be true or false", param="stream")
     _check_sampling(body)
@@ -275,9 +297,14 @@ def _include_usage(body: dict[str, Any], stream: bool) -> bool:
         raise InvalidRequest(
             "'stream_options' is only allowed when 'stream' is true", param="stream_options"
         )
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+    if not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    return bool(options.get("include_usage", False))
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise InvalidRequest(
+            "'stream_options.include_usage' must be true or false", param="stream_options"
+        )
+    return bool(include_usage)
 
 
 def _stop(value: Any) -> tuple[str, ...]:

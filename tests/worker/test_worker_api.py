@@ -254,3 +254,23 @@ async def test_worker_concurrent_chat_and_completions_share_the_scheduler() -> N
         await client.close()
     usages = [a.usage for a in chat_answers] + [a.usage for a in completion_answers]
     assert all(u is not None and u.completion_tokens == 4 for u in usages)
+
+
+def test_what_the_openai_client_sends_for_none_and_what_openai_defaults_to() -> None:
+    """The client sends ``null`` for ``stream=None`` and ``echo=None`` (its types allow
+    them; the API's default applies): both were a 400. Chat has no small default for
+    ``max_tokens`` in OpenAI's API: it answered 16 tokens and ``length``, on which the
+    client's ``parse()`` raises. A prompt over the context carries OpenAI's code."""
+    with serve_worker(max_new_tokens=40) as url:
+        client = _client(url)
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+        for extra in ({"stream": None}, {"echo": None}, {"stream_options": None}):
+            answer = httpx.post(f"{url}/v1/completions", json={**body, **extra})
+            assert answer.status_code == 200, (extra, answer.text)
+        chat = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=None
+        )
+        assert chat.usage is not None and chat.usage.completion_tokens > 16
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=MODEL, prompt="x " * 2000, max_tokens=1)
+        assert refused.value.code == "context_length_exceeded"
