@@ -145,8 +145,11 @@ def _check_consistent(
     span_seconds: float | None,
 ) -> None:
     """Each part at most what holds it (``spans.DURATION_SLACK_S`` of slack): the stages
-    within inference, queue + inference and TTFT within end to end and within the span."""
-    stages = None if prefill is None or decode is None else prefill + decode
+    within inference, queue + inference and TTFT within end to end and within the span,
+    and the stages there too, the pair or either alone (a lone decode of 5,000 s on a
+    1 s span was counted, and the time per output token drawn from it)."""
+    present_stages = [seconds for seconds in (prefill, decode) if seconds is not None]
+    stages = sum(present_stages) if present_stages else None
     in_phases = [seconds for seconds in (queue, inference) if seconds is not None]
     phases = sum(in_phases) if in_phases else None
     parts = (
@@ -156,6 +159,8 @@ def _check_consistent(
         ("end to end", e2e, "the span", span_seconds),
         ("queue + inference", phases, "the span", span_seconds),
         ("time to first token", ttft, "the span", span_seconds),
+        ("prefill + decode", stages, "end to end", e2e),
+        ("prefill + decode", stages, "the span", span_seconds),
     )
     for part_name, part, whole_name, whole in parts:
         if part is not None and whole is not None and part > whole + spans.DURATION_SLACK_S:

@@ -37,6 +37,7 @@ among the recently counted ones (``RecentSpans``) is rejected as ``duplicate``.
 
 from __future__ import annotations
 
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -416,7 +417,7 @@ class SpanAggregator:
         stages = values[_STAGE0:_SERVER_SLOT_COUNT]
         ttft, tpot = values[_TTFT], values[_TPOT]
         duration = (end - start) / 1e9
-        _check_server_durations(duration, phases, stages, ttft)
+        _check_server_durations(duration, phases, stages, ttft, tpot)
         tokens_in = _count(values[_IN], spans.GEN_AI_USAGE_INPUT_TOKENS)
         tokens_out = _count(values[_OUT], spans.GEN_AI_USAGE_OUTPUT_TOKENS)
         # Validated in full: from here on nothing can reject the span half-counted.
@@ -490,7 +491,7 @@ class SpanAggregator:
             raise SpanRejected(
                 INVALID_LABEL, f"{key} is {len(value)} characters (max {self.max_label_length})"
             )
-        if not value.isprintable():
+        if not _printable(value):
             raise SpanRejected(INVALID_LABEL, f"{key} holds control characters")
         if len(known) >= self._cache_limit:
             known.clear()
@@ -553,13 +554,28 @@ def _read_engine_attributes(attributes: Any) -> dict[str, object]:
     return found
 
 
+def _printable(text: str) -> bool:
+    """No control, format, surrogate or line-breaking characters; a space of another
+    kind (a no-break or thin space, which ``str.isprintable`` refuses) is text."""
+    return text.isprintable() or all(
+        char.isprintable() or unicodedata.category(char) == "Zs" for char in text
+    )
+
+
 def _resource_service(attributes: Any) -> str | None:
+    """The resource's ``service.name``; one of another type is refused, as the pod's
+    attributes are (an int was counted under an empty service)."""
     for kv in attributes:
         if kv.key == SERVICE_NAME_RESOURCE:
             value = kv.value
-            if value.WhichOneof("value") == _STRING:
-                name: str = value.string_value
-                return name
+            which = value.WhichOneof("value")
+            if which != _STRING:
+                raise SpanRejected(
+                    WRONG_ATTRIBUTE_TYPE,
+                    f"{SERVICE_NAME_RESOURCE} must be a string, got {which or 'no value'}",
+                )
+            name: str = value.string_value
+            return name
     return None
 
 
@@ -596,9 +612,11 @@ def _check_server_durations(
     phases: Sequence[float | None],
     stages: Sequence[float | None],
     ttft: float | None,
+    tpot: float | None = None,
 ) -> None:
-    """The phases together and the first token within the span, the stages within
-    compute; ``spans.DURATION_SLACK_S`` of slack for rounding."""
+    """The phases together, the first token and the time per output token within the
+    span, the stages within compute and, with or without it, within the span;
+    ``spans.DURATION_SLACK_S`` of slack for rounding."""
     slack = spans.DURATION_SLACK_S
     in_phases = sum(seconds for seconds in phases if seconds is not None)
     if in_phases > duration + slack:
@@ -611,10 +629,20 @@ def _check_server_durations(
             INCONSISTENT_DURATIONS,
             f"{spans.TIME_TO_FIRST_TOKEN} is {ttft:g} s, over the span's {duration:g} s",
         )
+    if tpot is not None and tpot > duration + slack:
+        raise SpanRejected(
+            INCONSISTENT_DURATIONS,
+            f"{spans.TIME_PER_OUTPUT_TOKEN} is {tpot:g} s, over the span's {duration:g} s",
+        )
     compute = phases[_COMPUTE_INDEX]
     in_stages = sum(seconds for seconds in stages if seconds is not None)
     if compute is not None and in_stages > compute + slack:
         raise SpanRejected(
             INCONSISTENT_DURATIONS,
             f"the compute stages add up to {in_stages:g} s, over compute's {compute:g} s",
+        )
+    if in_stages > duration + slack:  # without compute, nothing else bounds them
+        raise SpanRejected(
+            INCONSISTENT_DURATIONS,
+            f"the compute stages add up to {in_stages:g} s, over the span's {duration:g} s",
         )

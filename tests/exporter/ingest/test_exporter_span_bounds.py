@@ -4,8 +4,10 @@ contradict each other, a span sent twice, and invented model names filling the s
 
 from __future__ import annotations
 
+import pytest
 from test_exporter_aggregator import registry_of
 
+from gpuscope import engine_spans
 from gpuscope import spans as contract
 from gpuscope.exporter.ingest.aggregator import SpanAggregator
 from support.exporter_fixtures import SpanFactory, encode
@@ -96,3 +98,61 @@ def test_one_services_invented_models_leave_room_for_another_service() -> None:
         {"metric": "gpuscope_request_duration_seconds", "reason": "max_models_per_service"},
     )
     assert folded == 280
+
+
+def test_stages_and_the_time_per_token_are_bounded_by_the_span_too() -> None:
+    """Compute's stages were checked against compute only, and only when it was sent;
+    the time per output token against nothing but a day: a 1 s span brought 75,000 s of
+    prefill and decode, or 5,000 s a token, into the histograms."""
+    spans = SpanFactory(service="victim")
+    aggregator = SpanAggregator()
+    stage, tpot = contract.COMPUTE_STAGE_DURATION, contract.TIME_PER_OUTPUT_TOKEN
+    result = aggregator.ingest(
+        encode(
+            [
+                spans.server(1.0, attrs={stage["prefill"]: 5000.0, stage["decode"]: 70000.0}),
+                spans.server(1.0, attrs={tpot: 5000.0}),
+                spans.server(
+                    1.0, attrs={stage["decode"]: 0.5, contract.TIME_PER_OUTPUT_TOKEN: 0.1}
+                ),
+            ]
+        )
+    )
+    assert result.rejected == {"inconsistent_durations": 2}
+    assert result.aggregated == 1
+
+
+def test_a_lone_engine_stage_is_bounded_by_the_span() -> None:
+    """vLLM's span checked its stages only as a pair: a lone decode of 5,000 s on a 1 s
+    span was counted, and the time per output token drawn from it."""
+    decode_only = {engine_spans.VLLM_DECODE: 5000.0, engine_spans.VLLM_COMPLETION_TOKENS: 3}
+    with pytest.raises(engine_spans.EngineSpanInvalid, match="longer than the span"):
+        engine_spans.read_engine_span(decode_only, span_seconds=1.0)
+    fine = {engine_spans.VLLM_DECODE: 0.5, engine_spans.VLLM_COMPLETION_TOKENS: 3}
+    assert engine_spans.read_engine_span(fine, span_seconds=1.0).time_per_output_token == 0.25
+
+
+def test_labels_may_hold_any_space_but_no_control_character() -> None:
+    spans = SpanFactory(service="victim")
+    aggregator = SpanAggregator()
+    result = aggregator.ingest(
+        encode(
+            [
+                spans.server(0.01, route="/no\u00a0break"),  # refused as a control before
+                spans.server(0.01, route="/thin\u2009space"),
+                spans.server(0.01, route="/zero\u200bwidth"),  # a format character
+                spans.server(0.01, route="/line\u2028break"),
+            ]
+        )
+    )
+    assert result.aggregated == 2
+    assert result.rejected == {"invalid_label": 2}
+
+
+def test_a_service_name_that_is_no_string_is_refused_not_emptied() -> None:
+    request = encode([SpanFactory(service="victim").server(0.01)])
+    for attribute in request.resource_spans[0].resource.attributes:
+        if attribute.key == "service.name":
+            attribute.value.int_value = 7
+    result = SpanAggregator().ingest(request)
+    assert result.rejected == {"wrong_attribute_type": 1}
