@@ -57,7 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,11 @@ class GuardedProtocol(asyncio.Protocol):
     # --- asyncio.Protocol, forwarded --------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, but not always an ``asyncio.Transport`` subclass: uvloop's
+        # (which uvicorn takes when it is installed) is not, and an isinstance check
+        # refused every connection of a worker on a GPU host that had it.
+        self.transport = cast(asyncio.Transport, transport)
+        transport = self.transport
         self.admitted = self.guard.admit(self)
         if not self.admitted:
             return

@@ -86,6 +86,9 @@ def serve(config: WorkerConfig, app: WorkerApp) -> None:
             # After the drain only finished answers are still being written.
             timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
             lifespan="on",
+            # asyncio's loop, also where uvloop is installed (uvicorn's "auto" takes it):
+            # the guard's handling of failed accept() calls, and its tests, are asyncio's.
+            loop="asyncio",
             http=http_protocol(listener.guard),
             backlog=listener.backlog,
             # A backstop only: the guard's idle timeout closes (and counts) first.

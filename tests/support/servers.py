@@ -24,7 +24,10 @@ def run_uvicorn(app: Any, **config: Any) -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    options: dict[str, Any] = {"log_level": "warning", "lifespan": "auto"} | config
+    # asyncio's loop unless a test asks for another: uvicorn's "auto" would take uvloop
+    # where it is installed (a dev dependency, for the test that runs on it)
+    options: dict[str, Any] = {"log_level": "warning", "lifespan": "auto", "loop": "asyncio"}
+    options |= config
     server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -57,14 +57,15 @@ def serve_worker(
 
 @contextmanager
 def serve_guarded_worker(
-    *, generator: Generator | None = None, **overrides: Any
+    *, generator: Generator | None = None, loop: str = "asyncio", **overrides: Any
 ) -> Iterator[tuple[str, ConnectionGuard]]:
     """``serve_worker``, its connections under the worker's limits as ``gpuscope worker``
     serves them (idle and header timeouts, the cap); yields its URL and the guard (whose
-    counts a test may read from its own thread)."""
+    counts a test may read from its own thread). ``loop`` is uvicorn's."""
     app = _app(None, None, generator, overrides)
     listener = app.listener
-    with run_uvicorn(app, http=http_protocol(listener.guard), backlog=listener.backlog) as url:
+    protocol = http_protocol(listener.guard)
+    with run_uvicorn(app, http=protocol, backlog=listener.backlog, loop=loop) as url:
         yield url, listener.guard
 
 

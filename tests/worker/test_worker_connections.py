@@ -355,3 +355,13 @@ def test_uvicorns_protocol_class_comes_from_its_public_config(http: str) -> None
     assert uvicorn_protocol(http) is config.http_protocol_class
     assert issubclass(uvicorn_protocol(http), asyncio.Protocol)
     assert issubclass(http_protocol(Listener(8, 1.0, 1.0).guard, http), GuardedProtocol)
+
+
+def test_a_worker_on_uvloop_serves_its_guarded_connections() -> None:
+    """uvicorn takes uvloop where it is installed (uvicorn[standard], vLLM's hosts); its
+    transport is no ``asyncio.Transport`` subclass, and the guard's isinstance check
+    refused every connection (found on a GPU host: the worker answered nothing)."""
+    with serve_guarded_worker(loop="uvloop") as (url, _guard):
+        answer = httpx.get(f"{url}/v1/models", timeout=10)
+    assert answer.status_code == 200
+    assert answer.json()["data"][0]["id"]

@@ -2,7 +2,13 @@
 
 1. ``fields``: the driver's cumulative counters ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES`` /
    ``RX_BYTES`` (field ids 197/198, drivers R555 and newer) through
-   ``nvmlDeviceGetFieldValues``: exact, and one cheap call.
+   ``nvmlDeviceGetFieldValues``: exact, and one cheap call. On a real H200 with driver
+   580.159.04 they count modulo 2^32 (they rose to 4.29e9 and began again, so a copy
+   of 2 GiB read as -1.98e9 bytes), whatever value type they are given in: each
+   reading is taken as the distance from the previous one modulo 2^32 and added up,
+   which is exact while less than 4 GiB crosses the link between two polls (at PCIe 5
+   x16's ~55 GB/s, about 70 ms of full traffic: a poll interval under that, or GPM's
+   rates, would be needed to count a link kept full).
 2. ``gpm``: where the fields are missing and the GPU has GPM (Hopper and newer), GPM's
    PCIe rates (``NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC``, MiB/s averaged between two GPM
    samples), integrated by ``gpm.GpmSampler`` over each sample interval: every byte of
@@ -56,6 +62,7 @@ _VALUE_MEMBER = {
 }
 
 FIELDS, GPM, SAMPLED = "fields", "gpm", "sampled"
+FIELD_MODULUS = 1 << 32  # what the driver's PCIe byte fields count modulo (module doc)
 NOTES = {
     GPM: (
         "GPM's PCIe rates (MiB/s averaged between two GPM samples) integrated over each "
@@ -95,6 +102,9 @@ class PcieByteCounter:
         self._period_s = SAMPLE_PERIOD_S if sample_period_s is None else sample_period_s
         self.method = FIELDS
         self._sampler: PcieThroughputSampler | None = None
+        # per direction: the last raw field reading and the total grown from it
+        self._raw: list[float] | None = None
+        self._totals = [0.0, 0.0]
 
     @property
     def note(self) -> str | None:
@@ -152,7 +162,20 @@ class PcieByteCounter:
                 # estimate, for good, and switching to it would restart the counter.
                 raise nvml.NVMLError(status)
         tx, rx = (field_value(nvml, entry) for entry in entries)
-        return None if tx is None or rx is None else (tx, rx)
+        if tx is None or rx is None:
+            return None
+        return self._unwrapped(tx, rx)
+
+    def _unwrapped(self, tx: float, rx: float) -> tuple[float, float]:
+        """Totals that only grow from readings that count modulo ``FIELD_MODULUS``."""
+        raw = [tx, rx]
+        if self._raw is None:
+            self._totals = [tx, rx]
+        else:
+            for index, (now, before) in enumerate(zip(raw, self._raw, strict=True)):
+                self._totals[index] += (now - before) % FIELD_MODULUS
+        self._raw = raw
+        return self._totals[0], self._totals[1]
 
 
 class PcieThroughputSampler:

@@ -368,3 +368,20 @@ def test_xid_watching_starts_when_a_gpu_that_refused_it_comes_back() -> None:
     assert source.sample()[0].xid_errors_total == {48: 1}
     assert "xid_errors" not in source.unsupported_metrics()[0]
     source.close()
+
+
+def test_pcie_fields_counting_modulo_2_32_become_totals_that_only_grow() -> None:
+    """A real H200 on driver 580.159.04 gave its PCIe byte fields modulo 2^32: a 2 GiB
+    copy read as -1.98e9 bytes, and a Prometheus counter that went down each time. The
+    readings are now distances modulo 2^32 from the previous one, added up."""
+    from gpuscope.exporter.gpu.nvml.pcie import FIELD_MODULUS, PcieByteCounter
+
+    counter = PcieByteCounter(nvml=None, handle=None)
+    readings = [(4.0e9, 1.0e9), (4.2e9, 3.0e9), (0.5e9, 4.1e9), (2.0e9, 0.2e9)]
+    totals = [counter._unwrapped(tx, rx) for tx, rx in readings]
+    assert totals[0] == (4.0e9, 1.0e9)
+    assert totals[1] == (4.2e9, 3.0e9)
+    assert totals[2] == (4.2e9 + 0.5e9 + FIELD_MODULUS - 4.2e9, 4.1e9)
+    assert totals[3] == (totals[2][0] + 1.5e9, 4.1e9 + 0.2e9 + FIELD_MODULUS - 4.1e9)
+    assert totals == sorted(totals, key=lambda pair: pair[0])
+    assert [rx for _, rx in totals] == sorted(rx for _, rx in totals)

@@ -829,7 +829,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
                 v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;  /* an id this driver does not know */
             } else if (pcie_bytes(device, v->fieldId == NVML_FI_DEV_PCIE_COUNT_TX_BYTES, &bytes)) {
                 v->nvmlReturn = NVML_SUCCESS;
-                v->value.ullVal = bytes;
+                /* as a real H200 on driver 580.159.04 answers: modulo 2^32 (the counter
+                 * rose to 4.29e9 and began again; .devrun capture, docs/gpu-validation.md) */
+                v->value.ullVal = bytes % 4294967296ULL;
             } else {
                 v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
             }
