@@ -60,8 +60,10 @@ class GpuCheckConfig(
         deprecated=("--load-seconds",),
     )
     pcie_tolerance: float = flags.option(
-        0.05,
-        help="allowed relative difference between PCIe counters and the copies",
+        0.15,
+        help="how much more than the copies the PCIe counters may count (never less): "
+        "they count bytes on the link, packet headers included (+7.9 %% received, "
+        "+9.4 %% sent for 1-2 GiB copies on an H200 with driver 580.159.04)",
         unit="ratio",
         check=flags.at_least(0.0),
     )
@@ -148,7 +150,9 @@ PCIE_METRICS = {
 def check_pcie(
     direction: str, before: Samples, after: Samples, copied_bytes: int, tolerance: float
 ) -> CheckResult:
-    """The bytes counted in ``direction`` across one copy window match the copy's size."""
+    """The bytes counted in ``direction`` across one copy window are the copy's size, plus
+    at most ``tolerance`` of it: the counters count the link's bytes, headers included,
+    so they exceed the payload (by 8-10 % on a real H200), and may never fall short."""
     metric = PCIE_METRICS[direction]
     name = f"pcie_{direction}_bytes"
     if metric not in before or metric not in after:
@@ -157,9 +161,9 @@ def check_pcie(
     error = moved / copied_bytes - 1.0
     return CheckResult(
         name,
-        abs(error) <= tolerance,
+        0.0 <= error <= tolerance,
         f"{moved:.0f} bytes counted for {copied_bytes} copied "
-        f"({error:+.1%}, tolerance {tolerance:.0%})",
+        f"({error:+.1%}, allowed 0 to +{tolerance:.0%})",
     )
 
 
