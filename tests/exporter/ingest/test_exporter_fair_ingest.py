@@ -160,7 +160,9 @@ async def _ingest_idle(exporter: RunningExporter) -> None:
 
 async def test_a_request_whose_client_left_is_never_counted() -> None:
     """Before, it was decoded and counted once its turn came, though nobody heard it."""
-    exporter = await start_exporter(loopback_config(max_decode_cpu_s=1.0))
+    # The hostile body must still hold the thread when the second request gets in line:
+    # with a 1 s budget a loaded machine once let it finish first (a fresh-clone run).
+    exporter = await start_exporter(loopback_config(max_decode_cpu_s=3.0))
     try:
         holding = await _hold_the_thread(exporter)
         _reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
@@ -172,8 +174,10 @@ async def test_a_request_whose_client_left_is_never_counted() -> None:
         )
         await writer.drain()
         state = exporter.app[STATE]
-        await _in_line(exporter, 2)  # in line behind the hostile body
-        writer.close()  # the client gives up (a timeout, a restart)
+        try:
+            await _in_line(exporter, 2)  # in line behind the hostile body
+        finally:
+            writer.close()  # the client gives up (a timeout, a restart)
         assert await holding == 413
         await _ingest_idle(exporter)
         assert state.metrics.spans_received == 0
