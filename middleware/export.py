@@ -327,23 +327,19 @@ class _Attempt:
 
 
 class _WatchedHTTPConnection(http.client.HTTPConnection):
+    """A connection that tells its attempt which socket it connected."""
+
     def __init__(self, *args: Any, attempt: _Attempt, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.attempt = attempt
 
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # for HTTPS, the TLS handshake included
         self.attempt.connected(self.sock)
 
 
-class _WatchedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, attempt: _Attempt, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.attempt = attempt
-
-    def connect(self) -> None:
-        super().connect()
-        self.attempt.connected(self.sock)
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, http.client.HTTPSConnection):
+    pass
 
 
 class _WatchedHttp(urllib.request.HTTPHandler):

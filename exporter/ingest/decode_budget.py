@@ -11,8 +11,8 @@ has given the request up, so that the thread moves on at once.
 The hook costs about as much again as the mapping it watches, so it is only set where
 the budget could be spent: an OTLP/JSON body whose objects and arrays (``{`` and ``[``
 in its bytes, an over-count) and other values (about one ``,`` each, an over-count too)
-would take over a quarter of the budget. Counting containers alone let a 4 KB gzip body
-of a million numbers, no container among them, decode unwatched for 0.7-1.0 s. Protobuf is one
+would take over a quarter of the budget. Counting containers alone let a small gzip body
+of a million numbers, no container among them, decode unwatched. Protobuf is one
 C call (0.5 s for the largest body, ``docs/reliability.md``) that no hook could stop.
 """
 
@@ -34,8 +34,9 @@ DECODE_BUDGET: Final = "decode_budget"
 
 # protobuf's JSON mapping, a value (``docs/reliability.md``)
 JSON_VALUE_CPU_S: Final = 7e-6
-# A number or string on its own: parsed (a float through a Python hook) and checked,
-# about 0.7-1 µs in a scratch measurement of a million of them on this 2-core machine.
+# A number or string on its own: parsed (a float through a Python hook) and checked; an
+# upper estimate (a million numbers decoded in 0.47-0.71 s of CPU here) that only decides
+# the watching.
 JSON_SCALAR_CPU_S: Final = 1e-6
 _CHECK_EVERY: Final = 1024
 
